@@ -1,0 +1,44 @@
+# Helpers shared by every layer's CMakeLists.
+
+function(k3_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wno-unused-parameter>)
+  if(K3_WERROR)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  endif()
+endfunction()
+
+function(k3_sanitize target)
+  if(K3_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
+                                             -fno-sanitize-recover=undefined)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  endif()
+endfunction()
+
+# k3_library(NAME SOURCES ... DEPS ...): one library per layer; DEPS are the layers below it.
+function(k3_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(k3_${name} STATIC ${ARG_SOURCES})
+  target_include_directories(k3_${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(k3_${name} PUBLIC ${ARG_DEPS})
+  k3_warnings(k3_${name})
+  k3_sanitize(k3_${name})
+endfunction()
+
+# k3_test(NAME SOURCES ... DEPS ... [LABELS ...]): a GoogleTest binary registered with CTest.
+function(k3_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE K3_SHARED_DIR="${K3_SHARED_DIR}"
+                                             K3_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  k3_warnings(${name})
+  k3_sanitize(${name})
+  include(GoogleTest)
+  if(ARG_LABELS)
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}")
+  else()
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit")
+  endif()
+endfunction()

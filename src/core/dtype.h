@@ -1,0 +1,43 @@
+// Element types and the conversions between them. Compute is fp32 on the CPU; other types are
+// storage formats read from checkpoints (bf16, f16, f8_e4m3) or index types (i32, i64, u8, i8).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace k3 {
+
+enum class DType : uint8_t { F32, F64, BF16, F16, F8E4M3, I64, I32, I8, U8, Bool };
+
+size_t dtype_size(DType t);
+std::string_view dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ...
+bool dtype_from_name(std::string_view name, DType* out);
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+float f8e4m3_to_f32(uint8_t v);
+
+// Converts n elements of type `from` at src into fp32 at dst.
+void convert_to_f32(DType from, const void* src, float* dst, size_t n);
+// Converts n fp32 elements into type `to` (float types only).
+void convert_from_f32(DType to, const float* src, void* dst, size_t n);
+
+}  // namespace k3
