@@ -1,0 +1,22 @@
+// Each `k3` subcommand lives in its own cmd_*.cc file and registers itself on the app here.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace k3::cli {
+
+void register_info(CLI::App& app);
+void register_logits(CLI::App& app);
+void register_generate(CLI::App& app);
+void register_op(CLI::App& app);
+void register_bench(CLI::App& app);
+
+// Options shared by commands that run models.
+struct RuntimeOptions {
+  int threads = 0;            // 0: all cores
+  std::string device = "cpu";  // cpu | cuda
+};
+void add_runtime_options(CLI::App* cmd, RuntimeOptions& opts);
+void apply_runtime_options(const RuntimeOptions& opts);
+
+}  // namespace k3::cli
