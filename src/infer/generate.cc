@@ -1,0 +1,44 @@
+#include "infer/generate.h"
+
+#include <chrono>
+
+namespace k3 {
+
+std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+                              const std::function<void(int64_t)>& on_token, GenerateStats* stats) {
+  using clock = std::chrono::steady_clock;
+  if (prompt.empty()) throw error("generate", "the prompt is empty (give at least one token)");
+  if (opts.max_new_tokens < 0) throw error("generate", "max_new_tokens must be >= 0");
+  const int64_t V = model.vocab_size();
+  for (int64_t id : prompt)
+    if (id < 0 || id >= V) throw error("generate", "prompt token id ", id, " is outside the vocabulary [0, ", V, ")");
+  const int64_t total = int64_t(prompt.size()) + opts.max_new_tokens;
+  if (total > model.max_positions())
+    throw error("generate", "prompt (", prompt.size(), ") + max_new_tokens (", opts.max_new_tokens, ") = ", total,
+                " exceeds the model's ", model.max_positions(), " positions");
+  Sampler sampler(opts.sampling);
+  Context ctx = model.new_context(total);
+  std::vector<float> logits(static_cast<size_t>(V));
+  std::vector<int64_t> ids = prompt;
+  auto t0 = clock::now();
+  model.forward(prompt.data(), int64_t(prompt.size()), &ctx, logits.data(), Logits::Last);
+  auto t1 = clock::now();
+  for (int64_t step = 0; step < opts.max_new_tokens; ++step) {
+    int64_t next = sampler.sample(logits.data(), V, ids);
+    ids.push_back(next);
+    if (on_token) on_token(next);
+    if (opts.stop_at_eos == StopAtEos::Yes && model.eos_token_id && next == *model.eos_token_id) break;
+    if (step + 1 < opts.max_new_tokens) model.forward(&next, 1, &ctx, logits.data(), Logits::Last);
+  }
+  auto t2 = clock::now();
+  if (stats) {
+    stats->prompt_tokens = int64_t(prompt.size());
+    stats->new_tokens = int64_t(ids.size() - prompt.size());
+    stats->prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+    stats->decode_seconds = std::chrono::duration<double>(t2 - t1).count();
+    stats->context_bytes = ctx.bytes();
+  }
+  return ids;
+}
+
+}  // namespace k3

@@ -1,0 +1,47 @@
+// Memory: the per-sequence state of a mixer (ARCHITECTURE.md, "The memory mechanisms are one
+// table"). A KV cache, an MLA latent cache, a recurrent state and a conv tail all implement it,
+// so a model's per-sequence context is a list of them and prefix caching, rollback and the
+// memory report work for every kind at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace k3 {
+
+enum class MemoryKind : uint8_t { KVCache, LatentCache, RecurrentState, ConvTail };
+std::string_view memory_kind_name(MemoryKind k);
+
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual MemoryKind kind() const = 0;
+  virtual void reset() = 0;                               // back to the empty sequence
+  virtual std::unique_ptr<Memory> clone() const = 0;      // fork / snapshot
+  virtual void restore(const Memory& snapshot) = 0;       // copy a snapshot of the same kind back
+  virtual size_t bytes() const = 0;                       // bytes allocated now
+  virtual int64_t length() const = 0;                     // tokens absorbed
+};
+
+// A sequence's context: one Memory per stateful layer, plus its position.
+struct Context {
+  std::vector<std::unique_ptr<Memory>> layers;
+  int64_t position = 0;
+
+  size_t bytes() const {
+    size_t b = 0;
+    for (const auto& m : layers) b += m->bytes();
+    return b;
+  }
+  Context clone() const {
+    Context c;
+    c.position = position;
+    for (const auto& m : layers) c.layers.push_back(m->clone());
+    return c;
+  }
+};
+
+}  // namespace k3

@@ -1,0 +1,77 @@
+// GPT-2 (spec §1): learned positions, pre-LN blocks of softmax attention + GELU MLP, tied
+// LM head. Loads HF checkpoints (Conv1D [in, out] weights, with or without "transformer.").
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "blocks/block.h"
+#include "models/model.h"
+
+namespace k3 {
+
+struct Gpt2Config {
+  std::string model_type = "gpt2";
+  int64_t vocab_size = 50257;
+  int64_t n_positions = 1024;
+  int64_t n_embd = 768;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  std::optional<int64_t> n_inner;  // null: 4 * n_embd
+  double layer_norm_epsilon = 1e-5;
+  std::string activation_function = "gelu_new";
+  bool tie_word_embeddings = true;
+  bool scale_attn_weights = true;
+  bool scale_attn_by_inverse_layer_idx = false;
+  std::optional<int64_t> bos_token_id = 50256;
+  std::optional<int64_t> eos_token_id = 50256;
+
+  template <class V>
+  void fields(V& v) {
+    v("model_type", model_type).one_of({"gpt2"});
+    v("vocab_size", vocab_size, Presence::Required).positive();
+    v("n_positions", n_positions, Presence::Required).positive();
+    v("n_embd", n_embd, Presence::Required).positive();
+    v("n_layer", n_layer, Presence::Required).positive();
+    v("n_head", n_head, Presence::Required).positive();
+    v("n_inner", n_inner).positive();
+    v("layer_norm_epsilon", layer_norm_epsilon).positive();
+    v("activation_function", activation_function).one_of({"gelu_new", "gelu_pytorch_tanh"});
+    v("tie_word_embeddings", tie_word_embeddings);
+    v("scale_attn_weights", scale_attn_weights);
+    v("scale_attn_by_inverse_layer_idx", scale_attn_by_inverse_layer_idx);
+    v("bos_token_id", bos_token_id);
+    v("eos_token_id", eos_token_id);
+  }
+  void validate(const std::string& where) const;
+};
+
+class Gpt2Model final : public Model {
+ public:
+  explicit Gpt2Model(const Gpt2Config& c);
+  static std::unique_ptr<Model> from_config(const Json& j, const std::string& where);
+  static std::unique_ptr<Model> load(const std::string& dir, const Json& j);
+
+  std::string architecture() const override { return "gpt2"; }
+  int64_t vocab_size() const override { return c_.vocab_size; }
+  int64_t max_positions() const override { return c_.n_positions; }
+  int64_t num_layers() const override { return c_.n_layer; }
+  void visit(const ParamVisitor& v) override;
+  Json config_json() const override;
+  std::vector<LayerMemory> memory_layers() const override;
+  Context new_context(int64_t max_tokens) const override;
+  void forward(const int64_t* ids, int64_t T, Context* ctx, float* logits, Logits which) override;
+  void init_random(uint64_t seed) override;
+  // Everything but the position table: wte is read in full by the tied LM head.
+  int64_t active_params() override { return total_params() - wpe_.numel(); }
+
+  const Gpt2Config& config() const { return c_; }
+
+ private:
+  Gpt2Config c_;
+  Tensor wte_, wpe_;  // [V, D], [P, D]
+  std::vector<PreNormBlock> blocks_;
+  Norm ln_f_;
+};
+
+}  // namespace k3

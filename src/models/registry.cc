@@ -1,0 +1,81 @@
+#include "models/registry.h"
+
+#include <filesystem>
+
+#include "models/gpt2.h"
+#include "models/presets.h"
+
+namespace k3 {
+
+namespace {
+
+struct Architecture {
+  const char* model_type;
+  std::unique_ptr<Model> (*load)(const std::string& dir, const Json& config);      // null: cannot run yet
+  std::unique_ptr<Model> (*build)(const Json& config, const std::string& where);  // null: cannot run yet
+  ArchReport (*report)(const Json& config, const std::string& name);               // null: count a built model
+};
+
+// One line per architecture.
+constexpr Architecture kArchitectures[] = {
+    {"gpt2", &Gpt2Model::load, &Gpt2Model::from_config, nullptr},
+    {"kimi_linear", nullptr, nullptr, &report_kimi},
+    {"kimi_k3", nullptr, nullptr, &report_kimi},
+};
+
+const Architecture& find(const Json& config, const std::string& where) {
+  if (!config.is_object()) throw error("config", where, ": expected a JSON object");
+  if (!config.contains("model_type") || !config["model_type"].is_string())
+    throw error("config", where, ": missing 'model_type' (which architecture is this?)");
+  std::string t = config["model_type"].get<std::string>();
+  std::string known;
+  for (const auto& a : kArchitectures) {
+    if (t == a.model_type) return a;
+    known += std::string(known.empty() ? "" : ", ") + a.model_type;
+  }
+  throw error("config", where, ": unknown architecture model_type '", t, "' (k3 knows: ", known, ")");
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) throw error("load", dir, ": not a folder (expected a Hugging Face model folder)");
+  std::string cfg_path = (fs::path(dir) / "config.json").string();
+  Json config = read_json_file(cfg_path);
+  const Architecture& a = find(config, cfg_path);
+  if (!a.load)
+    throw error("load", cfg_path, ": model_type '", a.model_type,
+                "' can be described (k3 info) but k3 cannot run it yet");
+  return a.load(dir, config);
+}
+
+std::unique_ptr<Model> build_model(const Json& config, const std::string& where) {
+  const Architecture& a = find(config, where);
+  if (!a.build) throw error("config", where, ": model_type '", a.model_type, "' cannot be built by k3 yet");
+  return a.build(config, where);
+}
+
+ArchReport report_config(const Json& config, const std::string& name) {
+  const Architecture& a = find(config, name);
+  if (a.report) return a.report(config, name);
+  auto m = a.build(config, name);
+  return report_from_model(*m, name);
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> v;
+  for (const auto& p : presets()) v.push_back(p.name);
+  return v;
+}
+
+Json preset_config(const std::string& name) {
+  std::string known;
+  for (const auto& p : presets()) {
+    if (name == p.name) return p.config();
+    known += std::string(known.empty() ? "" : ", ") + p.name;
+  }
+  throw error("preset", "unknown preset '", name, "' (available: ", known, ")");
+}
+
+}  // namespace k3

@@ -1,0 +1,25 @@
+// The registry: the one place that switches on architecture (model_type -> code), plus the
+// named presets (configs built into k3).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "models/report.h"
+
+namespace k3 {
+
+// Loads config.json + weights from a Hugging Face model folder.
+std::unique_ptr<Model> load_model(const std::string& dir);
+// Builds a model from a config without weights (parameters are storage-less "meta" tensors
+// until init_random or loading).
+std::unique_ptr<Model> build_model(const Json& config, const std::string& where);
+// Parameter and memory report for a config (works for configs too large to build).
+ArchReport report_config(const Json& config, const std::string& name);
+
+std::vector<std::string> preset_names();
+Json preset_config(const std::string& name);  // k3::Error listing the presets if unknown
+
+}  // namespace k3
