@@ -9,7 +9,10 @@ function(k3_warnings target)
 endfunction()
 
 function(k3_sanitize target)
-  if(K3_SANITIZE)
+  if(K3_FUZZ)  # coverage instrumentation for libFuzzer, in every k3 library
+    target_compile_options(${target} PRIVATE -fsanitize=fuzzer-no-link,address,undefined)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  elseif(K3_SANITIZE)
     target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
                                              -fno-sanitize-recover=undefined)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)

@@ -29,12 +29,12 @@ struct Gpt2Config {
   template <class V>
   void fields(V& v) {
     v("model_type", model_type).one_of({"gpt2"});
-    v("vocab_size", vocab_size, Presence::Required).positive();
-    v("n_positions", n_positions, Presence::Required).positive();
-    v("n_embd", n_embd, Presence::Required).positive();
-    v("n_layer", n_layer, Presence::Required).positive();
-    v("n_head", n_head, Presence::Required).positive();
-    v("n_inner", n_inner).positive();
+    v("vocab_size", vocab_size, Presence::Required).positive().at_most(1 << 24);
+    v("n_positions", n_positions, Presence::Required).positive().at_most(1 << 24);
+    v("n_embd", n_embd, Presence::Required).positive().at_most(1 << 16);
+    v("n_layer", n_layer, Presence::Required).positive().at_most(4096);
+    v("n_head", n_head, Presence::Required).positive().at_most(1 << 12);
+    v("n_inner", n_inner).positive().at_most(1 << 20);
     v("layer_norm_epsilon", layer_norm_epsilon).positive();
     v("activation_function", activation_function).one_of({"gelu_new", "gelu_pytorch_tanh"});
     v("tie_word_embeddings", tie_word_embeddings);

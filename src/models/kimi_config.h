@@ -17,8 +17,8 @@ struct KimiLinearAttnConfig {
 
   template <class V>
   void fields(V& v) {
-    v("num_heads", num_heads, Presence::Required).positive();
-    v("head_dim", head_dim, Presence::Required).positive();
+    v("num_heads", num_heads, Presence::Required).positive().at_most(4096);
+    v("head_dim", head_dim, Presence::Required).positive().at_most(4096);
     v("short_conv_kernel_size", short_conv_kernel_size).positive();
     v("use_full_rank_gate", use_full_rank_gate);
     v("gate_lower_bound", gate_lower_bound);
@@ -67,9 +67,9 @@ struct KimiConfig {
   template <class V>
   void fields(V& v) {
     v("model_type", model_type);
-    v("vocab_size", vocab_size, Presence::Required).positive();
-    v("hidden_size", hidden_size, Presence::Required).positive();
-    v("num_hidden_layers", num_hidden_layers, Presence::Required).positive();
+    v("vocab_size", vocab_size, Presence::Required).positive().at_most(1 << 24);
+    v("hidden_size", hidden_size, Presence::Required).positive().at_most(1 << 16);
+    v("num_hidden_layers", num_hidden_layers, Presence::Required).positive().at_most(4096);
     v("rms_norm_eps", rms_norm_eps).positive();
     v("hidden_act", hidden_act).one_of({"silu", "situ"});
     v("activation_situ_beta", activation_situ_beta).positive();
@@ -86,7 +86,7 @@ struct KimiConfig {
     v("v_head_dim", v_head_dim).positive();
     v("mla_use_nope", mla_use_nope);
     v("mla_use_output_gate", mla_use_output_gate);
-    v("num_experts", num_experts).positive();
+    v("num_experts", num_experts).positive().at_most(1 << 16);
     v("num_experts_per_token", num_experts_per_token).positive();
     v("num_shared_experts", num_shared_experts).non_negative();
     v("moe_intermediate_size", moe_intermediate_size).positive();

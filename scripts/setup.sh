@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what k3 needs from Debian's packages (only what is missing), then configures and
+# builds. Usage: scripts/setup.sh [BUILD_DIR] [extra cmake args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(build-essential cmake ninja-build pkg-config git python3
+          libopenblas-dev nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libicu-dev
+          bible-kjv)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "k3 setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+BUILD_DIR="${1:-build}"
+shift || true
+SHARED="${K3_SHARED_DIR:-$(cd .. && pwd)/shared}"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DK3_SHARED_DIR="$SHARED" "$@" >/dev/null
+cmake --build "$BUILD_DIR" -j"$(nproc)"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Quick start, command 2: install, build (warnings as errors) and run the whole test suite,
+# then the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS="$(nproc)"
+
+scripts/setup.sh build -DK3_WERROR=ON
+(cd build && ctest --output-on-failure -j"$JOBS" --timeout 900)
+
+echo "== ASan/UBSan build of the unit tests"
+scripts/setup.sh build-asan -DK3_WERROR=ON -DK3_SANITIZE=ON -DK3_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+   ctest --output-on-failure -j"$JOBS" -L unit --timeout 900)
