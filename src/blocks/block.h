@@ -19,11 +19,13 @@ struct BlockNames {
 class PreNormBlock {
  public:
   PreNormBlock(Norm norm1, std::unique_ptr<Mixer> mixer, Norm norm2, std::unique_ptr<Ffn> ffn, BlockNames names);
-  // x [T, D] of one sequence, updated in place.
-  void forward(float* x, int64_t T, Memory* memory, Arena& arena) const;
-  void visit(const std::string& prefix, const ParamVisitor& v);
+  Var forward(const Var& x, const SeqBatch& batch) const;  // x [B*T, D]
+  void visit(const std::string& prefix, const ParamVisitor& v) const;
   const Mixer& mixer() const { return *mixer_; }
   const Ffn& ffn() const { return *ffn_; }
+  // The pieces, for residual rules other than the plain sum (AttnRes).
+  Var mix(const Var& x, const SeqBatch& batch) const { return mixer_->forward(norm1_(x), batch); }
+  Var feed(const Var& x) const { return ffn_->forward(norm2_(x)); }
 
  private:
   Norm norm1_;

@@ -67,10 +67,10 @@ void register_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks that print figures beside their anchors and limits");
   bench->require_subcommand(1);
 
-  auto* bw = bench->add_subcommand("bandwidth", "Measure this machine's read bandwidth (the CPU decode ceiling)");
+  auto* bwc = bench->add_subcommand("bandwidth", "Measure this machine's read bandwidth (the CPU decode ceiling)");
   static RuntimeOptions bw_rt;
-  add_runtime_options(bw, bw_rt);
-  bw->callback([] {
+  add_runtime_options(bwc, bw_rt);
+  bwc->callback([] {
     apply_runtime_options(bw_rt);
     double b = measure_read_bandwidth(size_t(512) << 20);
     std::printf("read bandwidth: %.2f GB/s with %d threads (512 MiB read-sum, best of 5)\n", b / 1e9, num_threads());
@@ -91,8 +91,8 @@ void register_bench(CLI::App& app) {
     const int64_t V = model->vocab_size();
     // Bytes a decode step must read: every weight except the position table (one row).
     double weight_bytes = 0;
-    model->visit([&](const std::string& name, Tensor& t, ParamKind) {
-      if (name != "wpe.weight") weight_bytes += double(t.nbytes());
+    model->visit([&](const std::string& name, Node& p, ParamKind) {
+      if (name != "wpe.weight") weight_bytes += double(p.value.nbytes());
     });
     double kv_per_token = 0;
     for (const auto& lm : model->memory_layers()) kv_per_token += lm.spec.per_token_bytes;
@@ -106,7 +106,7 @@ void register_bench(CLI::App& app) {
     for (int64_t ctx_len : parse_list(contexts)) {
       if (ctx_len + steps > model->max_positions())
         throw error("bench", "context ", ctx_len, " + ", steps, " steps exceeds the model's ", model->max_positions(), " positions");
-      std::vector<int64_t> prompt(size_t(ctx_len));
+      std::vector<int64_t> prompt(static_cast<size_t>(ctx_len));
       for (auto& t : prompt) t = int64_t(rng.below(uint64_t(V)));
       Context c = model->new_context(ctx_len + steps);
       std::vector<float> logits(static_cast<size_t>(V));

@@ -3,7 +3,6 @@
 
 #include <string>
 
-#include "core/arena.h"
 #include "ops/param.h"
 
 namespace k3 {
@@ -11,8 +10,8 @@ namespace k3 {
 class Ffn {
  public:
   virtual ~Ffn() = default;
-  virtual void forward(const float* x, int64_t M, float* y, Arena& arena) const = 0;
-  virtual void visit(const std::string& prefix, const ParamVisitor& v) = 0;
+  virtual Var forward(const Var& x) const = 0;
+  virtual void visit(const std::string& prefix, const ParamVisitor& v) const = 0;
   // Parameters touched per token (differs from the total for MoE).
   virtual int64_t active_params() const = 0;
 };

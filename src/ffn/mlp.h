@@ -9,8 +9,8 @@ namespace k3 {
 class GeluMlp final : public Ffn {
  public:
   GeluMlp(int64_t d_model, int64_t hidden, WeightLayout layout);
-  void forward(const float* x, int64_t M, float* y, Arena& arena) const override;
-  void visit(const std::string& prefix, const ParamVisitor& v) override;
+  Var forward(const Var& x) const override { return c_proj(ag::gelu_tanh(c_fc(x))); }
+  void visit(const std::string& prefix, const ParamVisitor& v) const override;
   int64_t active_params() const override { return c_fc.params() + c_proj.params(); }
 
   Linear c_fc, c_proj;

@@ -1,12 +1,13 @@
-// Mixer: a sequence mixer (one row of the memory table). Reads x [T, D] of one sequence and
-// writes y [T, D]; with a Memory it continues that sequence (decode or chunked prefill),
-// without one it processes [0, T) from scratch.
+// Mixer: a sequence mixer (one row of the memory table). Reads x [B*T, D] for B sequences of T
+// tokens and returns y [B*T, D]. Without memories the sequences start from scratch (prefill,
+// training); with memories (one per sequence) they continue them (decode, chunked prefill) and
+// the memories absorb the new tokens.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "core/arena.h"
 #include "mixers/memory.h"
 #include "ops/param.h"
 
@@ -19,13 +20,18 @@ struct MemorySpec {
   double fixed_bytes = 0;
 };
 
+struct SeqBatch {
+  int64_t B = 1, T = 0;
+  Memory* const* memories = nullptr;  // B entries, or null
+};
+
 class Mixer {
  public:
   virtual ~Mixer() = default;
-  virtual void forward(const float* x, int64_t T, float* y, Memory* memory, Arena& arena) const = 0;
+  virtual Var forward(const Var& x, const SeqBatch& batch) const = 0;
   virtual std::unique_ptr<Memory> new_memory(int64_t max_tokens) const = 0;
   virtual std::vector<MemorySpec> memory_spec() const = 0;
-  virtual void visit(const std::string& prefix, const ParamVisitor& v) = 0;
+  virtual void visit(const std::string& prefix, const ParamVisitor& v) const = 0;
   virtual std::string_view name() const = 0;
 };
 

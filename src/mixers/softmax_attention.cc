@@ -12,27 +12,29 @@ SoftmaxAttention::SoftmaxAttention(const SoftmaxAttentionOptions& o)
   K3_CHECK(o.d_model % o.heads == 0, "d_model ", o.d_model, " not divisible by heads ", o.heads);
 }
 
-void SoftmaxAttention::forward(const float* x, int64_t T, float* y, Memory* memory, Arena& arena) const {
-  const int64_t D = o_.d_model, H = o_.heads;
-  Tensor qkv = arena.alloc({T, 3 * D});  // [T, 3D] = q | k | v
-  c_attn.forward(x, T, qkv.f32());
-  Tensor att = arena.alloc({T, D});  // [T, H, hd]
-  float* base = qkv.f32();
-  HeadView q{base, 3 * D, hd_}, k{base + D, 3 * D, hd_}, v{base + 2 * D, 3 * D, hd_};
-  HeadView out{att.f32(), D, hd_};
-  AttentionShape s{T, T, H, hd_, 0, 1.0f / std::sqrt(float(hd_))};
-  if (memory) {
-    auto* cache = static_cast<KVCache*>(memory);
-    s.pos0 = cache->length();
-    cache->append(k, v, T);
-    s.S = cache->length();
-    attention_forward(q, cache->keys(), cache->values(), out, s);
-  } else {
+Var SoftmaxAttention::forward(const Var& x, const SeqBatch& batch) const {
+  const int64_t D = o_.d_model, H = o_.heads, B = batch.B, T = batch.T;
+  const float scale = 1.0f / std::sqrt(float(hd_));
+  Var qkv = c_attn(x);  // [B*T, 3D] = q | k | v
+  if (!batch.memories) {
     if (T > o_.max_positions)
       throw error("attention", "sequence of ", T, " tokens exceeds the model's ", o_.max_positions, " positions");
-    attention_forward(q, k, v, out, s);
+    Var att = ag::causal_attention(ag::slice_last(qkv, 0, D), ag::slice_last(qkv, D, 2 * D),
+                                   ag::slice_last(qkv, 2 * D, 3 * D), B, T, H, scale);
+    return c_proj(att);
   }
-  c_proj.forward(att.f32(), T, y);
+  // Continue each sequence from its KV cache (inference: no graph through the cache).
+  Tensor att = Tensor::empty({B * T, D});  // [B*T, H, hd]
+  for (int64_t b = 0; b < B; ++b) {
+    auto* cache = static_cast<KVCache*>(batch.memories[b]);
+    float* base = qkv->value.f32() + b * T * 3 * D;
+    HeadView q{base, 3 * D, hd_}, k{base + D, 3 * D, hd_}, v{base + 2 * D, 3 * D, hd_};
+    AttentionShape s{T, 0, H, hd_, cache->length(), scale};
+    cache->append(k, v, T);
+    s.S = cache->length();
+    attention_forward(q, cache->keys(), cache->values(), HeadView{att.f32() + b * T * D, D, hd_}, s);
+  }
+  return c_proj(constant(std::move(att)));
 }
 
 std::unique_ptr<Memory> SoftmaxAttention::new_memory(int64_t max_tokens) const {
@@ -43,7 +45,7 @@ std::vector<MemorySpec> SoftmaxAttention::memory_spec() const {
   return {{MemoryKind::KVCache, double(2 * o_.d_model * sizeof(float)), 0}};
 }
 
-void SoftmaxAttention::visit(const std::string& prefix, const ParamVisitor& v) {
+void SoftmaxAttention::visit(const std::string& prefix, const ParamVisitor& v) const {
   c_attn.visit(join_name(prefix, "c_attn"), v);
   c_proj.visit(join_name(prefix, "c_proj"), v);
 }

@@ -18,10 +18,10 @@ struct SoftmaxAttentionOptions {
 class SoftmaxAttention final : public Mixer {
  public:
   explicit SoftmaxAttention(const SoftmaxAttentionOptions& o);
-  void forward(const float* x, int64_t T, float* y, Memory* memory, Arena& arena) const override;
+  Var forward(const Var& x, const SeqBatch& batch) const override;
   std::unique_ptr<Memory> new_memory(int64_t max_tokens) const override;
   std::vector<MemorySpec> memory_spec() const override;
-  void visit(const std::string& prefix, const ParamVisitor& v) override;
+  void visit(const std::string& prefix, const ParamVisitor& v) const override;
   std::string_view name() const override { return "softmax"; }
 
   Linear c_attn, c_proj;

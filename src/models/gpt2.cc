@@ -6,8 +6,7 @@
 #include "core/random.h"
 #include "ffn/mlp.h"
 #include "mixers/softmax_attention.h"
-#include "ops/embedding.h"
-#include "ops/gemm.h"
+#include "ops/ag.h"
 
 namespace k3 {
 
@@ -22,8 +21,8 @@ void Gpt2Config::validate(const std::string& where) const {
 
 Gpt2Model::Gpt2Model(const Gpt2Config& c) : c_(c) {
   const int64_t D = c.n_embd;
-  wte_ = Tensor::meta({c.vocab_size, D});
-  wpe_ = Tensor::meta({c.n_positions, D});
+  wte_ = parameter({c.vocab_size, D});
+  wpe_ = parameter({c.n_positions, D});
   const float eps = float(c.layer_norm_epsilon);
   blocks_.reserve(size_t(c.n_layer));
   for (int64_t l = 0; l < c.n_layer; ++l) {
@@ -56,9 +55,9 @@ std::unique_ptr<Model> Gpt2Model::load(const std::string& dir, const Json& j) {
   return m;
 }
 
-void Gpt2Model::visit(const ParamVisitor& v) {
-  v("wte.weight", wte_, ParamKind::Embedding);
-  v("wpe.weight", wpe_, ParamKind::Embedding);
+void Gpt2Model::visit(const ParamVisitor& v) const {
+  v("wte.weight", *wte_, ParamKind::Embedding);
+  v("wpe.weight", *wpe_, ParamKind::Embedding);
   for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l].visit("h." + std::to_string(l), v);
   ln_f_.visit("ln_f", v);
 }
@@ -82,26 +81,28 @@ Context Gpt2Model::new_context(int64_t max_tokens) const {
   return ctx;
 }
 
-void Gpt2Model::forward(const int64_t* ids, int64_t T, Context* ctx, float* logits, Logits which) {
-  const int64_t D = c_.n_embd;
-  const int64_t pos0 = ctx ? ctx->position : 0;
-  if (pos0 + T > c_.n_positions)
-    throw error("gpt2", "position ", pos0 + T, " exceeds n_positions = ", c_.n_positions);
-  arena_.reset();
-  Tensor x = arena_.alloc({T, D});  // [T, D]
-  embedding_forward(wte_, ids, T, x.f32());
-  const float* pe = wpe_.f32() + pos0 * D;
-  float* xp = x.f32();
-  for (int64_t i = 0; i < T * D; ++i) xp[i] += pe[i];
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    blocks_[l].forward(xp, T, ctx ? ctx->layers[l].get() : nullptr, arena_);
-  if (ctx) ctx->position += T;
-  const int64_t first = which == Logits::Last ? T - 1 : 0;
-  const int64_t rows = T - first;
-  Tensor h = arena_.alloc({rows, D});
-  ln_f_.forward(xp + first * D, rows, h.f32());
-  // logits[rows, V] = h wteᵀ (tied head)
-  linear_forward(h.f32(), rows, D, c_.vocab_size, wte_, WeightLayout::OutIn, nullptr, logits);
+Var Gpt2Model::hidden(const TokenBatch& batch) const {
+  const int64_t B = batch.B, T = batch.T;
+  std::vector<int64_t> ids(batch.ids, batch.ids + B * T), pos(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t p0 = batch.contexts ? batch.contexts[b]->position : 0;
+    if (p0 + T > c_.n_positions)
+      throw error("gpt2", "position ", p0 + T, " exceeds n_positions = ", c_.n_positions);
+    for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = p0 + t;
+  }
+  Var x = ag::add(ag::embedding(wte_, ids), ag::embedding(wpe_, pos));  // [B*T, D]
+  std::vector<Memory*> mems(static_cast<size_t>(B));
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    SeqBatch sb{B, T, nullptr};
+    if (batch.contexts) {
+      for (int64_t b = 0; b < B; ++b) mems[size_t(b)] = batch.contexts[b]->layers[l].get();
+      sb.memories = mems.data();
+    }
+    x = blocks_[l].forward(x, sb);
+  }
+  if (batch.contexts)
+    for (int64_t b = 0; b < B; ++b) batch.contexts[b]->position += T;
+  return ln_f_(x);
 }
 
 void Gpt2Model::init_random(uint64_t seed) {
@@ -110,9 +111,9 @@ void Gpt2Model::init_random(uint64_t seed) {
   materialize_params(*this);
   Rng rng(seed);
   const float proj_std = 0.02f / std::sqrt(2.0f * float(c_.n_layer));
-  visit([&](const std::string& name, Tensor& t, ParamKind k) {
-    float* p = t.f32();
-    const int64_t n = t.numel();
+  visit([&](const std::string& name, Node& param, ParamKind k) {
+    float* p = param.value.f32();
+    const int64_t n = param.value.numel();
     if (k == ParamKind::Bias || (k == ParamKind::Norm && name.ends_with(".bias"))) {
       for (int64_t i = 0; i < n; ++i) p[i] = 0.0f;
     } else if (k == ParamKind::Norm) {

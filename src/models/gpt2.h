@@ -56,20 +56,21 @@ class Gpt2Model final : public Model {
   int64_t vocab_size() const override { return c_.vocab_size; }
   int64_t max_positions() const override { return c_.n_positions; }
   int64_t num_layers() const override { return c_.n_layer; }
-  void visit(const ParamVisitor& v) override;
+  void visit(const ParamVisitor& v) const override;
   Json config_json() const override;
   std::vector<LayerMemory> memory_layers() const override;
   Context new_context(int64_t max_tokens) const override;
-  void forward(const int64_t* ids, int64_t T, Context* ctx, float* logits, Logits which) override;
+  Var hidden(const TokenBatch& batch) const override;
+  Var head_weight() const override { return wte_; }  // tied
   void init_random(uint64_t seed) override;
   // Everything but the position table: wte is read in full by the tied LM head.
-  int64_t active_params() override { return total_params() - wpe_.numel(); }
+  int64_t active_params() const override { return total_params() - wpe_->value.numel(); }
 
   const Gpt2Config& config() const { return c_; }
 
  private:
   Gpt2Config c_;
-  Tensor wte_, wpe_;  // [V, D], [P, D]
+  Var wte_, wpe_;  // [V, D], [P, D]
   std::vector<PreNormBlock> blocks_;
   Norm ln_f_;
 };

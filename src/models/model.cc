@@ -1,42 +1,67 @@
 #include "models/model.h"
 
+#include <cstring>
 #include <iostream>
 #include <set>
 
+#include "ops/ag.h"
+
 namespace k3 {
 
-int64_t Model::total_params() {
+int64_t Model::total_params() const {
   int64_t n = 0;
-  visit([&](const std::string&, Tensor& t, ParamKind) { n += t.numel(); });
+  visit([&](const std::string&, Node& p, ParamKind) { n += p.value.numel(); });
   return n;
 }
 
-int64_t Model::active_params() {
+int64_t Model::active_params() const {
   int64_t n = 0;
-  visit([&](const std::string&, Tensor& t, ParamKind k) {
-    if (k != ParamKind::Embedding) n += t.numel();
+  visit([&](const std::string&, Node& p, ParamKind k) {
+    if (k != ParamKind::Embedding) n += p.value.numel();
   });
   return n;
 }
 
-size_t Model::weight_bytes() {
+size_t Model::weight_bytes() const {
   size_t n = 0;
-  visit([&](const std::string&, Tensor& t, ParamKind) { n += t.nbytes(); });
+  visit([&](const std::string&, Node& p, ParamKind) { n += p.value.nbytes(); });
   return n;
 }
 
-void load_params(Model& model, const Checkpoint& ckpt, const LoadOptions& opts) {
+void Model::logits(const TokenBatch& batch, float* out, Logits which) const {
+  Var h = hidden(batch);  // [B*T, D]
+  const int64_t D = h->value.dim(-1), V = vocab_size();
+  if (which == Logits::Last && batch.T > 1) {
+    Tensor last = Tensor::empty({batch.B, D});
+    for (int64_t b = 0; b < batch.B; ++b)
+      std::memcpy(last.f32() + b * D, h->value.f32() + ((b + 1) * batch.T - 1) * D, size_t(D) * 4);
+    h = constant(std::move(last));
+  }
+  const int64_t rows = h->value.numel() / D;
+  linear_forward(h->value.f32(), rows, D, V, head_weight()->value, WeightLayout::OutIn, nullptr, out);
+}
+
+void Model::forward(const int64_t* ids, int64_t T, Context* ctx, float* out, Logits which) const {
+  Context* ctxs[1] = {ctx};
+  logits(TokenBatch{ids, 1, T, ctx ? ctxs : nullptr}, out, which);
+}
+
+Var Model::loss(const TokenBatch& batch, const std::vector<int64_t>& targets) const {
+  return ag::cross_entropy_head(hidden(batch), head_weight(), targets);
+}
+
+void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts) {
   std::set<std::string> used;
   std::vector<std::string> missing;
-  model.visit([&](const std::string& name, Tensor& t, ParamKind) {
+  model.visit([&](const std::string& name, Node& p, ParamKind) {
     std::vector<std::string> candidates = opts.alias ? opts.alias(name) : std::vector<std::string>{name};
     for (const auto& c : candidates) {
       if (!ckpt.has(c)) continue;
       const TensorEntry& e = ckpt.entry(c);
-      if (e.shape != t.shape())
+      if (e.shape != p.value.shape())
         throw error("load", ckpt.path(), ": tensor '", c, "' has shape ", shape_str(e.shape), " but the config implies ",
-                    shape_str(t.shape()), " (config.json and weights disagree?)");
-      t = ckpt.get_f32(c);
+                    shape_str(p.value.shape()), " (config.json and weights disagree?)");
+      p.value = ckpt.get_f32(c);
       used.insert(c);
       return;
     }
@@ -51,15 +76,14 @@ void load_params(Model& model, const Checkpoint& ckpt, const LoadOptions& opts) 
   std::vector<std::string> extra;
   for (const auto& n : ckpt.names())
     if (!used.count(n) && !(opts.ignorable && opts.ignorable(n))) extra.push_back(n);
-  if (!extra.empty()) {
+  if (!extra.empty())
     std::cerr << "k3: warning: " << ckpt.path() << " has " << extra.size()
               << " tensor(s) this architecture does not use, e.g. '" << extra.front() << "'\n";
-  }
 }
 
-void materialize_params(Model& model) {
-  model.visit([](const std::string&, Tensor& t, ParamKind) {
-    if (!t.has_storage() || t.numel() == 0) t = Tensor::zeros(t.shape());
+void materialize_params(const Model& model) {
+  model.visit([](const std::string&, Node& p, ParamKind) {
+    if (!p.value.has_storage() || p.value.numel() == 0) p.value = Tensor::zeros(p.value.shape());
   });
 }
 

@@ -1,13 +1,13 @@
 // Model: the interface every architecture implements (one file per architecture, one line in
-// registry.cc). A model turns token ids into logits, optionally continuing a per-sequence
-// Context (its list of Memory objects), and lists its parameters through one visitor.
+// registry.cc). A model maps token ids to final hidden states through differentiable ops
+// (ops/ag.h), so the same forward serves inference, decode (with per-sequence Contexts, the
+// lists of Memory objects) and training (under ag Recording, then backward).
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "core/arena.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "mixers/memory.h"
@@ -24,6 +24,14 @@ struct LayerMemory {
   MemorySpec spec;
 };
 
+// B sequences of T tokens (ids row-major [B, T]). With contexts (B of them) the tokens continue
+// those sequences; without, each sequence starts at position 0.
+struct TokenBatch {
+  const int64_t* ids = nullptr;
+  int64_t B = 1, T = 0;
+  Context* const* contexts = nullptr;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -31,26 +39,30 @@ class Model {
   virtual int64_t vocab_size() const = 0;
   virtual int64_t max_positions() const = 0;
   virtual int64_t num_layers() const = 0;
-  virtual void visit(const ParamVisitor& v) = 0;
+  virtual void visit(const ParamVisitor& v) const = 0;
   virtual Json config_json() const = 0;
-  // Parameters touched per token. Default: all but the input embedding tables (as commonly
-  // counted; the tied LM head still counts through its use).
-  virtual int64_t active_params();
   virtual std::vector<LayerMemory> memory_layers() const = 0;
   virtual Context new_context(int64_t max_tokens) const = 0;
-  // ids [T] of one sequence -> logits [T, V] (Logits::All) or [1, V] (Logits::Last). With a
-  // context the tokens continue that sequence and its memories absorb them.
-  virtual void forward(const int64_t* ids, int64_t T, Context* ctx, float* logits, Logits which) = 0;
+  // Final normalised hidden states [B*T, D]; advances the contexts' positions.
+  virtual Var hidden(const TokenBatch& batch) const = 0;
+  virtual Var head_weight() const = 0;  // [V, D]: logits = hidden · headᵀ
   // Fresh random weights (the architecture's own init).
   virtual void init_random(uint64_t seed) = 0;
+  // Parameters touched per token. Default: all but embedding lookups.
+  virtual int64_t active_params() const;
+
+  // logits [B, T, V] (All) or [B, V] (Last) into `out`.
+  void logits(const TokenBatch& batch, float* out, Logits which) const;
+  // One sequence (ids [T]) continuing ctx (or from scratch if null); convenience for decode.
+  void forward(const int64_t* ids, int64_t T, Context* ctx, float* out, Logits which) const;
+  // Mean next-token cross-entropy of batch against targets [B*T] (target < 0: ignored),
+  // computed in vocabulary chunks.
+  Var loss(const TokenBatch& batch, const std::vector<int64_t>& targets) const;
+
+  int64_t total_params() const;
+  size_t weight_bytes() const;  // bytes of the parameters as held now
 
   std::optional<int64_t> eos_token_id;
-
-  int64_t total_params();
-  size_t weight_bytes();  // bytes of the parameters as held now
-
- protected:
-  Arena arena_;
 };
 
 // Fills every parameter from a checkpoint by its HF name. `alias` maps our name to the
@@ -61,9 +73,9 @@ struct LoadOptions {
   std::function<std::vector<std::string>(const std::string&)> alias;
   std::function<bool(const std::string&)> ignorable;
 };
-void load_params(Model& model, const Checkpoint& ckpt, const LoadOptions& opts);
+void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts);
 
-// Gives every parameter storage (zeros), e.g. before init_random.
-void materialize_params(Model& model);
+// Gives every storage-less parameter zeros, e.g. before init_random.
+void materialize_params(const Model& model);
 
 }  // namespace k3

@@ -10,7 +10,7 @@ double ArchReport::sequence_bytes(int64_t context) const {
   return b;
 }
 
-ArchReport report_from_model(Model& m, const std::string& name) {
+ArchReport report_from_model(const Model& m, const std::string& name) {
   ArchReport r;
   r.name = name;
   r.architecture = m.architecture();

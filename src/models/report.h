@@ -30,7 +30,7 @@ struct ArchReport {
 };
 
 // From a built (possibly meta, storage-less) model: counts come from its parameter visitor.
-ArchReport report_from_model(Model& m, const std::string& name);
+ArchReport report_from_model(const Model& m, const std::string& name);
 // Kimi Linear / Kimi K3 configs, counted from the published shapes (spec §5.3, §6-§11).
 ArchReport report_kimi(const Json& config, const std::string& name);
 

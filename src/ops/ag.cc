@@ -1,0 +1,323 @@
+#include "ops/ag.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/parallel.h"
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/embedding.h"
+#include "ops/norm.h"
+
+namespace k3::ag {
+
+namespace {
+int64_t last_dim(const Tensor& t) { return t.ndim() ? t.dim(-1) : 1; }
+int64_t rows(const Tensor& t) { return t.numel() / std::max<int64_t>(1, last_dim(t)); }
+Tensor like(const Tensor& t) { return Tensor::empty(t.shape()); }
+void same_shape(const Var& a, const Var& b, const char* op) {
+  if (a->value.shape() != b->value.shape())
+    throw error(op, "shapes differ: ", a->value.describe(), " vs ", b->value.describe());
+}
+}  // namespace
+
+Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
+  const Tensor& W = w->value;
+  const int64_t in = layout == WeightLayout::OutIn ? W.dim(1) : W.dim(0);
+  const int64_t out = layout == WeightLayout::OutIn ? W.dim(0) : W.dim(1);
+  if (last_dim(x->value) != in)
+    throw error("linear", "input ", x->value.describe(), " does not match weight ", W.describe());
+  const int64_t M = rows(x->value);
+  Shape ys = x->value.shape();
+  ys.back() = out;
+  Tensor y = Tensor::empty(ys);
+  linear_forward(x->value.f32(), M, in, out, W, layout, b ? b->value.f32() : nullptr, y.f32());
+  return make_node(std::move(y), {x, w, b}, [=](Node& self) {
+    const float* dy = self.grad.f32();
+    linear_backward(x->value.f32(), dy, M, in, out, w->value, layout, needs_grad(x) ? x->grad_f32() : nullptr,
+                    needs_grad(w) ? w->grad_f32() : nullptr, needs_grad(b) ? b->grad_f32() : nullptr);
+  }, "linear");
+}
+
+Var add(const Var& a, const Var& b) {
+  same_shape(a, b, "add");
+  Tensor y = like(a->value);
+  const float *pa = a->value.f32(), *pb = b->value.f32();
+  float* py = y.f32();
+  for (int64_t i = 0; i < y.numel(); ++i) py[i] = pa[i] + pb[i];
+  return make_node(std::move(y), {a, b}, [a, b](Node& self) {
+    const float* g = self.grad.f32();
+    const int64_t n = self.value.numel();
+    if (needs_grad(a)) { float* d = a->grad_f32(); for (int64_t i = 0; i < n; ++i) d[i] += g[i]; }
+    if (needs_grad(b)) { float* d = b->grad_f32(); for (int64_t i = 0; i < n; ++i) d[i] += g[i]; }
+  }, "add");
+}
+
+Var sub(const Var& a, const Var& b) { return add(a, scale(b, -1.0f)); }
+
+Var mul(const Var& a, const Var& b) {
+  same_shape(a, b, "mul");
+  Tensor y = like(a->value);
+  const float *pa = a->value.f32(), *pb = b->value.f32();
+  float* py = y.f32();
+  for (int64_t i = 0; i < y.numel(); ++i) py[i] = pa[i] * pb[i];
+  return make_node(std::move(y), {a, b}, [a, b](Node& self) {
+    const float* g = self.grad.f32();
+    const int64_t n = self.value.numel();
+    const float *pa2 = a->value.f32(), *pb2 = b->value.f32();
+    if (needs_grad(a)) { float* d = a->grad_f32(); for (int64_t i = 0; i < n; ++i) d[i] += g[i] * pb2[i]; }
+    if (needs_grad(b)) { float* d = b->grad_f32(); for (int64_t i = 0; i < n; ++i) d[i] += g[i] * pa2[i]; }
+  }, "mul");
+}
+
+Var scale(const Var& a, float s) {
+  Tensor y = like(a->value);
+  const float* pa = a->value.f32();
+  float* py = y.f32();
+  for (int64_t i = 0; i < y.numel(); ++i) py[i] = pa[i] * s;
+  return make_node(std::move(y), {a}, [a, s](Node& self) {
+    const float* g = self.grad.f32();
+    float* d = a->grad_f32();
+    for (int64_t i = 0; i < self.value.numel(); ++i) d[i] += g[i] * s;
+  }, "scale");
+}
+
+namespace {
+// Elementwise unary op from f(x) and f'(x).
+template <class F, class DF>
+Var unary(const Var& a, F f, DF df, const char* op) {
+  Tensor y = like(a->value);
+  const float* pa = a->value.f32();
+  float* py = y.f32();
+  const int64_t n = y.numel();
+  parallel_for(n, 1 << 14, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) py[i] = f(pa[i]);
+  });
+  return make_node(std::move(y), {a}, [a, df](Node& self) {
+    const float* g = self.grad.f32();
+    const float* x = a->value.f32();
+    float* d = a->grad_f32();
+    for (int64_t i = 0; i < self.value.numel(); ++i) d[i] += g[i] * df(x[i]);
+  }, op);
+}
+inline float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+}  // namespace
+
+Var sigmoid(const Var& a) {
+  return unary(a, sigm, [](float x) { float s = sigm(x); return s * (1 - s); }, "sigmoid");
+}
+
+Var silu(const Var& a) {
+  return unary(a, [](float x) { return x * sigm(x); },
+               [](float x) { float s = sigm(x); return s * (1 + x * (1 - s)); }, "silu");
+}
+
+Var gelu_tanh(const Var& a) {
+  Tensor y = like(a->value);
+  gelu_tanh_forward(a->value.f32(), y.f32(), y.numel());
+  return make_node(std::move(y), {a}, [a](Node& self) {
+    gelu_tanh_backward(a->value.f32(), self.grad.f32(), a->grad_f32(), self.value.numel());
+  }, "gelu");
+}
+
+Var layernorm(const Var& x, const Var& w, const Var& b, float eps) {
+  const int64_t D = last_dim(x->value), M = rows(x->value);
+  Tensor y = like(x->value);
+  auto stats = std::make_shared<std::vector<float>>(size_t(2 * M));
+  layernorm_forward(x->value.f32(), w->value.f32(), b ? b->value.f32() : nullptr, eps, M, D, y.f32(), stats->data(),
+                    stats->data() + M);
+  return make_node(std::move(y), {x, w, b}, [=](Node& self) {
+    layernorm_backward(x->value.f32(), w->value.f32(), stats->data(), stats->data() + M, self.grad.f32(), M, D,
+                       needs_grad(x) ? x->grad_f32() : nullptr, needs_grad(w) ? w->grad_f32() : nullptr,
+                       needs_grad(b) ? b->grad_f32() : nullptr);
+  }, "layernorm");
+}
+
+Var rmsnorm(const Var& x, const Var& w, float eps) {
+  const int64_t D = last_dim(x->value), M = rows(x->value);
+  Tensor y = like(x->value);
+  auto rstd = std::make_shared<std::vector<float>>(size_t(M));
+  rmsnorm_forward(x->value.f32(), w ? w->value.f32() : nullptr, eps, M, D, y.f32(), rstd->data());
+  return make_node(std::move(y), {x, w}, [=](Node& self) {
+    rmsnorm_backward(x->value.f32(), w ? w->value.f32() : nullptr, rstd->data(), self.grad.f32(), M, D,
+                     needs_grad(x) ? x->grad_f32() : nullptr, needs_grad(w) ? w->grad_f32() : nullptr);
+  }, "rmsnorm");
+}
+
+Var embedding(const Var& table, const std::vector<int64_t>& ids) {
+  const int64_t D = table->value.dim(1), n = int64_t(ids.size());
+  Tensor y = Tensor::empty({n, D});
+  embedding_forward(table->value, ids.data(), n, y.f32());
+  return make_node(std::move(y), {table}, [table, ids, D](Node& self) {
+    embedding_backward(ids.data(), int64_t(ids.size()), D, self.grad.f32(), table->grad_f32());
+  }, "embedding");
+}
+
+Var reshape(const Var& x, Shape shape) {
+  Tensor y = x->value.reshape(std::move(shape));
+  return make_node(std::move(y), {x}, [x](Node& self) {
+    float* d = x->grad_f32();
+    const float* g = self.grad.f32();
+    for (int64_t i = 0; i < self.value.numel(); ++i) d[i] += g[i];
+  }, "reshape");
+}
+
+Var slice_last(const Var& x, int64_t begin, int64_t end) {
+  const int64_t N = last_dim(x->value), M = rows(x->value), n = end - begin;
+  K3_CHECK(0 <= begin && begin <= end && end <= N, "slice_last [", begin, ", ", end, ") of ", x->value.describe());
+  Shape s = x->value.shape();
+  s.back() = n;
+  Tensor y = Tensor::empty(s);
+  const float* px = x->value.f32();
+  float* py = y.f32();
+  for (int64_t m = 0; m < M; ++m) std::memcpy(py + m * n, px + m * N + begin, size_t(n) * 4);
+  return make_node(std::move(y), {x}, [x, begin, n, N, M](Node& self) {
+    float* d = x->grad_f32();
+    const float* g = self.grad.f32();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t i = 0; i < n; ++i) d[m * N + begin + i] += g[m * n + i];
+  }, "slice");
+}
+
+Var concat_last(const std::vector<Var>& xs) {
+  K3_CHECK(!xs.empty(), "concat of nothing");
+  const int64_t M = rows(xs[0]->value);
+  int64_t N = 0;
+  for (const auto& x : xs) {
+    K3_CHECK(rows(x->value) == M, "concat_last: row counts differ");
+    N += last_dim(x->value);
+  }
+  Shape s = xs[0]->value.shape();
+  s.back() = N;
+  Tensor y = Tensor::empty(s);
+  float* py = y.f32();
+  int64_t off = 0;
+  for (const auto& x : xs) {
+    const int64_t n = last_dim(x->value);
+    for (int64_t m = 0; m < M; ++m) std::memcpy(py + m * N + off, x->value.f32() + m * n, size_t(n) * 4);
+    off += n;
+  }
+  return make_node(std::move(y), xs, [xs, M, N](Node& self) {
+    const float* g = self.grad.f32();
+    int64_t o = 0;
+    for (const auto& x : xs) {
+      const int64_t n = last_dim(x->value);
+      if (needs_grad(x)) {
+        float* d = x->grad_f32();
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t i = 0; i < n; ++i) d[m * n + i] += g[m * N + o + i];
+      }
+      o += n;
+    }
+  }, "concat");
+}
+
+Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float sc) {
+  const int64_t D = last_dim(q->value), hd = D / H;
+  K3_CHECK(rows(q->value) == B * T && D % H == 0, "causal_attention: q ", q->value.describe(), " vs B=", B, " T=", T);
+  const int64_t Dv = last_dim(v->value), hdv = Dv / H;
+  Tensor y = Tensor::empty({B * T, Dv});
+  // Attention over queries and keys with different head dims needs separate views: the helper
+  // kernel takes one hd, so q/k share hd and v/y share hdv through their own HeadViews.
+  K3_CHECK(hdv == hd, "causal_attention: value head dim ", hdv, " != key head dim ", hd, " (use attention_qk_v)");
+  for (int64_t b = 0; b < B; ++b) {
+    HeadView qv{q->value.f32() + b * T * D, D, hd}, kv{k->value.f32() + b * T * D, D, hd},
+        vv{v->value.f32() + b * T * Dv, Dv, hd}, yv{y.f32() + b * T * Dv, Dv, hd};
+    attention_forward(qv, kv, vv, yv, AttentionShape{T, T, H, hd, 0, sc});
+  }
+  return make_node(std::move(y), {q, k, v}, [=](Node& self) {
+    std::vector<float> probs(size_t(H * T * T));
+    Tensor dq = Tensor::zeros(q->value.shape()), dk = Tensor::zeros(k->value.shape()), dv = Tensor::zeros(v->value.shape());
+    for (int64_t b = 0; b < B; ++b) {
+      HeadView qv{q->value.f32() + b * T * D, D, hd}, kv{k->value.f32() + b * T * D, D, hd},
+          vv{v->value.f32() + b * T * Dv, Dv, hd};
+      HeadView scratch{nullptr, 0, 0};
+      std::vector<float> ytmp(size_t(T * Dv));
+      scratch.base = ytmp.data();
+      scratch.token_stride = Dv;
+      scratch.head_stride = hd;
+      AttentionShape s{T, T, H, hd, 0, sc};
+      attention_forward(qv, kv, vv, scratch, s, probs.data());  // recompute P
+      HeadView dyv{self.grad.f32() + b * T * Dv, Dv, hd}, dqv{dq.f32() + b * T * D, D, hd},
+          dkv{dk.f32() + b * T * D, D, hd}, dvv{dv.f32() + b * T * Dv, Dv, hd};
+      attention_backward(qv, kv, vv, probs.data(), dyv, dqv, dkv, dvv, s);
+    }
+    auto acc = [](const Var& x, const Tensor& g) {
+      if (!needs_grad(x)) return;
+      float* d = x->grad_f32();
+      for (int64_t i = 0; i < g.numel(); ++i) d[i] += g.f32()[i];
+    };
+    acc(q, dq);
+    acc(k, dk);
+    acc(v, dv);
+  }, "attention");
+}
+
+Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, int64_t vc) {
+  const int64_t N = h->value.dim(0), D = h->value.dim(1), V = w->value.dim(0);
+  K3_CHECK(int64_t(targets.size()) == N, "cross_entropy: ", targets.size(), " targets for ", N, " rows");
+  auto lse = std::make_shared<std::vector<float>>(size_t(N));
+  std::vector<float> mx(size_t(N), -INFINITY), se(size_t(N), 0.0f), tgt(size_t(N), 0.0f);
+  std::vector<float> chunk(size_t(N * std::min(vc, V)));
+  int64_t count = 0;
+  for (int64_t t : targets) {
+    if (t >= V) throw error("cross_entropy", "target id ", t, " outside the vocabulary of ", V);
+    count += t >= 0;
+  }
+  // Online log-sum-exp over vocabulary chunks.
+  for (int64_t v0 = 0; v0 < V; v0 += vc) {
+    const int64_t n = std::min(vc, V - v0);
+    gemm(Trans::No, Trans::Yes, N, n, D, 1.0f, h->value.f32(), D, w->value.f32() + v0 * D, D, 0.0f, chunk.data(), n);
+    for (int64_t r = 0; r < N; ++r) {
+      const float* row = chunk.data() + r * n;
+      float m = mx[size_t(r)];
+      for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+      float s = se[size_t(r)] * std::exp(mx[size_t(r)] - m);
+      for (int64_t j = 0; j < n; ++j) s += std::exp(row[j] - m);
+      mx[size_t(r)] = m;
+      se[size_t(r)] = s;
+      int64_t t = targets[size_t(r)];
+      if (t >= v0 && t < v0 + n) tgt[size_t(r)] = row[t - v0];
+    }
+  }
+  double loss = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    (*lse)[size_t(r)] = mx[size_t(r)] + std::log(se[size_t(r)]);
+    if (targets[size_t(r)] >= 0) loss += (*lse)[size_t(r)] - tgt[size_t(r)];
+  }
+  Tensor y = Tensor::full({1}, count ? float(loss / double(count)) : 0.0f);
+  return make_node(std::move(y), {h, w}, [=](Node& self) {
+    const float g = self.grad.f32()[0] / float(std::max<int64_t>(count, 1));
+    std::vector<float> c(size_t(N * std::min(vc, V)));
+    for (int64_t v0 = 0; v0 < V; v0 += vc) {
+      const int64_t n = std::min(vc, V - v0);
+      gemm(Trans::No, Trans::Yes, N, n, D, 1.0f, h->value.f32(), D, w->value.f32() + v0 * D, D, 0.0f, c.data(), n);
+      for (int64_t r = 0; r < N; ++r) {  // dlogits = g (softmax - onehot), zero for ignored rows
+        float* row = c.data() + r * n;
+        const int64_t t = targets[size_t(r)];
+        if (t < 0) {
+          std::fill(row, row + n, 0.0f);
+          continue;
+        }
+        for (int64_t j = 0; j < n; ++j) row[j] = g * std::exp(row[j] - (*lse)[size_t(r)]);
+        if (t >= v0 && t < v0 + n) row[t - v0] -= g;
+      }
+      if (needs_grad(h)) gemm(Trans::No, Trans::No, N, D, n, 1.0f, c.data(), n, w->value.f32() + v0 * D, D, 1.0f, h->grad_f32(), D);
+      if (needs_grad(w)) gemm(Trans::Yes, Trans::No, n, D, N, 1.0f, c.data(), n, h->value.f32(), D, 1.0f, w->grad_f32() + v0 * D, D);
+    }
+  }, "cross_entropy");
+}
+
+Var sum(const Var& a) {
+  double s = 0;
+  for (int64_t i = 0; i < a->value.numel(); ++i) s += a->value.f32()[i];
+  Tensor y = Tensor::full({1}, float(s));
+  return make_node(std::move(y), {a}, [a](Node& self) {
+    const float g = self.grad.f32()[0];
+    float* d = a->grad_f32();
+    for (int64_t i = 0; i < a->value.numel(); ++i) d[i] += g;
+  }, "sum");
+}
+
+}  // namespace k3::ag
