@@ -1,6 +1,7 @@
 #include "ops/ag.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -215,33 +216,29 @@ Var concat_last(const std::vector<Var>& xs) {
 
 Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float sc) {
   const int64_t D = last_dim(q->value), hd = D / H;
-  K3_CHECK(rows(q->value) == B * T && D % H == 0, "causal_attention: q ", q->value.describe(), " vs B=", B, " T=", T);
   const int64_t Dv = last_dim(v->value), hdv = Dv / H;
+  K3_CHECK(rows(q->value) == B * T && D % H == 0 && Dv % H == 0 && last_dim(k->value) == D,
+           "causal_attention: q ", q->value.describe(), " k ", k->value.describe(), " v ", v->value.describe(),
+           " for B=", B, " T=", T, " H=", H);
   Tensor y = Tensor::empty({B * T, Dv});
-  // Attention over queries and keys with different head dims needs separate views: the helper
-  // kernel takes one hd, so q/k share hd and v/y share hdv through their own HeadViews.
-  K3_CHECK(hdv == hd, "causal_attention: value head dim ", hdv, " != key head dim ", hd, " (use attention_qk_v)");
+  const AttentionShape s{T, T, H, hd, 0, sc, hdv};
+  auto views = [=](const Tensor& tq, const Tensor& tk, const Tensor& tv, int64_t b) {
+    return std::array<HeadView, 3>{HeadView{tq.f32() + b * T * D, D, hd}, HeadView{tk.f32() + b * T * D, D, hd},
+                                   HeadView{tv.f32() + b * T * Dv, Dv, hdv}};
+  };
   for (int64_t b = 0; b < B; ++b) {
-    HeadView qv{q->value.f32() + b * T * D, D, hd}, kv{k->value.f32() + b * T * D, D, hd},
-        vv{v->value.f32() + b * T * Dv, Dv, hd}, yv{y.f32() + b * T * Dv, Dv, hd};
-    attention_forward(qv, kv, vv, yv, AttentionShape{T, T, H, hd, 0, sc});
+    auto [qv, kv, vv] = views(q->value, k->value, v->value, b);
+    attention_forward(qv, kv, vv, HeadView{y.f32() + b * T * Dv, Dv, hdv}, s);
   }
   return make_node(std::move(y), {q, k, v}, [=](Node& self) {
-    std::vector<float> probs(size_t(H * T * T));
+    // Recompute the probabilities per sequence instead of keeping B·H·T² of them.
+    std::vector<float> probs(static_cast<size_t>(H * T * T)), ytmp(static_cast<size_t>(T * Dv));
     Tensor dq = Tensor::zeros(q->value.shape()), dk = Tensor::zeros(k->value.shape()), dv = Tensor::zeros(v->value.shape());
     for (int64_t b = 0; b < B; ++b) {
-      HeadView qv{q->value.f32() + b * T * D, D, hd}, kv{k->value.f32() + b * T * D, D, hd},
-          vv{v->value.f32() + b * T * Dv, Dv, hd};
-      HeadView scratch{nullptr, 0, 0};
-      std::vector<float> ytmp(size_t(T * Dv));
-      scratch.base = ytmp.data();
-      scratch.token_stride = Dv;
-      scratch.head_stride = hd;
-      AttentionShape s{T, T, H, hd, 0, sc};
-      attention_forward(qv, kv, vv, scratch, s, probs.data());  // recompute P
-      HeadView dyv{self.grad.f32() + b * T * Dv, Dv, hd}, dqv{dq.f32() + b * T * D, D, hd},
-          dkv{dk.f32() + b * T * D, D, hd}, dvv{dv.f32() + b * T * Dv, Dv, hd};
-      attention_backward(qv, kv, vv, probs.data(), dyv, dqv, dkv, dvv, s);
+      auto [qv, kv, vv] = views(q->value, k->value, v->value, b);
+      attention_forward(qv, kv, vv, HeadView{ytmp.data(), Dv, hdv}, s, probs.data());
+      auto [dqv, dkv, dvv] = views(dq, dk, dv, b);
+      attention_backward(qv, kv, vv, probs.data(), HeadView{self.grad.f32() + b * T * Dv, Dv, hdv}, dqv, dkv, dvv, s);
     }
     auto acc = [](const Var& x, const Tensor& g) {
       if (!needs_grad(x)) return;

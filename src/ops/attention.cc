@@ -42,11 +42,12 @@ void attention_one_query(const HeadView& q, const HeadView& k, const HeadView& v
       }
       causal_softmax_row(p, n, probs ? s.S : n);
       float* yh = y.at(0, h);
-      for (int64_t i = 0; i < s.hd; ++i) yh[i] = 0.0f;
+      const int64_t dv = s.vd();
+      for (int64_t i = 0; i < dv; ++i) yh[i] = 0.0f;
       for (int64_t j = 0; j < n; ++j) {
         const float* vj = v.at(j, h);
         float pj = p[j];
-        for (int64_t i = 0; i < s.hd; ++i) yh[i] += pj * vj[i];
+        for (int64_t i = 0; i < dv; ++i) yh[i] += pj * vj[i];
       }
     }
   });
@@ -69,7 +70,7 @@ void attention_forward(const HeadView& q, const HeadView& k, const HeadView& v, 
       for (int64_t i = a; i < b; ++i) causal_softmax_row(P + i * ldp, s.pos0 + i + 1, ldp);
     });
     // Y_h[Tq, hd] = P V_h
-    gemm(Trans::No, Trans::No, s.Tq, s.hd, S, 1.0f, P, ldp, v.at(0, h), v.token_stride, 0.0f, y.at(0, h),
+    gemm(Trans::No, Trans::No, s.Tq, s.vd(), S, 1.0f, P, ldp, v.at(0, h), v.token_stride, 0.0f, y.at(0, h),
          y.token_stride);
   }
 }
@@ -82,10 +83,10 @@ void attention_backward(const HeadView& q, const HeadView& k, const HeadView& v,
   for (int64_t h = 0; h < s.H; ++h) {
     const float* P = probs + h * s.Tq * s.S;
     // dV_h += Pᵀ dY_h
-    gemm(Trans::Yes, Trans::No, S, s.hd, s.Tq, 1.0f, P, s.S, dy.at(0, h), dy.token_stride, 1.0f, dv.at(0, h),
+    gemm(Trans::Yes, Trans::No, S, s.vd(), s.Tq, 1.0f, P, s.S, dy.at(0, h), dy.token_stride, 1.0f, dv.at(0, h),
          dv.token_stride);
     // dP = dY_h V_hᵀ
-    gemm(Trans::No, Trans::Yes, s.Tq, S, s.hd, 1.0f, dy.at(0, h), dy.token_stride, v.at(0, h), v.token_stride, 0.0f,
+    gemm(Trans::No, Trans::Yes, s.Tq, S, s.vd(), 1.0f, dy.at(0, h), dy.token_stride, v.at(0, h), v.token_stride, 0.0f,
          dP.data(), S);
     // dScore = P ⊙ (dP - rowsum(dP ⊙ P)), times scale
     parallel_for(s.Tq, 32, [&](int64_t a, int64_t b) {

@@ -19,9 +19,11 @@ struct AttentionShape {
   int64_t Tq;     // query tokens
   int64_t S;      // key/value tokens available (S >= pos0 + Tq)
   int64_t H;      // heads
-  int64_t hd;     // head dim
+  int64_t hd;     // query/key head dim
   int64_t pos0;   // absolute position of the first query: query i sees keys 0..pos0+i
   float scale;    // usually 1/sqrt(hd)
+  int64_t hdv = 0;  // value head dim (0: same as hd; MLA uses 192 for q/k and 128 for v)
+  int64_t vd() const { return hdv ? hdv : hd; }
 };
 
 // y[t, h, :] = Σ_s softmax_s(scale q·k_s) v_s over the causal window. probs, if given, receives
