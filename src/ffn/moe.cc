@@ -1,0 +1,229 @@
+#include "ffn/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/parallel.h"
+
+namespace k3 {
+
+namespace {
+
+// Descending by value, ties to the lower index: a deterministic top-k. NaN ranks last so that the
+// order stays a strict weak ordering (std::partial_sort needs one).
+struct ByScore {
+  const float* v;
+  static float key(float f) { return std::isnan(f) ? -INFINITY : f; }
+  bool operator()(int64_t a, int64_t b) const {
+    const float x = key(v[a]), y = key(v[b]);
+    return x > y || (x == y && a < b);
+  }
+};
+
+GluOptions glu_options(const MoeOptions& o, const GluNames& names) {
+  GluOptions g;
+  g.activation = o.activation;
+  g.situ = o.situ;
+  g.names = names;
+  return g;
+}
+
+void validate(const MoeOptions& o) {
+  if (o.d_model <= 0 || o.n_experts <= 0 || o.expert_hidden <= 0)
+    throw error("moe", "d_model, n_experts and moe_intermediate_size must be positive (got ", o.d_model, ", ",
+                o.n_experts, ", ", o.expert_hidden, ")");
+  if (o.top_k <= 0 || o.top_k > o.n_experts)
+    throw error("moe", "top-k ", o.top_k, " must be in [1, ", o.n_experts, "]");
+  if (o.n_group <= 0 || o.n_experts % o.n_group != 0)
+    throw error("moe", o.n_experts, " experts cannot be split into ", o.n_group, " groups");
+  if (o.topk_group <= 0 || o.topk_group > o.n_group)
+    throw error("moe", "topk_group ", o.topk_group, " must be in [1, n_group = ", o.n_group, "]");
+  if (o.top_k > o.topk_group * (o.n_experts / o.n_group))
+    throw error("moe", "top-k ", o.top_k, " exceeds the ", o.topk_group * (o.n_experts / o.n_group),
+                " experts of the kept groups");
+  if (o.n_shared < 0 || o.latent_dim < 0) throw error("moe", "negative shared-expert count or latent width");
+  if (o.latent_norm != LatentNorm::None && o.latent_dim == 0)
+    throw error("moe", "latent_moe_use_norm needs a latent width (routed_expert_hidden_size)");
+}
+
+}  // namespace
+
+std::vector<int64_t> select_experts(const float* choice, int64_t M, int64_t E, int64_t K, int64_t n_group,
+                                    int64_t topk_group) {
+  std::vector<int64_t> out(static_cast<size_t>(M * K));
+  const int64_t gsize = E / n_group;
+  parallel_for(M, 16, [&](int64_t s, int64_t e) {
+    std::vector<int64_t> cand(static_cast<size_t>(E)), groups(static_cast<size_t>(n_group));
+    std::vector<float> gscore(static_cast<size_t>(n_group));
+    for (int64_t m = s; m < e; ++m) {
+      const float* c = choice + m * E;
+      int64_t n = 0;
+      if (n_group > 1 && topk_group < n_group) {
+        // Group score: the sum of the group's two best choice scores (one if the group has one).
+        for (int64_t g = 0; g < n_group; ++g) {
+          float b1 = -INFINITY, b2 = -INFINITY;
+          for (int64_t j = g * gsize; j < (g + 1) * gsize; ++j) {
+            if (c[j] > b1) {
+              b2 = b1;
+              b1 = c[j];
+            } else if (c[j] > b2) {
+              b2 = c[j];
+            }
+          }
+          gscore[size_t(g)] = gsize > 1 ? b1 + b2 : b1;
+        }
+        std::iota(groups.begin(), groups.end(), 0);
+        std::partial_sort(groups.begin(), groups.begin() + topk_group, groups.end(), ByScore{gscore.data()});
+        std::sort(groups.begin(), groups.begin() + topk_group);
+        for (int64_t gi = 0; gi < topk_group; ++gi)
+          for (int64_t j = groups[size_t(gi)] * gsize; j < (groups[size_t(gi)] + 1) * gsize; ++j) cand[size_t(n++)] = j;
+      } else {
+        std::iota(cand.begin(), cand.end(), 0);
+        n = E;
+      }
+      std::partial_sort(cand.begin(), cand.begin() + K, cand.begin() + n, ByScore{c});
+      std::copy(cand.begin(), cand.begin() + K, out.begin() + m * K);
+    }
+  });
+  return out;
+}
+
+MoE::MoE(const MoeOptions& options) : opts(options) {
+  validate(opts);
+  const int64_t D = opts.d_model, E = opts.n_experts;
+  router = Linear(D, E, Bias::None);
+  if (opts.bias == SelectionBias::Present) {
+    router_bias = parameter({E});
+    router_bias->requires_grad = false;  // moved by apply_bias_update, never by gradients (§8.1 step 2)
+  }
+  const int64_t width = opts.latent_dim > 0 ? opts.latent_dim : D;
+  experts.reserve(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) experts.emplace_back(width, opts.expert_hidden, glu_options(opts, opts.names.expert));
+  if (opts.n_shared > 0)
+    shared.emplace(D, opts.n_shared * opts.expert_hidden, glu_options(opts, opts.names.shared_glu));
+  if (opts.latent_dim > 0) {
+    latent_down = Linear(D, opts.latent_dim, Bias::None);
+    latent_up = Linear(opts.latent_dim, D, Bias::None);
+    if (opts.latent_norm == LatentNorm::RMSNorm) latent_norm.emplace(NormType::RMSNorm, opts.latent_dim, opts.norm_eps);
+  }
+  rows_processed_.assign(static_cast<size_t>(E), 0);
+  acc_load_.assign(static_cast<size_t>(E), 0);
+}
+
+std::vector<int64_t> MoE::route(const Tensor& scores) const {
+  const int64_t M = scores.dim(0), E = opts.n_experts;
+  if (!fixed_.empty()) {
+    if (static_cast<int64_t>(fixed_.size()) != M * opts.top_k)
+      throw error("moe", "fixed routing has ", fixed_.size(), " indices for ", M, " tokens × top-", opts.top_k);
+    for (int64_t e : fixed_)
+      if (e < 0 || e >= E) throw error("moe", "fixed routing names expert ", e, " of ", E);
+    return fixed_;
+  }
+  if (!router_bias) return select_experts(scores.f32(), M, E, opts.top_k, opts.n_group, opts.topk_group);
+  // s' = s + b, used for selection only (§8.1 steps 2–5).
+  std::vector<float> choice(static_cast<size_t>(M * E));
+  const float *ps = scores.f32(), *pb = router_bias->value.f32();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t e = 0; e < E; ++e) choice[size_t(m * E + e)] = ps[m * E + e] + pb[e];
+  return select_experts(choice.data(), M, E, opts.top_k, opts.n_group, opts.topk_group);
+}
+
+Var MoE::forward(const Var& x) const {
+  const Tensor& X = x->value;
+  if (X.ndim() != 2 || X.dim(1) != opts.d_model)
+    throw error("moe", "input ", X.describe(), " is not [tokens, ", opts.d_model, "]");
+  const int64_t M = X.dim(0), E = opts.n_experts, K = opts.top_k;
+
+  // Router in fp32 on the full-width x (§8.1 step 1, §8.2 step 1).
+  Var logits = router(x);  // [M, E]
+  Var scores = opts.score == ScoreFunction::Sigmoid ? ag::sigmoid(logits) : ag::softmax_last(logits);  // [M, E]
+  std::vector<int64_t> idx = route(scores->value);  // [M·K]
+
+  const Tensor offset = opts.combine == CombineWeights::Biased && router_bias ? router_bias->value : Tensor();
+  Var w = ag::gather_cols(scores, idx, K, offset);  // [M, K]
+  if (opts.renormalize == Renormalize::Yes) w = ag::normalize_sum_last(w, opts.renorm_eps);
+  if (opts.routed_scaling != 1.0f) w = ag::scale(w, opts.routed_scaling);
+
+  // Dispatch: each active expert runs on its own rows only.
+  const ag::Dispatch d = ag::make_dispatch(idx, M, K, E);
+  Var xr = opts.latent_dim > 0 ? latent_down(x) : x;  // [M, ℓ] or [M, D]
+  std::vector<Var> ys;
+  ys.reserve(static_cast<size_t>(d.active()));
+  std::fill(rows_processed_.begin(), rows_processed_.end(), 0);
+  for (int64_t j = 0; j < d.active(); ++j) {
+    const int64_t e = d.experts[size_t(j)];
+    Var xe = ag::gather_rows(xr, d.rows_of(j));  // [n_e, width]
+    rows_processed_[size_t(e)] += xe->value.dim(0);
+    ys.push_back(experts[size_t(e)].forward(xe));
+  }
+  Var r = ag::weighted_combine(ys, d, w, M);  // [M, width]
+  if (opts.latent_dim > 0) {
+    if (latent_norm) r = (*latent_norm)(r);
+    r = latent_up(r);  // [M, D]
+  }
+  if (shared) r = ag::add(r, shared->forward(x));  // shared experts on the full x
+
+  // Bookkeeping for inspection and balancing.
+  last_.tokens = M;
+  last_.top_k = K;
+  last_.weights.assign(w->value.f32(), w->value.f32() + M * K);
+  last_.load.assign(static_cast<size_t>(E), 0);
+  for (int64_t e : idx) ++last_.load[size_t(e)];
+  if (recording())
+    for (int64_t e = 0; e < E; ++e) acc_load_[size_t(e)] += last_.load[size_t(e)];
+  last_.indices = std::move(idx);
+  last_scores_ = scores;
+  return r;
+}
+
+void MoE::apply_bias_update(float gamma) {
+  apply_bias_update(gamma, acc_load_);
+  std::fill(acc_load_.begin(), acc_load_.end(), 0);
+}
+
+void MoE::apply_bias_update(float gamma, const std::vector<int64_t>& load) {
+  if (!router_bias) throw error("moe", "the bias update needs a router with e_score_correction_bias");
+  const int64_t E = opts.n_experts;
+  if (static_cast<int64_t>(load.size()) != E) throw error("moe", "load has ", load.size(), " entries for ", E, " experts");
+  if (!router_bias->value.has_storage()) router_bias->value = Tensor::zeros({E});
+  const double mean = static_cast<double>(std::accumulate(load.begin(), load.end(), int64_t{0})) / double(E);
+  float* b = router_bias->value.f32();
+  for (int64_t e = 0; e < E; ++e) {
+    const double diff = mean - double(load[size_t(e)]);
+    b[e] += gamma * static_cast<float>((diff > 0) - (diff < 0));  // underloaded up, overloaded down
+  }
+}
+
+Var MoE::balance_loss(int64_t seq_len, float alpha) const {
+  if (!last_scores_) throw error("moe", "balance_loss needs a forward first");
+  return ag::seq_balance_loss(last_scores_, last_.indices, opts.top_k, seq_len, alpha);
+}
+
+void MoE::visit(const std::string& prefix, const ParamVisitor& v) const {
+  const std::string rp = join_name(prefix, opts.names.router);
+  router.visit(rp, v);
+  if (router_bias) v(join_name(rp, "e_score_correction_bias"), *router_bias, ParamKind::Other);
+  const std::string ep = join_name(prefix, opts.names.experts);
+  for (size_t e = 0; e < experts.size(); ++e) experts[e].visit(join_name(ep, std::to_string(e)), v);
+  if (shared) shared->visit(join_name(prefix, opts.names.shared), v);
+  if (opts.latent_dim > 0) {
+    latent_down.visit(join_name(prefix, opts.names.latent_down), v);
+    latent_up.visit(join_name(prefix, opts.names.latent_up), v);
+    if (latent_norm) latent_norm->visit(join_name(prefix, opts.names.latent_norm), v);
+  }
+}
+
+int64_t MoE::active_params() const {
+  int64_t n = router.params() + (router_bias ? opts.n_experts : 0);
+  n += opts.top_k * experts.front().active_params();
+  if (shared) n += shared->active_params();
+  if (opts.latent_dim > 0) n += latent_down.params() + latent_up.params() + (latent_norm ? opts.latent_dim : 0);
+  return n;
+}
+
+int64_t MoE::total_params() const {
+  return active_params() + (opts.n_experts - opts.top_k) * experts.front().active_params();
+}
+
+}  // namespace k3

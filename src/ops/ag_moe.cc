@@ -1,0 +1,231 @@
+#include "ops/ag_moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/parallel.h"
+
+namespace k3::ag {
+
+namespace {
+int64_t cols(const Tensor& t) { return t.ndim() ? t.dim(-1) : 1; }
+int64_t nrows(const Tensor& t) { return t.numel() / std::max<int64_t>(1, cols(t)); }
+}  // namespace
+
+Var softmax_last(const Var& x) {
+  const int64_t N = cols(x->value), M = nrows(x->value);
+  Tensor y = Tensor::empty(x->value.shape());
+  const float* px = x->value.f32();
+  float* py = y.f32();
+  parallel_for(M, 64, [&](int64_t s, int64_t e) {
+    for (int64_t m = s; m < e; ++m) {
+      const float* r = px + m * N;
+      float* o = py + m * N;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < N; ++j) mx = std::max(mx, r[j]);
+      double z = 0;
+      for (int64_t j = 0; j < N; ++j) z += (o[j] = std::exp(r[j] - mx));
+      const float inv = static_cast<float>(1.0 / z);
+      for (int64_t j = 0; j < N; ++j) o[j] *= inv;
+    }
+  });
+  return make_node(std::move(y), {x}, [x, M, N](Node& self) {
+    // dx = p ⊙ (g − Σ g·p)
+    const float *g = self.grad.f32(), *p = self.value.f32();
+    float* d = x->grad_f32();
+    for (int64_t m = 0; m < M; ++m) {
+      double dot = 0;
+      for (int64_t j = 0; j < N; ++j) dot += double(g[m * N + j]) * p[m * N + j];
+      for (int64_t j = 0; j < N; ++j) d[m * N + j] += p[m * N + j] * (g[m * N + j] - static_cast<float>(dot));
+    }
+  }, "softmax");
+}
+
+Var gather_rows(const Var& x, std::vector<int64_t> rows) {
+  const int64_t D = cols(x->value), M = nrows(x->value), n = static_cast<int64_t>(rows.size());
+  for (int64_t r : rows) K3_CHECK(r >= 0 && r < M, "gather_rows: row ", r, " of ", M);
+  Tensor y = Tensor::empty({n, D});
+  const float* px = x->value.f32();
+  float* py = y.f32();
+  for (int64_t i = 0; i < n; ++i) std::memcpy(py + i * D, px + rows[size_t(i)] * D, size_t(D) * sizeof(float));
+  return make_node(std::move(y), {x}, [x, rows = std::move(rows), D](Node& self) {
+    const float* g = self.grad.f32();
+    float* d = x->grad_f32();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      float* dr = d + rows[i] * D;
+      const float* gr = g + int64_t(i) * D;
+      for (int64_t c = 0; c < D; ++c) dr[c] += gr[c];
+    }
+  }, "gather_rows");
+}
+
+Var gather_cols(const Var& s, std::vector<int64_t> idx, int64_t K, const Tensor& offset) {
+  const int64_t E = cols(s->value), M = nrows(s->value);
+  K3_CHECK(static_cast<int64_t>(idx.size()) == M * K, "gather_cols: ", idx.size(), " indices for ", M, "x", K);
+  K3_CHECK(!offset.defined() || offset.numel() == E, "gather_cols: offset of ", offset.numel(), " for ", E, " columns");
+  Tensor y = Tensor::empty({M, K});
+  const float* ps = s->value.f32();
+  const float* po = offset.defined() ? offset.f32() : nullptr;
+  float* py = y.f32();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t e = idx[size_t(m * K + k)];
+      K3_CHECK(e >= 0 && e < E, "gather_cols: column ", e, " of ", E);
+      py[m * K + k] = ps[m * E + e] + (po ? po[e] : 0.0f);
+    }
+  return make_node(std::move(y), {s}, [s, idx = std::move(idx), K, E, M](Node& self) {
+    const float* g = self.grad.f32();
+    float* d = s->grad_f32();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) d[m * E + idx[size_t(m * K + k)]] += g[m * K + k];
+  }, "gather_cols");
+}
+
+Var normalize_sum_last(const Var& w, float eps) {
+  const int64_t N = cols(w->value), M = nrows(w->value);
+  Tensor y = Tensor::empty(w->value.shape());
+  const float* pw = w->value.f32();
+  float* py = y.f32();
+  for (int64_t m = 0; m < M; ++m) {
+    float sum = 0;
+    for (int64_t j = 0; j < N; ++j) sum += pw[m * N + j];
+    const float den = sum + eps;
+    for (int64_t j = 0; j < N; ++j) py[m * N + j] = pw[m * N + j] / den;
+  }
+  return make_node(std::move(y), {w}, [w, M, N, eps](Node& self) {
+    // y_i = w_i / S with S = Σ w + eps:  dw_j = g_j / S − Σ_i g_i y_i / S
+    const float *g = self.grad.f32(), *py2 = self.value.f32(), *pw2 = w->value.f32();
+    float* d = w->grad_f32();
+    for (int64_t m = 0; m < M; ++m) {
+      float sum = 0;
+      for (int64_t j = 0; j < N; ++j) sum += pw2[m * N + j];
+      const float den = sum + eps;
+      double gy = 0;
+      for (int64_t j = 0; j < N; ++j) gy += double(g[m * N + j]) * py2[m * N + j];
+      for (int64_t j = 0; j < N; ++j) d[m * N + j] += (g[m * N + j] - static_cast<float>(gy)) / den;
+    }
+  }, "normalize_sum");
+}
+
+std::vector<int64_t> Dispatch::rows_of(int64_t j) const {
+  return std::vector<int64_t>(rows.begin() + offsets[size_t(j)], rows.begin() + offsets[size_t(j) + 1]);
+}
+
+Dispatch make_dispatch(const std::vector<int64_t>& idx, int64_t M, int64_t K, int64_t E) {
+  K3_CHECK(static_cast<int64_t>(idx.size()) == M * K, "make_dispatch: ", idx.size(), " indices for ", M, "x", K);
+  // Counting sort by expert: O(M·K + E) (the E term is a counter array, no per-expert work).
+  std::vector<int64_t> count(static_cast<size_t>(E) + 1, 0);
+  for (int64_t e : idx) {
+    K3_CHECK(e >= 0 && e < E, "make_dispatch: expert ", e, " of ", E);
+    ++count[size_t(e) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) count[size_t(e) + 1] += count[size_t(e)];
+  Dispatch d;
+  d.rows.resize(idx.size());
+  d.slots.resize(idx.size());
+  std::vector<int64_t> pos(count.begin(), count.end() - 1);
+  for (int64_t p = 0; p < M * K; ++p) {  // token order is kept within an expert
+    const int64_t e = idx[size_t(p)];
+    const int64_t q = pos[size_t(e)]++;
+    d.rows[size_t(q)] = p / K;
+    d.slots[size_t(q)] = p;
+  }
+  d.offsets.push_back(0);
+  for (int64_t e = 0; e < E; ++e)
+    if (count[size_t(e) + 1] > count[size_t(e)]) {
+      d.experts.push_back(e);
+      d.offsets.push_back(count[size_t(e) + 1]);
+    }
+  return d;
+}
+
+Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M) {
+  K3_CHECK(static_cast<int64_t>(ys.size()) == d.active(), "weighted_combine: ", ys.size(), " outputs for ", d.active(),
+           " experts");
+  const int64_t K = M ? w->value.numel() / M : 0;
+  K3_CHECK(w->value.numel() == M * K, "weighted_combine: weights ", w->value.describe(), " for ", M, " rows");
+  const int64_t N = ys.empty() ? 0 : cols(ys[0]->value);
+  for (size_t j = 0; j < ys.size(); ++j)
+    K3_CHECK(cols(ys[j]->value) == N && nrows(ys[j]->value) == d.offsets[j + 1] - d.offsets[j],
+             "weighted_combine: expert output ", ys[j]->value.describe());
+  Tensor out = Tensor::zeros({M, N});
+  float* po = out.f32();
+  const float* pw = w->value.f32();
+  for (size_t j = 0; j < ys.size(); ++j) {
+    const float* py = ys[j]->value.f32();
+    for (int64_t p = d.offsets[j]; p < d.offsets[j + 1]; ++p) {
+      const float wt = pw[d.slots[size_t(p)]];
+      const float* yr = py + (p - d.offsets[j]) * N;
+      float* orow = po + d.rows[size_t(p)] * N;
+      for (int64_t c = 0; c < N; ++c) orow[c] += wt * yr[c];
+    }
+  }
+  std::vector<Var> parents = ys;
+  parents.push_back(w);
+  return make_node(std::move(out), std::move(parents), [ys, d, w, N](Node& self) {
+    const float* g = self.grad.f32();
+    const float* pw2 = w->value.f32();
+    float* dw = needs_grad(w) ? w->grad_f32() : nullptr;
+    for (size_t j = 0; j < ys.size(); ++j) {
+      const float* py = ys[j]->value.f32();
+      float* dy = needs_grad(ys[j]) ? ys[j]->grad_f32() : nullptr;
+      for (int64_t p = d.offsets[j]; p < d.offsets[j + 1]; ++p) {
+        const int64_t i = p - d.offsets[j];
+        const float* grow = g + d.rows[size_t(p)] * N;
+        const float wt = pw2[d.slots[size_t(p)]];
+        if (dy)
+          for (int64_t c = 0; c < N; ++c) dy[i * N + c] += wt * grow[c];
+        if (dw) {
+          double dot = 0;
+          for (int64_t c = 0; c < N; ++c) dot += double(grow[c]) * py[i * N + c];
+          dw[d.slots[size_t(p)]] += static_cast<float>(dot);
+        }
+      }
+    }
+  }, "weighted_combine");
+}
+
+Var seq_balance_loss(const Var& scores, const std::vector<int64_t>& idx, int64_t K, int64_t T, float alpha) {
+  const int64_t E = cols(scores->value), M = nrows(scores->value);
+  if (T <= 0 || M % T != 0)
+    throw error("moe", "balance loss: ", M, " routed tokens are not a whole number of sequences of length ", T);
+  K3_CHECK(static_cast<int64_t>(idx.size()) == M * K, "seq_balance_loss: ", idx.size(), " indices for ", M, "x", K);
+  const int64_t B = M / T;
+  // f [B, E]: scaled selection frequency per sequence (a constant of the loss).
+  auto f = std::make_shared<std::vector<float>>(static_cast<size_t>(B * E), 0.0f);
+  const float fscale = static_cast<float>(E) / static_cast<float>(K * T);
+  for (int64_t p = 0; p < M * K; ++p) (*f)[size_t((p / K) / T * E + idx[size_t(p)])] += fscale;
+  const float* ps = scores->value.f32();
+  double loss = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* r = ps + m * E;
+    const float* fb = f->data() + (m / T) * E;
+    double S = 0, dot = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      S += r[e];
+      dot += double(fb[e]) * r[e];
+    }
+    loss += dot / S;
+  }
+  const double c = double(alpha) / double(B * T);
+  Tensor y = Tensor::full({1}, static_cast<float>(c * loss));
+  return make_node(std::move(y), {scores}, [scores, f, E, M, T, c](Node& self) {
+    // d/ds_{t,j} of (Σ_e f_e s_e)/S = (f_j − (Σ_e f_e s_e)/S) / S
+    const double g = double(self.grad.f32()[0]) * c;
+    const float* ps2 = scores->value.f32();
+    float* d = scores->grad_f32();
+    for (int64_t m = 0; m < M; ++m) {
+      const float* r = ps2 + m * E;
+      const float* fb = f->data() + (m / T) * E;
+      double S = 0, dot = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        S += r[e];
+        dot += double(fb[e]) * r[e];
+      }
+      for (int64_t e = 0; e < E; ++e) d[m * E + e] += static_cast<float>(g * (fb[e] - dot / S) / S);
+    }
+  }, "seq_balance_loss");
+}
+
+}  // namespace k3::ag
