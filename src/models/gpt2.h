@@ -66,6 +66,7 @@ class Gpt2Model final : public Model {
   // Everything but the position table: wte is read in full by the tied LM head.
   int64_t active_params() const override { return total_params() - wpe_->value.numel(); }
 
+  std::string checkpoint_name(const std::string& name) const override { return "transformer." + name; }
   const Gpt2Config& config() const { return c_; }
 
  private:

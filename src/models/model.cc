@@ -1,6 +1,8 @@
 #include "models/model.h"
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <set>
 
@@ -79,6 +81,19 @@ void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& 
   if (!extra.empty())
     std::cerr << "k3: warning: " << ckpt.path() << " has " << extra.size()
               << " tensor(s) this architecture does not use, e.g. '" << extra.front() << "'\n";
+}
+
+void save_model(const Model& model, const std::string& dir) {
+  std::vector<std::pair<std::string, Tensor>> ts;
+  model.visit([&](const std::string& name, Node& p, ParamKind) { ts.push_back({model.checkpoint_name(name), p.value}); });
+  save_safetensors(dir + "/model.safetensors", ts, {{"format", "pt"}});
+  std::string tmp = dir + "/config.json.tmp";
+  {
+    std::ofstream out(tmp);
+    out << model.config_json().dump(2) << "\n";
+    if (!out) throw error("save", "cannot write ", tmp);
+  }
+  std::filesystem::rename(tmp, dir + "/config.json");
 }
 
 void materialize_params(const Model& model) {

@@ -50,6 +50,8 @@ class Model {
   virtual void init_random(uint64_t seed) = 0;
   // Parameters touched per token. Default: all but embedding lookups.
   virtual int64_t active_params() const;
+  // The name a parameter has in a saved HF checkpoint (GPT-2 adds "transformer.").
+  virtual std::string checkpoint_name(const std::string& name) const { return name; }
 
   // logits [B, T, V] (All) or [B, V] (Last) into `out`.
   void logits(const TokenBatch& batch, float* out, Logits which) const;
@@ -74,6 +76,9 @@ struct LoadOptions {
   std::function<bool(const std::string&)> ignorable;
 };
 void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts);
+
+// Writes config.json + model.safetensors (HF names) into dir, each file atomically.
+void save_model(const Model& model, const std::string& dir);
 
 // Gives every storage-less parameter zeros, e.g. before init_random.
 void materialize_params(const Model& model);
