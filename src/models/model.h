@@ -50,6 +50,8 @@ class Model {
   virtual void init_random(uint64_t seed) = 0;
   // Parameters touched per token. Default: all but embedding lookups.
   virtual int64_t active_params() const;
+  // Called after each optimizer step (MoE routers update their balancing bias here).
+  virtual void after_step() const {}
   // The name a parameter has in a saved HF checkpoint (GPT-2 adds "transformer.").
   virtual std::string checkpoint_name(const std::string& name) const { return name; }
 

@@ -84,11 +84,15 @@ Json kimi_k3_config(int64_t layers) {
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
-      {"gpt2", "GPT-2 124M (HF gpt2 shape)", [] { return gpt2_config(50257, 1024, 768, 12, 12); }},
+      {"gpt2", "GPT-2 124M (HF gpt2 shape)", [] { return gpt2_config(50257, 1024, 768, 12, 12); }, std::nullopt},
+      {"gpt2-tiny", "GPT-2, 2 layers of width 128 (about 1M parameters with a 1K vocabulary)",
+       [] { return gpt2_config(1024, 256, 128, 2, 4); }, TrainDefaults{600, 16, 128, 30, 3e-3f}},
+      {"gpt2-small", "GPT-2, 6 layers of width 384 (about 15M parameters with an 8K vocabulary)",
+       [] { return gpt2_config(8192, 512, 384, 6, 6); }, TrainDefaults{2000, 16, 256, 100, 1e-3f}},
       {"kimi-k3", "Kimi K3 as published: 93 layers (69 KDA + 24 gated MLA), 896 experts",
-       [] { return kimi_k3_config(93); }},
+       [] { return kimi_k3_config(93); }, std::nullopt},
       {"kimi-k3-seed", "Kimi K3 as the article describes it: 92 layers, 23 x (3 KDA + 1 MLA)",
-       [] { return kimi_k3_config(92); }},
+       [] { return kimi_k3_config(92); }, std::nullopt},
   };
   return p;
 }

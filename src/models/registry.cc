@@ -69,13 +69,15 @@ std::vector<std::string> preset_names() {
   return v;
 }
 
-Json preset_config(const std::string& name) {
+const Preset& find_preset(const std::string& name) {
   std::string known;
   for (const auto& p : presets()) {
-    if (name == p.name) return p.config();
+    if (name == p.name) return p;
     known += std::string(known.empty() ? "" : ", ") + p.name;
   }
   throw error("preset", "unknown preset '", name, "' (available: ", known, ")");
 }
+
+Json preset_config(const std::string& name) { return find_preset(name).config(); }
 
 }  // namespace k3

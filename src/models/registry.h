@@ -21,5 +21,7 @@ ArchReport report_config(const Json& config, const std::string& name);
 
 std::vector<std::string> preset_names();
 Json preset_config(const std::string& name);  // k3::Error listing the presets if unknown
+struct Preset;
+const Preset& find_preset(const std::string& name);
 
 }  // namespace k3

@@ -1,0 +1,53 @@
+// The training loop behind `k3 train`: data, tokenizer, model, AdamW + schedule, clipping,
+// gradient accumulation, evaluation, checkpoints that resume bit-exactly, metrics, plot, sample.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "train/optimizer.h"
+
+namespace k3 {
+
+struct TrainConfig {
+  std::string preset = "k3-tiny";
+  std::vector<std::string> data;       // files or folders; empty: the built-in KJV corpus
+  std::string tokenizer = "auto";      // auto (train a BPE of the preset's vocab size), gpt2, or a folder/tokenizer.json
+  int64_t steps = 0;                   // total optimizer steps (0: the preset's default)
+  int64_t decay_steps = 0;             // cosine horizon (0: the preset's default; independent of --steps so resumed runs match)
+  int64_t batch = 0, seq_len = 0;      // 0: preset defaults
+  int64_t grad_accum = 1;
+  float lr = 0, min_lr_ratio = 0.1f, weight_decay = 0.1f, clip = 1.0f, beta2 = 0.95f;
+  int64_t warmup = -1;                 // -1: preset default
+  uint64_t seed = 1;
+  std::string out;                     // output folder (default runs/<preset>)
+  std::string resume;                  // checkpoint folder to continue from
+  int64_t eval_every = 0, eval_batches = 8, save_every = 0;
+  int64_t sample_tokens = 120;
+  bool quiet = false;                  // no progress bar (tests)
+};
+
+struct TrainResult {
+  int64_t steps_done = 0;
+  double last_loss = 0, val_loss = 0, unigram_loss = 0, tokens_per_second = 0;
+  std::vector<double> losses;  // per step of this run
+  std::string out_dir;
+  bool interrupted = false;
+};
+
+TrainResult run_training(TrainConfig cfg);
+
+// Validation loss of a saved model on a data path (same tokenizer as the model folder).
+struct EvalResult {
+  double val_loss = 0, perplexity = 0;
+  int64_t tokens = 0;
+};
+EvalResult evaluate_model(const std::string& model_dir, const std::vector<std::string>& data, int64_t seq_len,
+                          int64_t batches, uint64_t seed);
+
+// The built-in corpus: the King James Bible text extracted from Debian's bible-kjv package by
+// the setup script (data/kjv.txt), or extracted now with `bible` if it is installed.
+std::string default_corpus_path();
+
+}  // namespace k3
