@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "models/deepseek_v3.h"
 #include "models/gpt2.h"
 #include "models/presets.h"
 
@@ -19,6 +20,7 @@ struct Architecture {
 // One line per architecture.
 constexpr Architecture kArchitectures[] = {
     {"gpt2", &Gpt2Model::load, &Gpt2Model::from_config, nullptr},
+    {"deepseek_v3", &DeepseekV3Model::load, &DeepseekV3Model::from_config, nullptr},
     {"kimi_linear", nullptr, nullptr, &report_kimi},
     {"kimi_k3", nullptr, nullptr, &report_kimi},
 };

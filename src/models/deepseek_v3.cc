@@ -1,0 +1,146 @@
+#include "models/deepseek_v3.h"
+
+#include "ffn/glu.h"
+#include "ffn/moe.h"
+#include "mixers/mla.h"
+#include "models/init.h"
+#include "ops/ag.h"
+
+namespace k3 {
+
+namespace {
+// YaRN from rope_parameters (transformers 5) or rope_scaling (older configs).
+std::optional<YarnScaling> read_yarn(const Json& j, double* theta) {
+  const Json* rp = nullptr;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rp = &j["rope_parameters"];
+  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rp = &j["rope_scaling"];
+  if (!rp) return std::nullopt;
+  if (rp->contains("rope_theta") && (*rp)["rope_theta"].is_number()) *theta = (*rp)["rope_theta"].get<double>();
+  std::string type = rp->value("rope_type", rp->value("type", std::string("default")));
+  if (type == "default") return std::nullopt;
+  if (type != "yarn") throw error("config", "deepseek_v3: rope type '", type, "' is not supported (default or yarn)");
+  YarnScaling y;
+  y.factor = rp->value("factor", 1.0);
+  y.original_max_position_embeddings = rp->value("original_max_position_embeddings", int64_t(4096));
+  y.beta_fast = rp->value("beta_fast", 32.0);
+  y.beta_slow = rp->value("beta_slow", 1.0);
+  y.mscale = rp->value("mscale", 1.0);
+  y.mscale_all_dim = rp->value("mscale_all_dim", 0.0);
+  if (rp->contains("attention_factor") && (*rp)["attention_factor"].is_number()) y.attention_factor = (*rp)["attention_factor"].get<double>();
+  return y;
+}
+}  // namespace
+
+DeepseekV3Model::DeepseekV3Model(const DeepseekV3Config& c, const Json& raw) : c_(c), raw_(raw) {
+  const int64_t D = c.hidden_size;
+  const float eps = float(c.rms_norm_eps);
+  double theta = c.rope_theta;
+  auto yarn = read_yarn(raw, &theta);
+  embed_ = parameter({c.vocab_size, D});
+  lm_head_ = c.tie_word_embeddings ? embed_ : parameter({c.vocab_size, D});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    MlaOptions mo;
+    mo.d_model = D;
+    mo.heads = c.num_attention_heads;
+    mo.q_lora_rank = c.q_lora_rank;
+    mo.kv_lora_rank = c.kv_lora_rank;
+    mo.qk_nope_head_dim = c.qk_nope_head_dim;
+    mo.qk_rope_head_dim = c.qk_rope_head_dim;
+    mo.v_head_dim = c.v_head_dim;
+    mo.latent_norm_eps = eps;  // HF DeepseekV3: q_a_layernorm / kv_a_layernorm use rms_norm_eps
+    mo.position = MlaPosition::Rope;
+    mo.rope_theta = theta;
+    mo.yarn = yarn;
+    mo.max_positions = c.max_position_embeddings;
+    std::unique_ptr<Ffn> ffn;
+    if (l < c.first_k_dense_replace) {
+      ffn = std::make_unique<GluMlp>(D, c.intermediate_size, GluOptions{});
+    } else {
+      MoeOptions o;
+      o.d_model = D;
+      o.n_experts = c.n_routed_experts;
+      o.top_k = c.num_experts_per_tok;
+      o.expert_hidden = c.moe_intermediate_size;
+      o.n_shared = c.n_shared_experts;
+      o.n_group = c.n_group;
+      o.topk_group = c.topk_group;
+      o.routed_scaling = float(c.routed_scaling_factor);
+      o.renormalize = c.norm_topk_prob ? Renormalize::Yes : Renormalize::No;
+      o.names = MoeNames::deepseek();
+      ffn = std::make_unique<MoE>(o);
+    }
+    blocks_.emplace_back(Norm(NormType::RMSNorm, D, eps), std::make_unique<Mla>(mo), Norm(NormType::RMSNorm, D, eps),
+                         std::move(ffn), BlockNames{"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"});
+  }
+  norm_ = Norm(NormType::RMSNorm, D, eps);
+  eos_token_id = c.eos_token_id;
+}
+
+std::unique_ptr<Model> DeepseekV3Model::from_config(const Json& j, const std::string& where) {
+  auto c = read_config<DeepseekV3Config>(j, where);
+  if (c.num_experts_per_tok > c.n_routed_experts || c.topk_group > c.n_group || c.n_routed_experts % c.n_group != 0)
+    throw error("config", where, ": inconsistent routing (top-", c.num_experts_per_tok, " of ", c.n_routed_experts,
+                " experts in ", c.n_group, " groups, top ", c.topk_group, " groups)");
+  return std::make_unique<DeepseekV3Model>(c, j);
+}
+
+std::unique_ptr<Model> DeepseekV3Model::load(const std::string& dir, const Json& j) {
+  auto m = from_config(j, dir + "/config.json");
+  LoadOptions opts;
+  opts.ignorable = [](const std::string& n) { return n.find("rotary_emb") != std::string::npos; };
+  load_params(*m, Checkpoint::open(dir), opts);
+  return m;
+}
+
+void DeepseekV3Model::visit(const ParamVisitor& v) const {
+  v("model.embed_tokens.weight", *embed_, ParamKind::Embedding);
+  for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l].visit("model.layers." + std::to_string(l), v);
+  norm_.visit("model.norm", v);
+  if (!c_.tie_word_embeddings) v("lm_head.weight", *lm_head_, ParamKind::Weight);
+}
+
+std::vector<LayerMemory> DeepseekV3Model::memory_layers() const {
+  std::vector<LayerMemory> out;
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    for (const auto& s : blocks_[l].mixer().memory_spec()) out.push_back({int64_t(l), s});
+  return out;
+}
+
+Context DeepseekV3Model::new_context(int64_t max_tokens) const {
+  Context ctx;
+  for (const auto& b : blocks_) ctx.layers.push_back(b.mixer().new_memory(max_tokens));
+  return ctx;
+}
+
+Var DeepseekV3Model::hidden(const TokenBatch& batch) const {
+  const int64_t B = batch.B, T = batch.T;
+  Var x = ag::embedding(embed_, std::vector<int64_t>(batch.ids, batch.ids + B * T));
+  std::vector<Memory*> mems(static_cast<size_t>(B));
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    SeqBatch sb{B, T, nullptr};
+    if (batch.contexts) {
+      for (int64_t b = 0; b < B; ++b) mems[size_t(b)] = batch.contexts[b]->layers[l].get();
+      sb.memories = mems.data();
+    }
+    x = blocks_[l].forward(x, sb);
+  }
+  if (batch.contexts)
+    for (int64_t b = 0; b < B; ++b) batch.contexts[b]->position += T;
+  return norm_(x);
+}
+
+void DeepseekV3Model::init_random(uint64_t seed) { init_normal(*this, seed, 0.02f); }
+
+int64_t DeepseekV3Model::active_params() const {
+  int64_t n = total_params() - embed_->value.numel();
+  for (const auto& b : blocks_)
+    if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) n -= moe->total_params() - moe->active_params();
+  return n;
+}
+
+void DeepseekV3Model::after_step() const {
+  for (const auto& b : blocks_)
+    if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) const_cast<MoE*>(moe)->apply_bias_update(1e-3f);
+}
+
+}  // namespace k3

@@ -1,0 +1,79 @@
+#include "ops/ag_conv.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/parallel.h"
+
+namespace k3 {
+
+void short_conv_forward(const float* x, const float* w, const float* tail, int64_t T, int64_t C, int64_t W, float* y) {
+  const int64_t P = W - 1;
+  for (int64_t t = 0; t < T; ++t) {
+    float* yr = y + t * C;
+    std::fill(yr, yr + C, 0.0f);
+    for (int64_t i = 0; i < W; ++i) {
+      const int64_t s = t - P + i;  // input time, < 0 reads the tail
+      const float* xr = s >= 0 ? x + s * C : (tail ? tail + (P + s) * C : nullptr);
+      if (!xr) continue;
+      for (int64_t c = 0; c < C; ++c) yr[c] += w[c * W + i] * xr[c];
+    }
+  }
+}
+
+void short_conv_backward(const float* x, const float* w, const float* dy, int64_t T, int64_t C, int64_t W, float* dx,
+                         float* dw) {
+  const int64_t P = W - 1;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* g = dy + t * C;
+    for (int64_t i = 0; i < W; ++i) {
+      const int64_t s = t - P + i;
+      if (s < 0) continue;
+      if (dx) {
+        float* d = dx + s * C;
+        for (int64_t c = 0; c < C; ++c) d[c] += w[c * W + i] * g[c];
+      }
+      if (dw) {
+        const float* xr = x + s * C;
+        for (int64_t c = 0; c < C; ++c) dw[c * W + i] += xr[c] * g[c];
+      }
+    }
+  }
+}
+
+void short_conv_update_tail(const float* x, int64_t T, int64_t C, int64_t W, float* tail) {
+  const int64_t P = W - 1;
+  if (P <= 0) return;
+  std::vector<float> all(static_cast<size_t>((P + T) * C));
+  std::memcpy(all.data(), tail, static_cast<size_t>(P * C) * sizeof(float));
+  std::memcpy(all.data() + P * C, x, static_cast<size_t>(T * C) * sizeof(float));
+  std::memcpy(tail, all.data() + T * C, static_cast<size_t>(P * C) * sizeof(float));
+}
+
+namespace ag {
+
+Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T) {
+  const Tensor& X = x->value;
+  const int64_t C = X.dim(-1);
+  const int64_t W = w->value.numel() / std::max<int64_t>(1, C);
+  K3_CHECK(X.numel() == B * T * C, "short_conv: x ", X.describe(), " for B=", B, " T=", T);
+  K3_CHECK(w->value.dim(0) == C && W * C == w->value.numel() && W >= 1, "short_conv: weight ", w->value.describe(),
+           " for ", C, " channels");
+  Tensor y = Tensor::empty(X.shape());
+  parallel_for(B, 1, [&](int64_t s, int64_t e) {
+    for (int64_t b = s; b < e; ++b)
+      short_conv_forward(X.f32() + b * T * C, w->value.f32(), nullptr, T, C, W, y.f32() + b * T * C);
+  });
+  return make_node(std::move(y), {x, w}, [x, w, B, T, C, W](Node& self) {
+    const float* dy = self.grad.f32();
+    float* dx = needs_grad(x) ? x->grad_f32() : nullptr;
+    float* dw = needs_grad(w) ? w->grad_f32() : nullptr;
+    for (int64_t b = 0; b < B; ++b)
+      short_conv_backward(x->value.f32() + b * T * C, w->value.f32(), dy + b * T * C, T, C, W,
+                          dx ? dx + b * T * C : nullptr, dw);
+  }, "short_conv");
+}
+
+}  // namespace ag
+}  // namespace k3
