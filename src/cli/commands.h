@@ -10,6 +10,9 @@ void register_logits(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_op(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_train(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_tokenizer(CLI::App& app);
 
 // Options shared by commands that run models.
 struct RuntimeOptions {

@@ -1,5 +1,7 @@
 // k3: the command-line entry point. Errors surface here: k3::Error (user-facing) and anything
 // else are printed to stderr with a non-zero exit code.
+#include <malloc.h>
+
 #include <iostream>
 
 #include "cli/commands.h"
@@ -22,6 +24,10 @@ void apply_runtime_options(const RuntimeOptions& opts) {
 }  // namespace k3::cli
 
 int main(int argc, char** argv) {
+  // Activations are large, short-lived buffers: keep freed memory in the heap instead of
+  // returning it to the kernel (mmap/munmap + page faults on every op otherwise).
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"k3: load, run, train and measure the GPT-2 -> linear attention -> DeltaNet -> "
                "Gated DeltaNet -> KDA -> Kimi K3 family of language models.",
                "k3"};
@@ -32,6 +38,9 @@ int main(int argc, char** argv) {
   k3::cli::register_generate(app);
   k3::cli::register_op(app);
   k3::cli::register_bench(app);
+  k3::cli::register_train(app);
+  k3::cli::register_eval(app);
+  k3::cli::register_tokenizer(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

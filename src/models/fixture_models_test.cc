@@ -58,7 +58,7 @@ TEST_P(FixtureModel, DecodeEqualsPrefill) {
   EXPECT_EQ(ctx.position, T);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModel, ::testing::Values("gpt2-tiny", "deepseek-v3-tiny"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModel, ::testing::Values("gpt2-tiny", "deepseek-v3-tiny", "kimi-linear-tiny", "kimi-k3-tiny"),
                          [](const auto& param_info) {
                            std::string n = param_info.param;
                            for (auto& c : n) if (c == '-') c = '_';

@@ -32,6 +32,7 @@ struct KimiConfig {
   int64_t vocab_size = 163840;
   int64_t hidden_size = 2304;
   int64_t num_hidden_layers = 27;
+  int64_t max_position_embeddings = 1 << 20;
   double rms_norm_eps = 1e-5;
   std::string hidden_act = "silu";
   std::optional<double> activation_situ_beta;
@@ -70,6 +71,7 @@ struct KimiConfig {
     v("vocab_size", vocab_size, Presence::Required).positive().at_most(1 << 24);
     v("hidden_size", hidden_size, Presence::Required).positive().at_most(1 << 16);
     v("num_hidden_layers", num_hidden_layers, Presence::Required).positive().at_most(4096);
+    v("max_position_embeddings", max_position_embeddings).positive();
     v("rms_norm_eps", rms_norm_eps).positive();
     v("hidden_act", hidden_act).one_of({"silu", "situ"});
     v("activation_situ_beta", activation_situ_beta).positive();

@@ -4,6 +4,7 @@
 
 #include "models/deepseek_v3.h"
 #include "models/gpt2.h"
+#include "models/kimi.h"
 #include "models/presets.h"
 
 namespace k3 {
@@ -21,8 +22,8 @@ struct Architecture {
 constexpr Architecture kArchitectures[] = {
     {"gpt2", &Gpt2Model::load, &Gpt2Model::from_config, nullptr},
     {"deepseek_v3", &DeepseekV3Model::load, &DeepseekV3Model::from_config, nullptr},
-    {"kimi_linear", nullptr, nullptr, &report_kimi},
-    {"kimi_k3", nullptr, nullptr, &report_kimi},
+    {"kimi_linear", &KimiModel::load, &KimiModel::linear_from_config, &report_kimi},
+    {"kimi_k3", &KimiModel::load, &KimiModel::k3_from_config, &report_kimi},
 };
 
 const Architecture& find(const Json& config, const std::string& where) {

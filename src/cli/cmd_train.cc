@@ -1,0 +1,93 @@
+// k3 train / k3 eval / k3 tokenizer train.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "cli/commands.h"
+#include "tokenizer/bpe_train.h"
+#include "train/data.h"
+#include "train/trainer.h"
+
+namespace k3::cli {
+
+void register_train(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a model from scratch (default: k3-tiny on the King James Bible, CPU)");
+  static TrainConfig c;
+  static RuntimeOptions rt;
+  cmd->add_option("--preset", c.preset, "Model preset (k3-tiny, kimi-linear-tiny, kda-tiny, gdn-tiny, deltanet-tiny, linear-tiny, gpt2-tiny, and -small versions)")->capture_default_str();
+  cmd->add_option("--data", c.data, "Text files or folders of *.txt (default: the KJV corpus)");
+  cmd->add_option("--tokenizer", c.tokenizer, "auto (train a BPE of the preset's vocab size on the data), gpt2, or a tokenizer folder/file")->capture_default_str();
+  cmd->add_option("--steps", c.steps, "Total optimizer steps (with --resume: continue up to this many)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--decay-steps", c.decay_steps, "Cosine schedule length (default: the preset's; independent of --steps so resumed runs match)");
+  cmd->add_option("--batch", c.batch, "Sequences per micro-batch");
+  cmd->add_option("--seq-len", c.seq_len, "Tokens per sequence");
+  cmd->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--lr", c.lr, "Peak learning rate (default: the preset's)");
+  cmd->add_option("--warmup", c.warmup, "Warmup steps (default: the preset's)");
+  cmd->add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay (matrices only)")->capture_default_str();
+  cmd->add_option("--clip", c.clip, "Gradient clipping by global norm (0 = off)")->capture_default_str();
+  cmd->add_option("--seed", c.seed, "Seed for init and batches")->capture_default_str();
+  cmd->add_option("--out", c.out, "Output folder (default: runs/PRESET, or the --resume folder)");
+  cmd->add_option("--resume", c.resume, "Continue from the checkpoint in this folder");
+  cmd->add_option("--eval-every", c.eval_every, "Report validation loss every N steps (0 = only at the end)")->capture_default_str();
+  cmd->add_option("--eval-batches", c.eval_batches, "Batches per validation estimate")->capture_default_str();
+  cmd->add_option("--save-every", c.save_every, "Write a checkpoint every N steps (always at the end and on Ctrl-C)")->capture_default_str();
+  cmd->add_option("--sample-tokens", c.sample_tokens, "Tokens of sample text printed at the end")->capture_default_str();
+  cmd->add_flag("--quiet", c.quiet, "No progress bar, summary or sample");
+  add_runtime_options(cmd, rt);
+  cmd->callback([] {
+    apply_runtime_options(rt);
+    TrainResult r = run_training(c);
+    if (!r.interrupted && !c.quiet && r.val_loss >= r.unigram_loss)
+      std::printf("note: validation loss is not below the unigram baseline yet; train longer (--steps)\n");
+  });
+}
+
+void register_eval(CLI::App& app) {
+  auto* cmd = app.add_subcommand("eval", "Validation loss and perplexity of a saved model");
+  static std::string model;
+  static std::vector<std::string> data;
+  static int64_t seq_len = 0, batches = 16;
+  static RuntimeOptions rt;
+  cmd->add_option("--model", model, "Model folder (e.g. the output of k3 train)")->required();
+  cmd->add_option("--data", data, "Text files or folders (default: the data the model was trained on)");
+  cmd->add_option("--seq-len", seq_len, "Tokens per sequence (default: the training length)");
+  cmd->add_option("--batches", batches, "Validation batches")->capture_default_str()->check(CLI::PositiveNumber);
+  add_runtime_options(cmd, rt);
+  cmd->callback([] {
+    apply_runtime_options(rt);
+    EvalResult r = evaluate_model(model, data, seq_len, batches, 12345);
+    std::printf("val_loss=%.6f\nperplexity=%.4f\ntokens=%lld\n", r.val_loss, r.perplexity, (long long)r.tokens);
+  });
+}
+
+void register_tokenizer(CLI::App& app) {
+  auto* cmd = app.add_subcommand("tokenizer", "Tokenizer tools");
+  cmd->require_subcommand(1);
+  auto* tr = cmd->add_subcommand("train", "Train a byte-level BPE on text files and save it as an HF tokenizer.json");
+  static int32_t vocab = 1024;
+  static std::vector<std::string> files;
+  static std::string out = "tokenizer.json";
+  tr->add_option("--vocab-size", vocab, "Vocabulary size (256 byte tokens + merges + <|endoftext|>)")->capture_default_str()->check(CLI::Range(257, 1 << 20));
+  tr->add_option("--output,-o", out, "Where to write tokenizer.json")->capture_default_str();
+  tr->add_option("files", files, "Text files or folders of *.txt")->required();
+  tr->callback([] {
+    std::vector<std::string> texts;
+    size_t bytes = 0;
+    for (const auto& f : list_text_files(files)) {
+      std::ifstream in(f, std::ios::binary);
+      texts.emplace_back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      bytes += texts.back().size();
+    }
+    BpeTrainOptions o;
+    o.vocab_size = vocab;
+    Tokenizer tok = train_bpe(texts, o);
+    tok.save_hf_tokenizer_json(out);
+    size_t n = 0;
+    for (const auto& t : texts) n += tok.encode_ordinary(t).size();
+    std::printf("trained a %d-token BPE on %zu bytes: %zu tokens (%.2f bytes/token) -> %s\n", tok.vocab_size(), bytes, n,
+                double(bytes) / double(std::max<size_t>(n, 1)), out.c_str());
+  });
+}
+
+}  // namespace k3::cli
