@@ -80,6 +80,72 @@ Json kimi_k3_config(int64_t layers) {
               {"text_config", text}};
 }
 
+// flash-linear-attention-style models of the family (fla.h): one mixer kind, SwiGLU MLPs.
+Json fla_config(const char* type, int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t inter) {
+  Json j = {{"model_type", type},   {"vocab_size", vocab},       {"hidden_size", d},
+            {"num_hidden_layers", layers}, {"num_heads", heads}, {"head_dim", d / heads},
+            {"intermediate_size", inter},  {"conv_size", 4},     {"use_short_conv", true},
+            {"norm_eps", 1e-6},            {"tie_word_embeddings", false}};
+  if (std::string(type) == "linear_attn") j["feature_map"] = "elu";
+  if (std::string(type) == "kda") j["lower_bound"] = -5.0;
+  return j;
+}
+
+// Kimi Linear / Kimi K3 in miniature: `layers` layers of 3 KDA : 1 MLA ending on MLA, layer 0
+// dense, MoE after; K3 adds gated MLA, full-rank KDA gate with the -5 bound, latent MoE, SiTU
+// and block AttnRes.
+Json kimi_small_config(bool k3, int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t experts,
+                       int64_t expert_hidden) {
+  std::vector<int64_t> full, kda;
+  for (int64_t l = 1; l <= layers; ++l) (l % 4 == 0 || l == layers ? full : kda).push_back(l);
+  const int64_t hd = d / heads;
+  Json text = {{"model_type", "kimi_linear"},
+               {"vocab_size", vocab},
+               {"hidden_size", d},
+               {"num_hidden_layers", layers},
+               {"max_position_embeddings", 4096},
+               {"rms_norm_eps", 1e-5},
+               {"hidden_act", k3 ? "situ" : "silu"},
+               {"intermediate_size", 3 * d},
+               {"first_k_dense_replace", 1},
+               {"moe_layer_freq", 1},
+               {"num_attention_heads", heads},
+               {"num_key_value_heads", heads},
+               {"q_lora_rank", k3 ? Json(d / 2) : Json(nullptr)},
+               {"kv_lora_rank", d / 4},
+               {"qk_nope_head_dim", hd},
+               {"qk_rope_head_dim", hd / 2},
+               {"v_head_dim", hd},
+               {"mla_use_nope", true},
+               {"mla_use_output_gate", k3},
+               {"num_experts", experts},
+               {"num_experts_per_token", 2},
+               {"num_shared_experts", k3 ? 2 : 1},
+               {"moe_intermediate_size", expert_hidden},
+               {"moe_router_activation_func", "sigmoid"},
+               {"moe_renormalize", true},
+               {"routed_scaling_factor", k3 ? 1.0 : 2.446},
+               {"num_expert_group", 1},
+               {"topk_group", 1},
+               {"tie_word_embeddings", false},
+               {"linear_attn_config",
+                {{"num_heads", heads},
+                 {"head_dim", hd},
+                 {"short_conv_kernel_size", 4},
+                 {"kda_layers", kda},
+                 {"full_attn_layers", full}}}};
+  if (!k3) return text;
+  text["activation_situ_beta"] = 4.0;
+  text["activation_situ_linear_beta"] = 25.0;
+  text["routed_expert_hidden_size"] = d / 2;
+  text["latent_moe_use_norm"] = true;
+  text["attn_res_block_size"] = 2;
+  text["linear_attn_config"]["use_full_rank_gate"] = true;
+  text["linear_attn_config"]["gate_lower_bound"] = -5.0;
+  return Json{{"model_type", "kimi_k3"}, {"architectures", {"KimiK3ForConditionalGeneration"}},
+              {"tie_word_embeddings", false}, {"text_config", text}};
+}
+
 }  // namespace
 
 const std::vector<Preset>& presets() {
@@ -89,6 +155,30 @@ const std::vector<Preset>& presets() {
        [] { return gpt2_config(1024, 256, 128, 2, 4); }, TrainDefaults{600, 16, 128, 30, 3e-3f}},
       {"gpt2-small", "GPT-2, 6 layers of width 384 (about 15M parameters with an 8K vocabulary)",
        [] { return gpt2_config(8192, 512, 384, 6, 6); }, TrainDefaults{2000, 16, 256, 100, 1e-3f}},
+      {"linear-tiny", "Linear attention (elu+1, fla naming), 2 layers of width 128",
+       [] { return fla_config("linear_attn", 1024, 128, 2, 4, 384); }, TrainDefaults{600, 16, 128, 30, 3e-3f}},
+      {"linear-small", "Linear attention, 6 layers of width 384",
+       [] { return fla_config("linear_attn", 8192, 384, 6, 6, 1024); }, TrainDefaults{2000, 16, 256, 100, 1e-3f}},
+      {"deltanet-tiny", "DeltaNet (fla naming), 2 layers of width 128",
+       [] { return fla_config("delta_net", 1024, 128, 2, 4, 384); }, TrainDefaults{600, 16, 128, 30, 3e-3f}},
+      {"deltanet-small", "DeltaNet, 6 layers of width 384",
+       [] { return fla_config("delta_net", 8192, 384, 6, 6, 1024); }, TrainDefaults{2000, 16, 256, 100, 1e-3f}},
+      {"gdn-tiny", "Gated DeltaNet (fla naming), 2 layers of width 128",
+       [] { return fla_config("gated_deltanet", 1024, 128, 2, 4, 384); }, TrainDefaults{600, 16, 128, 30, 3e-3f}},
+      {"gdn-small", "Gated DeltaNet, 6 layers of width 384",
+       [] { return fla_config("gated_deltanet", 8192, 384, 6, 6, 1024); }, TrainDefaults{2000, 16, 256, 100, 1e-3f}},
+      {"kda-tiny", "KDA (fla naming, -5 decay bound), 2 layers of width 128",
+       [] { return fla_config("kda", 1024, 128, 2, 4, 384); }, TrainDefaults{600, 16, 128, 30, 3e-3f}},
+      {"kda-small", "KDA, 6 layers of width 384",
+       [] { return fla_config("kda", 8192, 384, 6, 6, 1024); }, TrainDefaults{2000, 16, 256, 100, 1e-3f}},
+      {"kimi-linear-tiny", "Kimi Linear in miniature: 4 layers (3 KDA + 1 MLA), MoE 8x top-2 + 1 shared",
+       [] { return kimi_small_config(false, 1024, 128, 4, 4, 8, 64); }, TrainDefaults{600, 16, 128, 30, 3e-3f}},
+      {"kimi-linear-small", "Kimi Linear, 8 layers of width 384, MoE 16x top-2 + 1 shared",
+       [] { return kimi_small_config(false, 8192, 384, 8, 6, 16, 256); }, TrainDefaults{2000, 16, 256, 100, 1e-3f}},
+      {"k3-tiny", "Kimi K3 in miniature: 4 layers (3 KDA + final gated MLA), dense layer 0, latent MoE 8x top-2 + 2 shared, SiTU, AttnRes blocks of 2",
+       [] { return kimi_small_config(true, 1024, 128, 4, 4, 8, 64); }, TrainDefaults{600, 16, 128, 30, 3e-3f}},
+      {"k3-small", "Kimi K3, 8 layers of width 384 (6 KDA + 2 gated MLA), latent MoE 16x top-2 + 2 shared",
+       [] { return kimi_small_config(true, 8192, 384, 8, 6, 16, 256); }, TrainDefaults{2000, 16, 256, 100, 1e-3f}},
       {"kimi-k3", "Kimi K3 as published: 93 layers (69 KDA + 24 gated MLA), 896 experts",
        [] { return kimi_k3_config(93); }, std::nullopt},
       {"kimi-k3-seed", "Kimi K3 as the article describes it: 92 layers, 23 x (3 KDA + 1 MLA)",

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "models/deepseek_v3.h"
+#include "models/fla.h"
 #include "models/gpt2.h"
 #include "models/kimi.h"
 #include "models/presets.h"
@@ -22,6 +23,10 @@ struct Architecture {
 constexpr Architecture kArchitectures[] = {
     {"gpt2", &Gpt2Model::load, &Gpt2Model::from_config, nullptr},
     {"deepseek_v3", &DeepseekV3Model::load, &DeepseekV3Model::from_config, nullptr},
+    {"linear_attn", &FlaModel::load, &FlaModel::from_config, nullptr},
+    {"delta_net", &FlaModel::load, &FlaModel::from_config, nullptr},
+    {"gated_deltanet", &FlaModel::load, &FlaModel::from_config, nullptr},
+    {"kda", &FlaModel::load, &FlaModel::from_config, nullptr},
     {"kimi_linear", &KimiModel::load, &KimiModel::linear_from_config, &report_kimi},
     {"kimi_k3", &KimiModel::load, &KimiModel::k3_from_config, &report_kimi},
 };

@@ -55,7 +55,7 @@ struct DeltaLayerOptions {
   bool output_norm = true;       // per-head RMSNorm with a weight [V] shared by the heads
   float norm_eps = 1e-5f;
   // Core.
-  int chunk = 64;
+  int chunk = 16;
   float scale = 0.0f;             // 0 = K^-1/2
   bool normalize = false;         // Katharopoulos normaliser (linear attention only)
   float normalize_eps = 1e-10f;
