@@ -45,7 +45,9 @@ SafeTensors SafeTensors::open(const std::string& path) {
     ::close(fd);
     bad(path, "file is " + std::to_string(size) + " bytes, too short for the 8-byte header length (truncated?)");
   }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  // Copy-on-write: reads are zero-copy; a model that trains (or is edited) in place gets private
+  // pages and the file never changes.
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) bad(path, std::string("mmap failed: ") + std::strerror(errno));
   s.base_ = std::shared_ptr<const char>(static_cast<const char*>(p), [size](const char* q) {

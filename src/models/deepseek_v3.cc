@@ -114,7 +114,7 @@ Context DeepseekV3Model::new_context(int64_t max_tokens) const {
 
 Var DeepseekV3Model::hidden(const TokenBatch& batch) const {
   const int64_t B = batch.B, T = batch.T;
-  Var x = ag::embedding(embed_, std::vector<int64_t>(batch.ids, batch.ids + B * T));
+  Var x = ag::embedding(embed_, std::vector<int64_t>(batch.ids, batch.ids + B * T), c_.pad_token_id);
   std::vector<Memory*> mems(static_cast<size_t>(B));
   for (size_t l = 0; l < blocks_.size(); ++l) {
     SeqBatch sb{B, T, nullptr};

@@ -23,7 +23,7 @@ struct DeepseekV3Config {
   double rms_norm_eps = 1e-6, rope_theta = 10000.0;
   std::string hidden_act = "silu";
   bool tie_word_embeddings = false;
-  std::optional<int64_t> bos_token_id, eos_token_id;
+  std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
 
   template <class V>
   void fields(V& v) {
@@ -54,6 +54,7 @@ struct DeepseekV3Config {
     v("tie_word_embeddings", tie_word_embeddings);
     v("bos_token_id", bos_token_id);
     v("eos_token_id", eos_token_id);
+    v("pad_token_id", pad_token_id);
   }
 };
 

@@ -182,7 +182,7 @@ Context KimiModel::new_context(int64_t max_tokens) const {
 
 Var KimiModel::hidden(const TokenBatch& batch) const {
   const int64_t B = batch.B, T = batch.T;
-  Var x = ag::embedding(embed_, std::vector<int64_t>(batch.ids, batch.ids + B * T));
+  Var x = ag::embedding(embed_, std::vector<int64_t>(batch.ids, batch.ids + B * T), c_.pad_token_id);
   std::vector<Memory*> mems(static_cast<size_t>(B));
   std::vector<Var> blocks;  // K3: completed AttnRes blocks (spec §10.3)
   const int64_t S = c_.attn_res_block_size.value_or(1);

@@ -62,7 +62,7 @@ struct KimiConfig {
   int64_t topk_group = 1;
   std::optional<int64_t> attn_res_block_size;
   bool tie_word_embeddings = false;
-  std::optional<int64_t> bos_token_id, eos_token_id;
+  std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
   KimiLinearAttnConfig linear_attn_config;
 
   template <class V>
@@ -103,6 +103,7 @@ struct KimiConfig {
     v("tie_word_embeddings", tie_word_embeddings);
     v("bos_token_id", bos_token_id);
     v("eos_token_id", eos_token_id);
+    v("pad_token_id", pad_token_id);
   }
 
   // 0-based layer l is KDA iff (l+1) is in kda_layers (spec §0).

@@ -146,12 +146,20 @@ Var rmsnorm(const Var& x, const Var& w, float eps) {
   }, "rmsnorm");
 }
 
-Var embedding(const Var& table, const std::vector<int64_t>& ids) {
+Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx) {
   const int64_t D = table->value.dim(1), n = int64_t(ids.size());
   Tensor y = Tensor::empty({n, D});
   embedding_forward(table->value, ids.data(), n, y.f32());
-  return make_node(std::move(y), {table}, [table, ids, D](Node& self) {
-    embedding_backward(ids.data(), int64_t(ids.size()), D, self.grad.f32(), table->grad_f32());
+  return make_node(std::move(y), {table}, [table, ids, D, padding_idx](Node& self) {
+    if (!padding_idx) return embedding_backward(ids.data(), int64_t(ids.size()), D, self.grad.f32(), table->grad_f32());
+    std::vector<int64_t> kept;
+    std::vector<float> g;
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] != *padding_idx) {
+        kept.push_back(ids[i]);
+        g.insert(g.end(), self.grad.f32() + int64_t(i) * D, self.grad.f32() + int64_t(i + 1) * D);
+      }
+    embedding_backward(kept.data(), int64_t(kept.size()), D, g.data(), table->grad_f32());
   }, "embedding");
 }
 

@@ -2,6 +2,7 @@
 // contiguous fp32; "rows" means all leading dimensions flattened, the last one is the feature.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "ops/autograd.h"
@@ -20,7 +21,9 @@ Var silu(const Var& a);
 Var gelu_tanh(const Var& a);
 Var layernorm(const Var& x, const Var& w, const Var& b, float eps);
 Var rmsnorm(const Var& x, const Var& w, float eps);  // w may be null
-Var embedding(const Var& table, const std::vector<int64_t>& ids);  // [n, D]
+// [n, D]. Rows of padding_idx get no gradient (PyTorch's nn.Embedding(padding_idx=...), which
+// HF DeepSeek/Kimi models use: their pad row never trains).
+Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx = std::nullopt);
 Var reshape(const Var& x, Shape shape);
 Var slice_last(const Var& x, int64_t begin, int64_t end);  // along the last dim
 Var concat_last(const std::vector<Var>& xs);
