@@ -179,7 +179,10 @@ TrainResult run_training(TrainConfig cfg) {
     resume_state = read_json_file(sp);
     try {
       start_step = resume_state.at("step").get<int64_t>();
-      cfg.preset = resume_state.at("preset").get<std::string>();
+      const std::string saved = resume_state.at("preset").get<std::string>();
+      if (!cfg.preset.empty() && cfg.preset != saved && cfg.preset != TrainConfig{}.preset)
+        throw error("train", "--preset ", cfg.preset, " differs from the checkpoint's preset ", saved);
+      cfg.preset = saved;
       cfg.data = resume_state.at("data").get<std::vector<std::string>>();
       cfg.batch = resume_state.at("batch").get<int64_t>();
       cfg.seq_len = resume_state.at("seq_len").get<int64_t>();

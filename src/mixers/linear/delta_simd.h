@@ -1,0 +1,63 @@
+// Vectorised kernels of the chunked delta-rule form (delta_chunked.cc): a branch-free fp32 exp
+// and the per-channel decayed gram of the diagonal 16×16 sub-chunk blocks (spec §5.2).
+//
+// Why: the per-channel gram needs exp(G_r[d] − G_s[d]) for every pair of a diagonal block and
+// every channel. glibc's scalar expf cannot be vectorised, and this build targets baseline
+// x86-64, so these kernels are compiled as `target_clones` (AVX-512 / AVX2+FMA / baseline SSE2,
+// picked once at load time) around `#pragma omp simd` loops that inline exp_approx.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace k3::linear::detail {
+
+// exp(x) in fp32 without calls or branches, so that loops using it vectorise. Cody–Waite range
+// reduction x = n ln2 + r (|r| ≤ ln2/2), a degree-7 polynomial for e^r (the classic Cephes
+// coefficients), and 2^n built from the exponent bits. Max relative error ≈ 1.4 ulp over
+// [−87.3, 88]; below −87.3 (e^x < FLT_MIN) it returns 0 instead of a denormal, above 88 it
+// saturates at e^88. The chunked form only evaluates exponents ≤ 0.
+inline float exp_approx(float x) {
+  constexpr float kLo = -87.33654f, kHi = 88.0f;
+  const float xc = x < kLo ? kLo : (x > kHi ? kHi : x);
+  // Round to nearest by the 1.5·2^23 trick (vectorises without SSE4.1's roundps).
+  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f;  // ln2 split in a short high part and a correction
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // n ∈ [−126, 127] after the clamp, so the biased exponent is a normal one.
+  const float y = p * std::bit_cast<float>((int32_t(n) + 127) << 23);
+  return x < kLo ? 0.0f : y;
+}
+
+// y[i] = exp(x[i]).
+void exp_array(const float* x, float* y, int64_t n);
+// y[i] = exp(float(a[i] − b[i])): a difference of double cumulative log-decays, then fp32 exp
+// (b null: exp(float(a[i]))).
+void exp_diff(const double* a, const double* b, float* y, int64_t n);
+// y[i] = x[i] · exp(float(a[i] − b[i])).
+void scale_exp_diff(const float* x, const double* a, const double* b, float* y, int64_t n);
+
+// Diagonal sub-chunk block of the per-channel decayed grams, pairwise (spec §5.2). Rows r, s of
+// the block are 0..m−1; Gb [m, K] is the cumulative log-decay relative to the block's first row
+// (so |Gb| spans at most m tokens and the fp32 difference Gb_r − Gb_s is accurate), Q, Kc [m, K].
+// Writes, for s ≤ r (mask before exponentiating: only r ≥ s is ever evaluated),
+//   Aqk[r, s]  = Σ_d Q_r[d] Kc_s[d] e^{Gb_r[d] − Gb_s[d]}           (s ≤ r)
+//   Abar[r, s] = Σ_d Kc_r[d] Kc_s[d] e^{Gb_r[d] − Gb_s[d]}          (s < r; Abar may be null)
+// with row stride ldm. Entries above the diagonal are not touched.
+void diag_gram(const float* Q, const float* Kc, const float* Gb, int64_t m, int64_t K, float* Aqk, float* Abar,
+               int64_t ldm);
+
+// Backward of diag_gram for cotangents dAqk (s ≤ r) and dA (s < r), either may be null:
+//   tXq_r += Σ_s dAqk[r,s] e_rs ⊙ Kc_s,   tXk_r += Σ_s dA[r,s] e_rs ⊙ Kc_s,
+//   tY_s  += Σ_r (dAqk[r,s] e_rs ⊙ Q_r + dA[r,s] e_rs ⊙ Kc_r).
+void diag_gram_backward(const float* Q, const float* Kc, const float* Gb, int64_t m, int64_t K, const float* dAqk,
+                        const float* dA, int64_t ldm, float* tXq, float* tXk, float* tY);
+
+}  // namespace k3::linear::detail
