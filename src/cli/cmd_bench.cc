@@ -66,6 +66,8 @@ std::vector<int64_t> parse_list(const std::string& s) {
 void register_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks that print figures beside their anchors and limits");
   bench->require_subcommand(1);
+  register_bench_recall(bench);
+  register_bench_memory(bench);
 
   auto* bwc = bench->add_subcommand("bandwidth", "Measure this machine's read bandwidth (the CPU decode ceiling)");
   static RuntimeOptions bw_rt;
@@ -76,55 +78,73 @@ void register_bench(CLI::App& app) {
     std::printf("read bandwidth: %.2f GB/s with %d threads (512 MiB read-sum, best of 5)\n", b / 1e9, num_threads());
   });
 
-  auto* dec = bench->add_subcommand("decode", "Decode tokens/s at several contexts against the bandwidth roofline");
-  static std::string preset = "gpt2", contexts = "128,1024";
-  static int64_t steps = 32;
+  auto* dec = bench->add_subcommand(
+      "decode", "Decode tokens/s against context length, beside the bandwidth roofline; --versus compares two models");
+  static std::string preset = "gpt2", versus, contexts = "128,1024";
+  static int64_t steps = 16;
   static RuntimeOptions rt;
   dec->add_option("--preset", preset, "Model preset (random weights at the real shape)")->capture_default_str();
+  dec->add_option("--versus", versus, "A second preset to time at the same contexts (e.g. --preset k3-small-attn --versus k3-small)");
   dec->add_option("--context", contexts, "Comma-separated context lengths")->capture_default_str();
-  dec->add_option("--steps", steps, "Decode steps timed per context")->capture_default_str()->check(CLI::PositiveNumber);
+  dec->add_option("--steps", steps, "Decode steps timed per context")->capture_default_str()->check(CLI::Range(2, 100000));
   add_runtime_options(dec, rt);
   dec->callback([] {
     apply_runtime_options(rt);
-    auto model = build_model(preset_config(preset), preset);
-    model->init_random(1);
-    const int64_t V = model->vocab_size();
-    // Bytes a decode step must read: every weight except the position table (one row).
-    double weight_bytes = 0;
-    model->visit([&](const std::string& name, Node& p, ParamKind) {
-      if (name != "wpe.weight") weight_bytes += double(p.value.nbytes());
-    });
-    double kv_per_token = 0;
-    for (const auto& lm : model->memory_layers()) kv_per_token += lm.spec.per_token_bytes;
-    double bw = measure_read_bandwidth(size_t(512) << 20);
-    std::printf("model %s: %s params, %s of fp32 weights read per token; KV %s per context token\n", preset.c_str(),
-                with_commas(model->total_params()).c_str(), human_bytes(weight_bytes).c_str(),
-                human_bytes(kv_per_token).c_str());
-    std::printf("measured read bandwidth: %.2f GB/s (%d threads)\n\n", bw / 1e9, num_threads());
-    std::printf("%8s %12s %14s %12s %10s\n", "context", "tok/s", "roofline tok/s", "of roofline", "ms/token");
-    Rng rng(7);
-    for (int64_t ctx_len : parse_list(contexts)) {
-      if (ctx_len + steps > model->max_positions())
-        throw error("bench", "context ", ctx_len, " + ", steps, " steps exceeds the model's ", model->max_positions(), " positions");
-      std::vector<int64_t> prompt(static_cast<size_t>(ctx_len));
-      for (auto& t : prompt) t = int64_t(rng.below(uint64_t(V)));
-      Context c = model->new_context(ctx_len + steps);
-      std::vector<float> logits(static_cast<size_t>(V));
-      model->forward(prompt.data(), ctx_len, &c, logits.data(), Logits::Last);
-      int64_t next = 0;
-      model->forward(&next, 1, &c, logits.data(), Logits::Last);  // warm-up step
-      auto t = clock_type::now();
-      for (int64_t s = 1; s < steps; ++s) {
-        next = int64_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-        model->forward(&next, 1, &c, logits.data(), Logits::Last);
+    const double bw = measure_read_bandwidth(size_t(512) << 20);
+    std::printf("measured read bandwidth: %.2f GB/s (%d threads)\n", bw / 1e9, num_threads());
+    const std::vector<int64_t> ctxs = parse_list(contexts);
+    std::vector<std::string> names = {preset};
+    if (!versus.empty()) names.push_back(versus);
+    std::vector<std::vector<double>> tps(names.size());
+    for (size_t k = 0; k < names.size(); ++k) {
+      auto model = build_model(preset_config(names[k]), names[k]);
+      model->init_random(1);
+      const int64_t V = model->vocab_size();
+      // Bytes a decode step must read: every weight except position-table rows not used.
+      double weight_bytes = 0;
+      model->visit([&](const std::string& name, Node& p, ParamKind) {
+        if (name != "wpe.weight") weight_bytes += double(p.value.nbytes());
+      });
+      double per_token = 0, fixed = 0;
+      for (const auto& lm : model->memory_layers()) {
+        per_token += lm.spec.per_token_bytes;
+        fixed += lm.spec.fixed_bytes;
       }
-      double sec = seconds_since(t) / double(steps - 1);
-      double mid_ctx = double(ctx_len) + double(steps) / 2;
-      double roof = bw / (weight_bytes + kv_per_token * mid_ctx);
-      std::printf("%8lld %12.1f %14.1f %11.0f%% %10.2f\n", (long long)ctx_len, 1.0 / sec, roof, 100.0 / sec / roof,
-                  sec * 1e3);
+      std::printf("\n%s: %s params, %s of fp32 weights per token; memory %s/context token + %s fixed\n", names[k].c_str(),
+                  with_commas(model->total_params()).c_str(), human_bytes(weight_bytes).c_str(),
+                  human_bytes(per_token).c_str(), human_bytes(fixed).c_str());
+      std::printf("%8s %12s %14s %12s %10s\n", "context", "tok/s", "roofline tok/s", "of roofline", "ms/token");
+      for (int64_t c : ctxs) {
+        if (c + steps > model->max_positions()) {
+          std::printf("%8lld %12s   (beyond the model's %lld positions)\n", (long long)c, "-", (long long)model->max_positions());
+          tps[k].push_back(0);
+          continue;
+        }
+        // The context is filled with zero tokens (the memories allocate and read exactly what a
+        // real prefill leaves behind), then `steps` tokens are decoded.
+        Context cx = model->new_context(c + steps);
+        for (auto& m : cx.layers) m->extend_zeros(c);
+        cx.position = c;
+        std::vector<float> logits(static_cast<size_t>(V));
+        int64_t next = 1;
+        model->forward(&next, 1, &cx, logits.data(), Logits::Last);  // warm-up
+        auto t = clock_type::now();
+        for (int64_t s = 1; s < steps; ++s) {
+          next = int64_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          model->forward(&next, 1, &cx, logits.data(), Logits::Last);
+        }
+        const double sec = seconds_since(t) / double(steps - 1);
+        const double roof = bw / (weight_bytes + fixed * 2 + per_token * double(c));  // state read + written
+        tps[k].push_back(1.0 / sec);
+        std::printf("%8lld %12.1f %14.1f %11.0f%% %10.2f\n", (long long)c, 1.0 / sec, roof, 100.0 / sec / roof, sec * 1e3);
+      }
     }
-    std::printf("\nroofline = read bandwidth / (weight bytes + KV bytes at the context); target >= 70%%\n");
+    if (names.size() == 2) {
+      std::printf("\n%8s %14s\n", "context", ("speed-up " + names[1] + " / " + names[0]).c_str());
+      for (size_t i = 0; i < ctxs.size(); ++i)
+        if (tps[0][i] > 0 && tps[1][i] > 0) std::printf("%8lld %13.2fx\n", (long long)ctxs[i], tps[1][i] / tps[0][i]);
+    }
+    std::printf("\nroofline = read bandwidth / (weight bytes + state bytes read and written + KV bytes at the context)\n");
   });
 }
 

@@ -10,6 +10,8 @@ void register_logits(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_op(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_bench_recall(CLI::App* bench);  // cmd_bench_recall.cc, called from register_bench
+void register_bench_memory(CLI::App* bench);  // k3 bench memory (cmd_bench_memory.cc)
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_tokenizer(CLI::App& app);

@@ -30,6 +30,12 @@ void KVCache::grow(int64_t need) {
   capacity_ = cap;
 }
 
+void KVCache::extend_zeros(int64_t n) {
+  if (length_ + n > max_tokens_) throw error("kv-cache", "context of ", length_ + n, " exceeds ", max_tokens_);
+  if (length_ + n > capacity_) grow(length_ + n);
+  length_ += n;  // grow() zero-fills new capacity
+}
+
 void KVCache::append(const HeadView& k, const HeadView& v, int64_t n) {
   if (length_ + n > max_tokens_)
     throw error("kv-cache", "context of ", length_ + n, " tokens exceeds the model's maximum of ", max_tokens_,

@@ -18,6 +18,7 @@ class KVCache final : public Memory {
   void restore(const Memory& snapshot) override;
   size_t bytes() const override { return (k_.capacity() + v_.capacity()) * sizeof(float); }
   int64_t length() const override { return length_; }
+  void extend_zeros(int64_t n) override;
 
   // Appends n tokens read from [n, H, hd] views.
   void append(const HeadView& k, const HeadView& v, int64_t n);

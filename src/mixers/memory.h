@@ -24,6 +24,10 @@ class Memory {
   virtual void restore(const Memory& snapshot) = 0;       // copy a snapshot of the same kind back
   virtual size_t bytes() const = 0;                       // bytes allocated now
   virtual int64_t length() const = 0;                     // tokens absorbed
+  // Appends n all-zero tokens, allocating what n real ones would (benchmarks: memory at a
+  // context, decode speed at a context, without running a prefill). Fixed-size states only
+  // count the tokens.
+  virtual void extend_zeros(int64_t n) = 0;
 };
 
 // A sequence's context: one Memory per stateful layer, plus its position.

@@ -14,6 +14,12 @@ void LatentCache::restore(const Memory& snapshot) {
   *this = *s;
 }
 
+void LatentCache::extend_zeros(int64_t n) {
+  if (length_ + n > max_tokens_) throw error("mla", "context of ", length_ + n, " exceeds ", max_tokens_);
+  rows_.resize(size_t((length_ + n) * width_), 0.0f);
+  length_ += n;
+}
+
 void LatentCache::append(const float* rows, int64_t n) {
   if (length_ + n > max_tokens_)
     throw error("mla", "context of ", length_ + n, " tokens exceeds the limit of ", max_tokens_);

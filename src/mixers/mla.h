@@ -38,6 +38,7 @@ class LatentCache final : public Memory {
   void restore(const Memory& snapshot) override;
   size_t bytes() const override { return rows_.capacity() * sizeof(float); }
   int64_t length() const override { return length_; }
+  void extend_zeros(int64_t n) override;
   void append(const float* rows, int64_t n);  // n rows of `width`
   const float* data() const { return rows_.data(); }
   int64_t width() const { return width_; }

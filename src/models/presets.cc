@@ -94,10 +94,13 @@ Json fla_config(const char* type, int64_t vocab, int64_t d, int64_t layers, int6
 // Kimi Linear / Kimi K3 in miniature: `layers` layers of 3 KDA : 1 MLA ending on MLA, layer 0
 // dense, MoE after; K3 adds gated MLA, full-rank KDA gate with the -5 bound, latent MoE, SiTU
 // and block AttnRes.
+enum class Mixing : uint8_t { Hybrid, AllAttention };
+
 Json kimi_small_config(bool k3, int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t experts,
-                       int64_t expert_hidden) {
+                       int64_t expert_hidden, Mixing mixing = Mixing::Hybrid) {
   std::vector<int64_t> full, kda;
-  for (int64_t l = 1; l <= layers; ++l) (l % 4 == 0 || l == layers ? full : kda).push_back(l);
+  for (int64_t l = 1; l <= layers; ++l)
+    (mixing == Mixing::AllAttention || l % 4 == 0 || l == layers ? full : kda).push_back(l);
   const int64_t hd = d / heads;
   Json text = {{"model_type", "kimi_linear"},
                {"vocab_size", vocab},
@@ -179,6 +182,9 @@ const std::vector<Preset>& presets() {
        [] { return kimi_small_config(true, 1024, 128, 4, 4, 8, 64); }, TrainDefaults{600, 16, 128, 30, 3e-3f}},
       {"k3-small", "Kimi K3, 8 layers of width 384 (6 KDA + 2 gated MLA), latent MoE 16x top-2 + 2 shared",
        [] { return kimi_small_config(true, 8192, 384, 8, 6, 16, 256); }, TrainDefaults{2000, 16, 256, 100, 1e-3f}},
+      {"k3-small-attn", "k3-small with every layer gated MLA: the full-attention model of the same width",
+       [] { return kimi_small_config(true, 8192, 384, 8, 6, 16, 256, Mixing::AllAttention); },
+       TrainDefaults{2000, 16, 256, 100, 1e-3f}},
       {"kimi-k3", "Kimi K3 as published: 93 layers (69 KDA + 24 gated MLA), 896 experts",
        [] { return kimi_k3_config(93); }, std::nullopt},
       {"kimi-k3-seed", "Kimi K3 as the article describes it: 92 layers, 23 x (3 KDA + 1 MLA)",

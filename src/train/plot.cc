@@ -12,7 +12,9 @@
 namespace k3 {
 
 namespace {
-const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
+const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                          "#8c564b", "#e377c2", "#17becf", "#000000", "#bcbd22"};
+constexpr size_t kColors = sizeof(kPalette) / sizeof(kPalette[0]);
 
 std::string esc(const std::string& s) {
   std::string o;
@@ -25,10 +27,15 @@ std::string esc(const std::string& s) {
   return o;
 }
 
+// Compact tick labels: 0.25, 3.5, 512, 16K, 1.5M, 2G.
 std::string num(double v) {
   char b[32];
   double a = std::fabs(v);
-  if (a != 0 && (a >= 1e5 || a < 1e-3)) std::snprintf(b, sizeof b, "%.1e", v);
+  const char* suffix[] = {"", "K", "M", "G", "T"};
+  int k = 0;
+  while (a >= 1000 && k < 4) a /= 1000, v /= 1000, ++k;
+  if (k > 0) std::snprintf(b, sizeof b, a >= 100 ? "%.0f%s" : "%.3g%s", v, suffix[k]);
+  else if (a != 0 && a < 1e-3) std::snprintf(b, sizeof b, "%.1e", v);
   else std::snprintf(b, sizeof b, "%.4g", v);
   return b;
 }
@@ -71,7 +78,7 @@ void write_svg_plot(const std::string& path, const std::vector<PlotSeries>& seri
   s << "<text transform='translate(16," << T + H / 2 << ") rotate(-90)' text-anchor='middle'>" << esc(o.ylabel) << "</text>\n";
   for (size_t k = 0; k < series.size(); ++k) {
     const auto& se = series[k];
-    std::string color = se.color.empty() ? kPalette[k % 8] : se.color;
+    std::string color = se.color.empty() ? kPalette[k % kColors] : se.color;
     s << "<polyline fill='none' stroke='" << color << "' stroke-width='1.8' points='";
     for (size_t i = 0; i < se.x.size() && i < se.y.size(); ++i)
       if (std::isfinite(se.y[i])) s << px(se.x[i]) << "," << py(se.y[i]) << " ";

@@ -21,6 +21,7 @@ class RecurrentState final : public Memory {
   void restore(const Memory& snapshot) override;
   size_t bytes() const override { return state_bytes() + conv_bytes(); }
   int64_t length() const override { return length_; }
+  void extend_zeros(int64_t n) override { length_ += n; }
 
   size_t state_bytes() const { return (S_.size() + z_.size()) * sizeof(float); }
   size_t conv_bytes() const;
