@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build pkg-config git python3
-          libopenblas-dev nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libicu-dev
+          libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libicu-dev
           bible-kjv)
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -17,6 +17,12 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The built-in training corpus: the King James Bible from Debian's bible-kjv package.
+if [ ! -s data/kjv.txt ]; then
+  mkdir -p data
+  bible -f gen1:1-rev22:21 > data/kjv.txt.tmp && mv data/kjv.txt.tmp data/kjv.txt
 fi
 
 BUILD_DIR="${1:-build}"

@@ -23,7 +23,7 @@ struct TrainConfig {
   uint64_t seed = 1;
   std::string out;                     // output folder (default runs/<preset>)
   std::string resume;                  // checkpoint folder to continue from
-  int64_t eval_every = 0, eval_batches = 8, save_every = 0;
+  int64_t eval_every = 100, eval_batches = 8, save_every = 0;
   int64_t sample_tokens = 120;
   bool quiet = false;                  // no progress bar (tests)
 };
