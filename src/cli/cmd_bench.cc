@@ -14,6 +14,8 @@
 #include "core/parallel.h"
 #include "core/random.h"
 #include "models/registry.h"
+#include "ops/gemm.h"
+#include "train/optimizer.h"
 
 namespace k3::cli {
 
@@ -76,6 +78,61 @@ void register_bench(CLI::App& app) {
     apply_runtime_options(bw_rt);
     double b = measure_read_bandwidth(size_t(512) << 20);
     std::printf("read bandwidth: %.2f GB/s with %d threads (512 MiB read-sum, best of 5)\n", b / 1e9, num_threads());
+  });
+
+  auto* tr = bench->add_subcommand("train", "Training tokens/s and achieved FLOP/s against this machine's measured sgemm peak");
+  static std::string tr_presets = "gpt2-small,k3-small";
+  static int64_t tr_batch = 8, tr_seq = 256, tr_steps = 4;
+  static RuntimeOptions tr_rt;
+  tr->add_option("--presets", tr_presets, "Comma-separated trainable presets")->capture_default_str();
+  tr->add_option("--batch", tr_batch, "Sequences per step")->capture_default_str();
+  tr->add_option("--seq-len", tr_seq, "Tokens per sequence")->capture_default_str();
+  tr->add_option("--steps", tr_steps, "Timed steps (after one warm-up)")->capture_default_str()->check(CLI::PositiveNumber);
+  add_runtime_options(tr, tr_rt);
+  tr->callback([] {
+    apply_runtime_options(tr_rt);
+    // Peak: the best of a few 1024^3 sgemms through the same BLAS.
+    const int64_t n = 1024;
+    std::vector<float> A(static_cast<size_t>(n * n), 0.5f), B(A.size(), 0.25f), C(A.size());
+    double peak = 0;
+    for (int r = 0; r < 4; ++r) {
+      auto t = clock_type::now();
+      gemm(Trans::No, Trans::No, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n);
+      peak = std::max(peak, 2.0 * double(n * n * n) / seconds_since(t));
+    }
+    std::printf("measured sgemm peak: %.1f GFLOP/s (%d threads, 1024^3)\n\n", peak / 1e9, num_threads());
+    std::printf("%-14s %12s %10s %12s %14s %10s\n", "preset", "params", "tok/s", "ms/step", "GFLOP/s", "of peak");
+    std::stringstream ss(tr_presets);
+    for (std::string p; std::getline(ss, p, ',');) {
+      auto model = build_model(preset_config(p), p);
+      model->init_random(1);
+      const int64_t V = model->vocab_size(), M = tr_batch * tr_seq;
+      std::vector<int64_t> ids(static_cast<size_t>(M)), targets(ids.size());
+      Rng rng(3);
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(rng.below(uint64_t(V))), targets[i] = int64_t(rng.below(uint64_t(V)));
+      AdamW opt(AdamWOptions{});
+      auto step = [&] {
+        zero_grad(*model);
+        Recording rec;
+        Var l = model->loss(TokenBatch{ids.data(), tr_batch, tr_seq, nullptr}, targets);
+        backward(l);
+        clip_grad_norm(*model, 1.0);
+        opt.step(*model, 1e-4f);
+      };
+      step();  // warm-up
+      auto t = clock_type::now();
+      for (int64_t s = 0; s < tr_steps; ++s) step();
+      const double sec = seconds_since(t) / double(tr_steps);
+      // Useful work: 6 FLOPs per active parameter per token (forward + backward; embedding
+      // lookups excluded, the LM head included) plus causal attention's 6·T·d per token per
+      // attention layer, counted for softmax-attention presets only.
+      double flops = 6.0 * double(model->active_params()) * double(M);
+      if (model->architecture() == "gpt2")
+        flops += 6.0 * double(model->num_layers()) * double(M) * double(tr_seq) * double(model->config_json()["n_embd"].get<int64_t>()) / 2.0 * 2.0;
+      std::printf("%-14s %12s %10.0f %12.1f %14.2f %9.1f%%\n", p.c_str(), with_commas(model->total_params()).c_str(),
+                  double(M) / sec, sec * 1e3, flops / sec / 1e9, 100.0 * flops / sec / peak);
+    }
+    std::printf("\nFLOPs = 6 x active parameters x tokens (+ attention for softmax models); peak = measured sgemm\n");
   });
 
   auto* dec = bench->add_subcommand(
