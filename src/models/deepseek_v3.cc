@@ -69,8 +69,8 @@ DeepseekV3Model::DeepseekV3Model(const DeepseekV3Config& c, const Json& raw) : c
       o.names = MoeNames::deepseek();
       ffn = std::make_unique<MoE>(o);
     }
-    blocks_.emplace_back(Norm(NormType::RMSNorm, D, eps), std::make_unique<Mla>(mo), Norm(NormType::RMSNorm, D, eps),
-                         std::move(ffn), BlockNames{"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"});
+    blocks_.add(PreNormBlock(Norm(NormType::RMSNorm, D, eps), std::make_unique<Mla>(mo), Norm(NormType::RMSNorm, D, eps),
+                             std::move(ffn), BlockNames{"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}));
   }
   norm_ = Norm(NormType::RMSNorm, D, eps);
   eos_token_id = c.eos_token_id;
@@ -99,48 +99,23 @@ void DeepseekV3Model::visit(const ParamVisitor& v) const {
   if (!c_.tie_word_embeddings) v("lm_head.weight", *lm_head_, ParamKind::Weight);
 }
 
-std::vector<LayerMemory> DeepseekV3Model::memory_layers() const {
-  std::vector<LayerMemory> out;
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    for (const auto& s : blocks_[l].mixer().memory_spec()) out.push_back({int64_t(l), s});
-  return out;
-}
+std::vector<LayerMemory> DeepseekV3Model::memory_layers() const { return blocks_.memory_layers(); }
 
-Context DeepseekV3Model::new_context(int64_t max_tokens) const {
-  Context ctx;
-  for (const auto& b : blocks_) ctx.layers.push_back(b.mixer().new_memory(max_tokens));
-  return ctx;
-}
+Context DeepseekV3Model::new_context(int64_t max_tokens) const { return blocks_.new_context(max_tokens); }
 
 Var DeepseekV3Model::hidden(const TokenBatch& batch) const {
   const int64_t B = batch.B, T = batch.T;
   Var x = ag::embedding(embed_, std::vector<int64_t>(batch.ids, batch.ids + B * T), c_.pad_token_id);
-  std::vector<Memory*> mems(static_cast<size_t>(B));
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    SeqBatch sb{B, T, nullptr};
-    if (batch.contexts) {
-      for (int64_t b = 0; b < B; ++b) mems[size_t(b)] = batch.contexts[b]->layers[l].get();
-      sb.memories = mems.data();
-    }
-    x = blocks_[l].forward(x, sb);
-  }
-  if (batch.contexts)
-    for (int64_t b = 0; b < B; ++b) batch.contexts[b]->position += T;
+  x = blocks_.forward(x, B, T, batch.contexts);
   return norm_(x);
 }
 
 void DeepseekV3Model::init_random(uint64_t seed) { init_normal(*this, seed, 0.02f); }
 
 int64_t DeepseekV3Model::active_params() const {
-  int64_t n = total_params() - embed_->value.numel();
-  for (const auto& b : blocks_)
-    if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) n -= moe->total_params() - moe->active_params();
-  return n;
+  return total_params() - embed_->value.numel() - blocks_.idle_expert_params();
 }
 
-void DeepseekV3Model::after_step() const {
-  for (const auto& b : blocks_)
-    if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) const_cast<MoE*>(moe)->apply_bias_update(1e-3f);
-}
+void DeepseekV3Model::after_step() const { blocks_.balance_experts(1e-3f); }
 
 }  // namespace k3

@@ -82,7 +82,7 @@ class DeepseekV3Model final : public Model {
   DeepseekV3Config c_;
   Json raw_;
   Var embed_, lm_head_;
-  std::vector<PreNormBlock> blocks_;
+  BlockStack blocks_;
   Norm norm_;
 };
 

@@ -46,8 +46,8 @@ FlaModel::FlaModel(const FlaConfig& c, const Json& raw) : c_(c), raw_(raw) {
   lm_head_ = c.tie_word_embeddings ? embed_ : parameter({c.vocab_size, D});
   const DeltaLayerOptions lo = fla_layer_options(c);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    blocks_.emplace_back(Norm(NormType::RMSNorm, D, eps), std::make_unique<DeltaLayer>(lo), Norm(NormType::RMSNorm, D, eps),
-                         std::make_unique<GluMlp>(D, inter, GluOptions{}), BlockNames{"attn_norm", "attn", "mlp_norm", "mlp"});
+    blocks_.add(PreNormBlock(Norm(NormType::RMSNorm, D, eps), std::make_unique<DeltaLayer>(lo), Norm(NormType::RMSNorm, D, eps),
+                             std::make_unique<GluMlp>(D, inter, GluOptions{}), BlockNames{"attn_norm", "attn", "mlp_norm", "mlp"}));
   norm_ = Norm(NormType::RMSNorm, D, eps);
   eos_token_id = c.eos_token_id;
 }
@@ -75,51 +75,20 @@ void FlaModel::visit(const ParamVisitor& v) const {
   if (!c_.tie_word_embeddings) v("lm_head.weight", *lm_head_, ParamKind::Weight);
 }
 
-std::vector<LayerMemory> FlaModel::memory_layers() const {
-  std::vector<LayerMemory> out;
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    for (const auto& s : blocks_[l].mixer().memory_spec()) out.push_back({int64_t(l), s});
-  return out;
-}
+std::vector<LayerMemory> FlaModel::memory_layers() const { return blocks_.memory_layers(); }
 
-Context FlaModel::new_context(int64_t max_tokens) const {
-  Context ctx;
-  for (const auto& b : blocks_) ctx.layers.push_back(b.mixer().new_memory(max_tokens));
-  return ctx;
-}
+Context FlaModel::new_context(int64_t max_tokens) const { return blocks_.new_context(max_tokens); }
 
 Var FlaModel::hidden(const TokenBatch& batch) const {
   const int64_t B = batch.B, T = batch.T;
   Var x = ag::embedding(embed_, std::vector<int64_t>(batch.ids, batch.ids + B * T));
-  std::vector<Memory*> mems(static_cast<size_t>(B));
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    SeqBatch sb{B, T, nullptr};
-    if (batch.contexts) {
-      for (int64_t b = 0; b < B; ++b) mems[size_t(b)] = batch.contexts[b]->layers[l].get();
-      sb.memories = mems.data();
-    }
-    x = blocks_[l].forward(x, sb);
-  }
-  if (batch.contexts)
-    for (int64_t b = 0; b < B; ++b) batch.contexts[b]->position += T;
+  x = blocks_.forward(x, B, T, batch.contexts);
   return norm_(x);
 }
 
 void FlaModel::init_random(uint64_t seed) {
   init_normal(*this, seed, 0.02f);
-  Rng rng(seed ^ 0x5bd1e995u);
-  visit([&](const std::string& name, Node& p, ParamKind) {
-    float* w = p.value.f32();
-    const int64_t n = p.value.numel();
-    if (name.ends_with("A_log")) {
-      for (int64_t i = 0; i < n; ++i) w[i] = std::log(1.0f + 15.0f * rng.uniform());
-    } else if (name.ends_with("dt_bias")) {
-      for (int64_t i = 0; i < n; ++i) {
-        float dt = std::exp(std::log(1e-3f) + rng.uniform() * (std::log(1e-1f) - std::log(1e-3f)));
-        w[i] = dt + std::log(-std::expm1(-dt));
-      }
-    }
-  });
+  init_decay_gates(*this, seed);
 }
 
 }  // namespace k3

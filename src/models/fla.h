@@ -71,7 +71,7 @@ class FlaModel final : public Model {
   FlaConfig c_;
   Json raw_;
   Var embed_, lm_head_;
-  std::vector<PreNormBlock> blocks_;
+  BlockStack blocks_;
   Norm norm_;
 };
 

@@ -24,13 +24,12 @@ Gpt2Model::Gpt2Model(const Gpt2Config& c) : c_(c) {
   wte_ = parameter({c.vocab_size, D});
   wpe_ = parameter({c.n_positions, D});
   const float eps = float(c.layer_norm_epsilon);
-  blocks_.reserve(size_t(c.n_layer));
   for (int64_t l = 0; l < c.n_layer; ++l) {
     auto attn = std::make_unique<SoftmaxAttention>(
         SoftmaxAttentionOptions{D, c.n_head, c.n_positions, WeightLayout::InOut});
     auto mlp = std::make_unique<GeluMlp>(D, c.n_inner.value_or(4 * D), WeightLayout::InOut);
-    blocks_.emplace_back(Norm(NormType::LayerNorm, D, eps), std::move(attn), Norm(NormType::LayerNorm, D, eps),
-                         std::move(mlp), BlockNames{"ln_1", "attn", "ln_2", "mlp"});
+    blocks_.add(PreNormBlock(Norm(NormType::LayerNorm, D, eps), std::move(attn), Norm(NormType::LayerNorm, D, eps),
+                             std::move(mlp), BlockNames{"ln_1", "attn", "ln_2", "mlp"}));
   }
   ln_f_ = Norm(NormType::LayerNorm, D, eps);
   eos_token_id = c.eos_token_id;
@@ -68,18 +67,9 @@ Json Gpt2Model::config_json() const {
   return j;
 }
 
-std::vector<LayerMemory> Gpt2Model::memory_layers() const {
-  std::vector<LayerMemory> out;
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    for (const auto& s : blocks_[l].mixer().memory_spec()) out.push_back({int64_t(l), s});
-  return out;
-}
+std::vector<LayerMemory> Gpt2Model::memory_layers() const { return blocks_.memory_layers(); }
 
-Context Gpt2Model::new_context(int64_t max_tokens) const {
-  Context ctx;
-  for (const auto& b : blocks_) ctx.layers.push_back(b.mixer().new_memory(max_tokens));
-  return ctx;
-}
+Context Gpt2Model::new_context(int64_t max_tokens) const { return blocks_.new_context(max_tokens); }
 
 Var Gpt2Model::hidden(const TokenBatch& batch) const {
   const int64_t B = batch.B, T = batch.T;
@@ -91,17 +81,7 @@ Var Gpt2Model::hidden(const TokenBatch& batch) const {
     for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = p0 + t;
   }
   Var x = ag::add(ag::embedding(wte_, ids), ag::embedding(wpe_, pos));  // [B*T, D]
-  std::vector<Memory*> mems(static_cast<size_t>(B));
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    SeqBatch sb{B, T, nullptr};
-    if (batch.contexts) {
-      for (int64_t b = 0; b < B; ++b) mems[size_t(b)] = batch.contexts[b]->layers[l].get();
-      sb.memories = mems.data();
-    }
-    x = blocks_[l].forward(x, sb);
-  }
-  if (batch.contexts)
-    for (int64_t b = 0; b < B; ++b) batch.contexts[b]->position += T;
+  x = blocks_.forward(x, B, T, batch.contexts);
   return ln_f_(x);
 }
 

@@ -72,7 +72,7 @@ class Gpt2Model final : public Model {
  private:
   Gpt2Config c_;
   Var wte_, wpe_;  // [V, D], [P, D]
-  std::vector<PreNormBlock> blocks_;
+  BlockStack blocks_;
   Norm ln_f_;
 };
 

@@ -1,5 +1,8 @@
 #include "models/init.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/random.h"
 
 namespace k3 {
@@ -16,6 +19,22 @@ void init_normal(const Model& m, uint64_t seed, float std) {
       for (int64_t i = 0; i < n; ++i) w[i] = 0.0f;
     } else {
       for (int64_t i = 0; i < n; ++i) w[i] = std * rng.normal();
+    }
+  });
+}
+
+void init_decay_gates(const Model& m, uint64_t seed) {
+  Rng rng(seed ^ 0x5bd1e995u);
+  m.visit([&](const std::string& name, Node& p, ParamKind) {
+    float* w = p.value.f32();
+    const int64_t n = p.value.numel();
+    if (name.ends_with("A_log")) {
+      for (int64_t i = 0; i < n; ++i) w[i] = std::log(1.0f + 15.0f * rng.uniform());
+    } else if (name.ends_with("dt_bias")) {
+      for (int64_t i = 0; i < n; ++i) {
+        float dt = std::max(1e-4f, std::exp(std::log(1e-3f) + rng.uniform() * (std::log(1e-1f) - std::log(1e-3f))));
+        w[i] = dt + std::log(-std::expm1(-dt));
+      }
     }
   });
 }

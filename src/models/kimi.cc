@@ -105,8 +105,8 @@ KimiModel::KimiModel(const KimiConfig& c, KimiFlavor f, const Json& raw, int64_t
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     // Kimi-Linear's HF file names the dense layer-0 MLP "block_sparse_moe" too; K3 names it "mlp".
     std::string ffn_name = c.is_moe_layer(l) || f == KimiFlavor::Linear ? "block_sparse_moe" : "mlp";
-    blocks_.emplace_back(Norm(NormType::RMSNorm, D, eps), make_mixer(c, f, l, a_log_size), Norm(NormType::RMSNorm, D, eps),
-                         make_ffn(c, l), BlockNames{"input_layernorm", "self_attn", "post_attention_layernorm", ffn_name});
+    blocks_.add(PreNormBlock(Norm(NormType::RMSNorm, D, eps), make_mixer(c, f, l, a_log_size), Norm(NormType::RMSNorm, D, eps),
+                             make_ffn(c, l), BlockNames{"input_layernorm", "self_attn", "post_attention_layernorm", ffn_name}));
     if (f == KimiFlavor::K3) {
       attn_res_.emplace_back(D, eps);
       mlp_res_.emplace_back(D, eps);
@@ -167,35 +167,19 @@ void KimiModel::visit(const ParamVisitor& v) const {
   if (!c_.tie_word_embeddings) v(p + "lm_head.weight", *lm_head_, ParamKind::Weight);
 }
 
-std::vector<LayerMemory> KimiModel::memory_layers() const {
-  std::vector<LayerMemory> out;
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    for (const auto& s : blocks_[l].mixer().memory_spec()) out.push_back({int64_t(l), s});
-  return out;
-}
+std::vector<LayerMemory> KimiModel::memory_layers() const { return blocks_.memory_layers(); }
 
-Context KimiModel::new_context(int64_t max_tokens) const {
-  Context ctx;
-  for (const auto& b : blocks_) ctx.layers.push_back(b.mixer().new_memory(max_tokens));
-  return ctx;
-}
+Context KimiModel::new_context(int64_t max_tokens) const { return blocks_.new_context(max_tokens); }
 
 Var KimiModel::hidden(const TokenBatch& batch) const {
   const int64_t B = batch.B, T = batch.T;
   Var x = ag::embedding(embed_, std::vector<int64_t>(batch.ids, batch.ids + B * T), c_.pad_token_id);
-  std::vector<Memory*> mems(static_cast<size_t>(B));
-  std::vector<Var> blocks;  // K3: completed AttnRes blocks (spec §10.3)
-  const int64_t S = c_.attn_res_block_size.value_or(1);
+  if (flavor_ == KimiFlavor::Linear) return norm_(blocks_.forward(x, B, T, batch.contexts));
+  BlockStack::LayerBatches lb(B, T, batch.contexts);
+  std::vector<Var> blocks;  // completed AttnRes blocks (spec §10.3)
+  const int64_t S = *c_.attn_res_block_size;
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    SeqBatch sb{B, T, nullptr};
-    if (batch.contexts) {
-      for (int64_t b = 0; b < B; ++b) mems[size_t(b)] = batch.contexts[b]->layers[l].get();
-      sb.memories = mems.data();
-    }
-    if (flavor_ == KimiFlavor::Linear) {
-      x = blocks_[l].forward(x, sb);
-      continue;
-    }
+    const SeqBatch sb = lb(l);
     // K3 block AttnRes: x is the running partial sum p.
     Var h = attn_res_[l](blocks, x);
     Var p = x;
@@ -208,39 +192,20 @@ Var KimiModel::hidden(const TokenBatch& batch) const {
     Var m_in = mlp_res_[l](blocks, p);
     x = ag::add(p, blocks_[l].feed(m_in));
   }
-  if (flavor_ == KimiFlavor::K3) x = output_res_(blocks, x);
-  if (batch.contexts)
-    for (int64_t b = 0; b < B; ++b) batch.contexts[b]->position += T;
+  x = output_res_(blocks, x);
+  advance_positions(batch.contexts, B, T);
   return norm_(x);
 }
 
 void KimiModel::init_random(uint64_t seed) {
   init_normal(*this, seed, 0.02f);
-  Rng rng(seed ^ 0x5bd1e995u);
-  visit([&](const std::string& name, Node& p, ParamKind) {
-    float* w = p.value.f32();
-    const int64_t n = p.value.numel();
-    if (name.ends_with("A_log")) {  // A ~ U(1, 16) (fla KDA / GDN init)
-      for (int64_t i = 0; i < n; ++i) w[i] = std::log(1.0f + 15.0f * rng.uniform());
-    } else if (name.ends_with("dt_bias")) {  // inverse softplus of dt ~ logU(1e-3, 1e-1)
-      for (int64_t i = 0; i < n; ++i) {
-        float dt = std::max(1e-4f, std::exp(std::log(1e-3f) + rng.uniform() * (std::log(1e-1f) - std::log(1e-3f))));
-        w[i] = dt + std::log(-std::expm1(-dt));
-      }
-    }
-  });
+  init_decay_gates(*this, seed);
 }
 
 int64_t KimiModel::active_params() const {
-  int64_t n = total_params() - embed_->value.numel();
-  for (const auto& b : blocks_)
-    if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) n -= moe->total_params() - moe->active_params();
-  return n;
+  return total_params() - embed_->value.numel() - blocks_.idle_expert_params();
 }
 
-void KimiModel::after_step() const {
-  for (const auto& b : blocks_)
-    if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) const_cast<MoE*>(moe)->apply_bias_update(1e-3f);
-}
+void KimiModel::after_step() const { blocks_.balance_experts(1e-3f); }
 
 }  // namespace k3

@@ -42,7 +42,7 @@ class KimiModel final : public Model {
   KimiFlavor flavor_;
   Json raw_;
   Var embed_, lm_head_;
-  std::vector<PreNormBlock> blocks_;
+  BlockStack blocks_;
   std::vector<AttnResMix> attn_res_, mlp_res_;  // K3: one pair per layer
   AttnResMix output_res_;
   Norm norm_;

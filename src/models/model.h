@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "blocks/stack.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "mixers/memory.h"
@@ -17,12 +18,6 @@
 namespace k3 {
 
 enum class Logits : uint8_t { All, Last };
-
-// One stateful layer's memory needs, for `k3 info` and the memory report.
-struct LayerMemory {
-  int64_t layer;
-  MemorySpec spec;
-};
 
 // B sequences of T tokens (ids row-major [B, T]). With contexts (B of them) the tokens continue
 // those sequences; without, each sequence starts at position 0.

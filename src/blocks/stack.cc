@@ -1,0 +1,50 @@
+#include "blocks/stack.h"
+
+#include "ffn/moe.h"
+
+namespace k3 {
+
+SeqBatch BlockStack::LayerBatches::operator()(size_t l) {
+  if (!contexts_) return SeqBatch{B_, T_, nullptr};
+  for (int64_t b = 0; b < B_; ++b) mems_[size_t(b)] = contexts_[b]->layers[l].get();
+  return SeqBatch{B_, T_, mems_.data()};
+}
+
+Var BlockStack::forward(Var x, int64_t B, int64_t T, Context* const* contexts) const {
+  LayerBatches lb(B, T, contexts);
+  for (size_t l = 0; l < blocks_.size(); ++l) x = blocks_[l].forward(x, lb(l));
+  advance_positions(contexts, B, T);
+  return x;
+}
+
+void advance_positions(Context* const* contexts, int64_t B, int64_t T) {
+  if (contexts)
+    for (int64_t b = 0; b < B; ++b) contexts[b]->position += T;
+}
+
+std::vector<LayerMemory> BlockStack::memory_layers() const {
+  std::vector<LayerMemory> out;
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    for (const auto& s : blocks_[l].mixer().memory_spec()) out.push_back({int64_t(l), s});
+  return out;
+}
+
+Context BlockStack::new_context(int64_t max_tokens) const {
+  Context ctx;
+  for (const auto& b : blocks_) ctx.layers.push_back(b.mixer().new_memory(max_tokens));
+  return ctx;
+}
+
+int64_t BlockStack::idle_expert_params() const {
+  int64_t n = 0;
+  for (const auto& b : blocks_)
+    if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) n += moe->total_params() - moe->active_params();
+  return n;
+}
+
+void BlockStack::balance_experts(float gamma) const {
+  for (const auto& b : blocks_)
+    if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) const_cast<MoE*>(moe)->apply_bias_update(gamma);
+}
+
+}  // namespace k3
