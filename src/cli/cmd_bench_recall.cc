@@ -1,0 +1,120 @@
+// k3 bench recall: the synthetic recall suite (MQAR, Palindrome, Stack) over the mixer family.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "train/recall_bench.h"
+
+namespace k3::cli {
+
+namespace {
+
+template <class T>
+std::vector<T> split_list(const std::string& s, const char* what) {
+  std::vector<T> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      if constexpr (std::is_same_v<T, std::string>) v.push_back(item);
+      else if constexpr (std::is_same_v<T, float>) v.push_back(std::stof(item));
+      else v.push_back(T(std::stoll(item)));
+    } catch (const std::exception&) {
+      throw error("bench", "'", item, "' is not a valid entry of ", what, " '", s, "'");
+    }
+  }
+  if (v.empty()) throw error("bench", what, " is empty");
+  return v;
+}
+
+const char* kRecallHelp =
+    "Train a 2-layer model of one mixer family from scratch on a synthetic recall task and measure its\n"
+    "greedy accuracy on held-out examples (a different seed stream than training).\n"
+    "Tasks (details in src/train/recall_tasks.md):\n"
+    "  mqar        Zoology MQAR: --pairs key-value pairs (default seq-len/8), then one query per key at\n"
+    "              power-law placed slots (power_a 0.01), filler token 0 elsewhere; keys [1,V/2), values\n"
+    "              [V/2,V); scored at each query key (predict its value).\n"
+    "  palindrome  random tokens, <sep>, the reverse; --pairs = tokens to reverse (default (seq-len-1)/2);\n"
+    "              scored on the reversed half.\n"
+    "  stack       Kimi Linear stack: --pairs stacks (default 64); ops '<push> id X' and '<pop> id X' of 3\n"
+    "              tokens each, seq-len/3 ops; scored at a pop's id (predict the top element X).\n"
+    "Vocab 256 by default (--vocab). Batch 32, 600 steps, AdamW lr 3e-3 (wd 0.1, 10% warmup, cosine to\n"
+    "10%), 256 held-out test examples. Models: softmax = GPT-2 (learned positions); linear / deltanet /\n"
+    "gdn / kda = fla-style (2 heads, head_dim d/2, short conv 4, SwiGLU MLP); k3-hybrid = Kimi K3 in\n"
+    "miniature, layer 1 KDA + layer 2 gated MLA, dense. State = layers x heads x dk x dv, or K/V (MLA\n"
+    "latent) elements at seq-len for attention layers.";
+
+}  // namespace
+
+void register_bench_recall(CLI::App* bench) {
+  auto* cmd = bench->add_subcommand("recall", "Synthetic recall suite (MQAR, Palindrome, Stack) over the mixer family");
+  cmd->footer(kRecallHelp);
+  static RecallBenchOptions o;
+  static std::string task = "mqar", lrs, json_out, mixers, seq_lens = "64,128,256", d_models = "32,64,128", out_dir;
+  static float lr = 3e-3f;
+  static bool sweep = false;
+  static RuntimeOptions rt;
+  cmd->add_option("--task", task, "mqar | palindrome | stack")->capture_default_str()->check(CLI::IsMember({"mqar", "palindrome", "stack"}));
+  cmd->add_option("--mixer", o.mixer, "softmax | linear | deltanet | gdn | kda | k3-hybrid")
+      ->capture_default_str()
+      ->check(CLI::IsMember(recall_mixers()));
+  cmd->add_option("--seq-len", o.task.seq_len, "Tokens per example")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--pairs", o.task.pairs, "MQAR key-value pairs / Palindrome tokens reversed / Stack stacks (0 = task default)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--vocab", o.task.vocab, "Vocabulary size (0 = task default, 256)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--power-a", o.task.power_a, "MQAR query placement exponent (Zoology power_a)")->capture_default_str();
+  cmd->add_option("--d-model", o.d_model, "Model width")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", o.steps, "Training steps (0 = task default, 600)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch", o.batch, "Training examples per step")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--lr", lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--lr-grid", lrs, "Comma-separated learning rates: train once per lr, report the best (overrides --lr)");
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
+  cmd->add_option("--test-examples", o.test_examples, "Held-out examples evaluated")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", o.seed, "Seed of init and data streams")->capture_default_str();
+  cmd->add_option("--json", json_out, "Write the result as JSON here");
+  cmd->add_flag("--sweep", sweep, "Run the grid --mixers x --seq-lens x --d-models and write --out DIR");
+  cmd->add_option("--mixers", mixers, "Sweep: comma-separated mixers (default: all six)");
+  cmd->add_option("--seq-lens", seq_lens, "Sweep: comma-separated sequence lengths")->capture_default_str();
+  cmd->add_option("--d-models", d_models, "Sweep: comma-separated widths")->capture_default_str();
+  cmd->add_option("--out", out_dir, "Sweep: output folder (recall.md, recall.json, recall_vs_state.svg)");
+  cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
+  add_runtime_options(cmd, rt);
+  cmd->callback([] {
+    apply_runtime_options(rt);
+    o.task.task = parse_recall_task(task);
+    o.lrs = lrs.empty() ? std::vector<float>{lr} : split_list<float>(lrs, "--lr-grid");
+    std::vector<RecallResult> results;
+    if (sweep) {
+      RecallSweepOptions so;
+      so.base = o;
+      if (!mixers.empty()) so.mixers = split_list<std::string>(mixers, "--mixers");
+      so.seq_lens = split_list<int64_t>(seq_lens, "--seq-lens");
+      so.d_models = split_list<int64_t>(d_models, "--d-models");
+      so.out_dir = out_dir;
+      results = run_recall_sweep(so);
+      std::printf("%s\nwrote %s/recall.md, recall.json, recall_vs_state.svg\n", recall_table_markdown(results).c_str(),
+                  out_dir.c_str());
+    } else {
+      results.push_back(run_recall_bench(o));
+      std::printf("%s", recall_table_markdown(results).c_str());
+    }
+    if (!json_out.empty()) {
+      Json j;
+      if (sweep) {
+        j = Json::array();
+        for (const auto& r : results) j.push_back(r.to_json());
+      } else {
+        j = results[0].to_json();
+      }
+      std::ofstream f(json_out);
+      f << j.dump(2) << "\n";
+      if (!f) throw error("bench", "cannot write ", json_out);
+    }
+  });
+}
+
+}  // namespace k3::cli

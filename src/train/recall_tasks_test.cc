@@ -1,0 +1,197 @@
+// The recall-task generators are deterministic and produce what each task defines (checked by
+// recomputing the answers independently from the inputs), and the bench runs end to end.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "train/recall_bench.h"
+#include "train/recall_tasks.h"
+
+namespace k3 {
+
+namespace {
+
+RecallTaskOptions opts(RecallTask t, int64_t T, int64_t pairs = 0) {
+  RecallTaskOptions o;
+  o.task = t;
+  o.seq_len = T;
+  o.pairs = pairs;
+  return resolved(o);
+}
+
+}  // namespace
+
+TEST(RecallTasks, DefaultsAndValidation) {
+  EXPECT_EQ(opts(RecallTask::Mqar, 128).pairs, 16);
+  EXPECT_EQ(opts(RecallTask::Mqar, 256).pairs, 32);
+  EXPECT_EQ(opts(RecallTask::Palindrome, 128).pairs, 63);
+  EXPECT_EQ(opts(RecallTask::Stack, 128).pairs, 64);
+  EXPECT_EQ(opts(RecallTask::Mqar, 128).vocab, 256);
+  EXPECT_THROW(opts(RecallTask::Mqar, 64, 32), Error);        // no room for the queries
+  EXPECT_THROW(opts(RecallTask::Palindrome, 16, 8), Error);   // 2*8+1 > 16
+  RecallTaskOptions o;
+  o.vocab = 16;
+  o.pairs = 10;  // 7 keys only
+  EXPECT_THROW(resolved(o), Error);
+  EXPECT_EQ(parse_recall_task("stack"), RecallTask::Stack);
+  EXPECT_THROW(parse_recall_task("nope"), Error);
+}
+
+TEST(RecallTasks, Deterministic) {
+  for (RecallTask t : {RecallTask::Mqar, RecallTask::Palindrome, RecallTask::Stack}) {
+    RecallTaskOptions o = opts(t, 96);
+    RecallBatch a = make_recall_batch(o, 5, 0, 6), b = make_recall_batch(o, 5, 0, 6);
+    EXPECT_EQ(a.ids, b.ids);
+    EXPECT_EQ(a.targets, b.targets);
+    // Example i of a batch starting at 2 is example 2+i of the stream.
+    RecallBatch c = make_recall_batch(o, 5, 2, 4);
+    EXPECT_TRUE(std::equal(c.ids.begin(), c.ids.end(), a.ids.begin() + 2 * 96));
+    RecallBatch d = make_recall_batch(o, 6, 0, 6);
+    EXPECT_NE(a.ids, d.ids);
+    // Held-out examples come from a different stream.
+    EXPECT_NE(recall_train_seed(1), recall_test_seed(1));
+    RecallBatch tr = make_recall_batch(o, recall_train_seed(1), 0, 8), te = make_recall_batch(o, recall_test_seed(1), 0, 8);
+    EXPECT_NE(tr.ids, te.ids);
+  }
+}
+
+TEST(RecallTasks, MqarWellFormed) {
+  const RecallTaskOptions o = opts(RecallTask::Mqar, 128);
+  const int64_t T = o.seq_len, P = o.pairs, V = o.vocab;
+  RecallBatch b = make_recall_batch(o, 42, 0, 200);
+  int64_t early = 0, late = 0;
+  for (int64_t e = 0; e < b.B; ++e) {
+    const int64_t* x = b.ids.data() + e * T;
+    const int64_t* y = b.targets.data() + e * T;
+    std::map<int64_t, int64_t> kv;
+    std::set<int64_t> vals;
+    for (int64_t i = 0; i < P; ++i) {
+      ASSERT_GE(x[2 * i], 1);
+      ASSERT_LT(x[2 * i], V / 2);
+      ASSERT_GE(x[2 * i + 1], V / 2);
+      ASSERT_LT(x[2 * i + 1], V);
+      ASSERT_TRUE(kv.emplace(x[2 * i], x[2 * i + 1]).second) << "duplicate key";
+      ASSERT_TRUE(vals.insert(x[2 * i + 1]).second) << "duplicate value";
+      ASSERT_EQ(y[2 * i], -1);
+      ASSERT_EQ(y[2 * i + 1], -1);
+    }
+    std::set<int64_t> queried;
+    for (int64_t p = 2 * P; p < T; ++p) {
+      if (y[p] < 0) {
+        // Not a query key: a value right after its key, or filler.
+        if (p > 2 * P && y[p - 1] >= 0) ASSERT_EQ(x[p], y[p - 1]);
+        else ASSERT_EQ(x[p], 0) << "position " << p;
+        continue;
+      }
+      ASSERT_EQ((p - 2 * P) % 2, 0);
+      ASSERT_TRUE(kv.count(x[p])) << "query of a key not in the context";
+      ASSERT_EQ(y[p], kv[x[p]]);
+      ASSERT_TRUE(queried.insert(x[p]).second) << "key queried twice";
+      ((p - 2 * P) / 2 < (T - 2 * P) / 4 ? early : late)++;
+    }
+    ASSERT_EQ(int64_t(queried.size()), P);
+  }
+  EXPECT_EQ(b.answers(), b.B * P);
+  // Power-law placement: queries crowd the slots nearest the key-value pairs.
+  EXPECT_GT(early, late);
+}
+
+TEST(RecallTasks, PalindromeWellFormed) {
+  const RecallTaskOptions o = opts(RecallTask::Palindrome, 40, 12);
+  const int64_t T = o.seq_len, n = o.pairs;
+  RecallBatch b = make_recall_batch(o, 3, 0, 50);
+  for (int64_t e = 0; e < b.B; ++e) {
+    const int64_t* x = b.ids.data() + e * T;
+    const int64_t* y = b.targets.data() + e * T;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_GE(x[i], 2);
+      ASSERT_LT(x[i], o.vocab);
+      ASSERT_EQ(y[i], -1);
+    }
+    ASSERT_EQ(x[n], 1);
+    std::vector<int64_t> rev(x, x + n);
+    std::reverse(rev.begin(), rev.end());
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_EQ(y[n + j], rev[size_t(j)]);      // answered at <sep> and each reversed token
+      ASSERT_EQ(x[n + 1 + j], rev[size_t(j)]);  // the reversed half is the input too
+    }
+    for (int64_t p = 2 * n; p < T; ++p) ASSERT_EQ(y[p], -1);
+    for (int64_t p = 2 * n + 1; p < T; ++p) ASSERT_EQ(x[p], 0);
+  }
+  EXPECT_EQ(b.answers(), b.B * n);
+}
+
+TEST(RecallTasks, StackWellFormed) {
+  const RecallTaskOptions o = opts(RecallTask::Stack, 128, 4);  // few stacks: deep stacks
+  const int64_t T = o.seq_len, S = o.pairs;
+  RecallBatch b = make_recall_batch(o, 9, 0, 50);
+  int64_t pops = 0, deep = 0;
+  for (int64_t e = 0; e < b.B; ++e) {
+    const int64_t* x = b.ids.data() + e * T;
+    const int64_t* y = b.targets.data() + e * T;
+    std::vector<std::vector<int64_t>> st(static_cast<size_t>(S));
+    const int64_t ops = T / 3;
+    for (int64_t k = 0; k < ops; ++k) {
+      const int64_t op = x[3 * k], id = x[3 * k + 1] - 3, val = x[3 * k + 2];
+      ASSERT_GE(id, 0);
+      ASSERT_LT(id, S);
+      ASSERT_GE(val, 3 + S);
+      ASSERT_LT(val, o.vocab);
+      ASSERT_EQ(y[3 * k], -1);
+      ASSERT_EQ(y[3 * k + 2], -1);
+      auto& s = st[size_t(id)];
+      if (op == 1) {
+        s.push_back(val);
+        ASSERT_EQ(y[3 * k + 1], -1);
+      } else {
+        ASSERT_EQ(op, 2);
+        ASSERT_FALSE(s.empty()) << "pop of an empty stack";
+        deep += s.size() > 1;
+        ASSERT_EQ(y[3 * k + 1], s.back());
+        ASSERT_EQ(val, s.back());
+        s.pop_back();
+        ++pops;
+      }
+    }
+    for (int64_t p = 3 * ops; p < T; ++p) {
+      ASSERT_EQ(x[p], 0);
+      ASSERT_EQ(y[p], -1);
+    }
+  }
+  EXPECT_EQ(b.answers(), pops);
+  EXPECT_GT(pops, 0);
+  EXPECT_GT(deep, 0);  // some pops have to skip over a more recent push to another stack
+}
+
+TEST(RecallBench, StateElements) {
+  // layers x heads x dk x dv for the recurrent mixers; K and V of every token for attention.
+  EXPECT_EQ(recall_state_elements(recall_model_config("deltanet", 64, 32, 16), 32), 2 * 2 * 8 * 8);
+  EXPECT_EQ(recall_state_elements(recall_model_config("kda", 64, 32, 16), 32), 2 * 2 * 8 * 8);
+  EXPECT_EQ(recall_state_elements(recall_model_config("softmax", 64, 32, 16), 32), 2 * 2 * 16 * 32);
+  EXPECT_THROW(recall_model_config("mamba", 64, 32, 16), Error);
+}
+
+TEST(RecallBench, SmokeEveryMixer) {
+  for (const std::string& mixer : recall_mixers()) {
+    RecallBenchOptions o;
+    o.task = opts(RecallTask::Mqar, 32, 4);
+    o.task.vocab = 32;
+    o.mixer = mixer;
+    o.d_model = 16;
+    o.steps = 3;
+    o.batch = 2;
+    o.test_examples = 4;
+    o.quiet = true;
+    RecallResult r = run_recall_bench(o);
+    EXPECT_GE(r.accuracy, 0.0) << mixer;
+    EXPECT_LE(r.accuracy, 1.0) << mixer;
+    EXPECT_EQ(r.runs.size(), 1u);
+    EXPECT_GT(r.state_elements, 0);
+    EXPECT_TRUE(r.to_json().contains("accuracy"));
+  }
+}
+
+}  // namespace k3
