@@ -42,7 +42,11 @@ void choose_blas_kernels(char** argv) {
   if (!core) return;
   setenv("OPENBLAS_CORETYPE", core, 1);
   setenv("K3_BLAS_REEXEC", "1", 1);
-  execv("/proc/self/exe", argv);  // on failure, carry on with the default kernels
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return;
+  self[n] = '\0';
+  execv(self, argv);  // on failure, carry on with the default kernels
 }
 }  // namespace
 
@@ -65,6 +69,7 @@ int main(int argc, char** argv) {
   k3::cli::register_train(app);
   k3::cli::register_eval(app);
   k3::cli::register_tokenizer(app);
+  k3::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
