@@ -69,7 +69,6 @@ int main(int argc, char** argv) {
   k3::cli::register_train(app);
   k3::cli::register_eval(app);
   k3::cli::register_tokenizer(app);
-  k3::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
