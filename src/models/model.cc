@@ -6,6 +6,7 @@
 #include <iostream>
 #include <set>
 
+#include "core/mxfp4.h"
 #include "ops/ag.h"
 
 namespace k3 {
@@ -52,6 +53,22 @@ Var Model::loss(const TokenBatch& batch, const std::vector<int64_t>& targets) co
   return ag::cross_entropy_head(hidden(batch), head_weight(), targets);
 }
 
+Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& want) {
+  const Tensor packed = ckpt.get(name + "_packed"), scale = ckpt.get(name + "_scale");
+  if (want.size() != 2 || want[1] % 32 != 0)
+    throw error("load", ckpt.path(), ": '", name, "' is MXFP4-packed but its shape ", shape_str(want),
+                " has no multiple-of-32 columns");
+  const int64_t rows = want[0], cols = want[1];
+  if (packed.dtype() != DType::U8 || packed.shape() != Shape{rows, cols / 2})
+    throw error("load", ckpt.path(), ": '", name, "_packed' is ", packed.describe(), ", expected U8", shape_str({rows, cols / 2}));
+  if (scale.dtype() != DType::U8 || scale.shape() != Shape{rows, cols / 32})
+    throw error("load", ckpt.path(), ": '", name, "_scale' is ", scale.describe(), ", expected U8", shape_str({rows, cols / 32}),
+                " (E8M0 per 32 values)");
+  Tensor out = Tensor::empty(want);
+  dequantize_mxfp4(packed.data<uint8_t>(), scale.data<uint8_t>(), rows, cols, out.f32());
+  return out;
+}
+
 void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts) {
   std::set<std::string> used;
   std::vector<std::string> missing;
@@ -65,6 +82,14 @@ void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& 
                     shape_str(p.value.shape()), " (config.json and weights disagree?)");
       p.value = ckpt.get_f32(c);
       used.insert(c);
+      return;
+    }
+    // MXFP4-packed weights (K3's routed experts): "<name>_packed" + "<name>_scale".
+    for (const auto& c : candidates) {
+      if (!c.ends_with(".weight") || !ckpt.has(c + "_packed") || !ckpt.has(c + "_scale")) continue;
+      p.value = load_mxfp4(ckpt, c, p.value.shape());
+      used.insert(c + "_packed");
+      used.insert(c + "_scale");
       return;
     }
     missing.push_back(candidates.front());

@@ -72,7 +72,10 @@ struct LoadOptions {
   std::function<std::vector<std::string>(const std::string&)> alias;
   std::function<bool(const std::string&)> ignorable;
 };
+// MXFP4-packed parameters ("<name>_packed" + "<name>_scale", core/mxfp4.h) are dequantised to
+// fp32 on load.
 void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts);
+Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& want);
 
 // Writes config.json + model.safetensors (HF names) into dir, each file atomically.
 void save_model(const Model& model, const std::string& dir);
