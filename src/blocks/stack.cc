@@ -1,6 +1,7 @@
 #include "blocks/stack.h"
 
 #include "ffn/moe.h"
+#include "ops/ag.h"
 
 namespace k3 {
 
@@ -45,6 +46,16 @@ int64_t BlockStack::idle_expert_params() const {
 void BlockStack::balance_experts(float gamma) const {
   for (const auto& b : blocks_)
     if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) const_cast<MoE*>(moe)->apply_bias_update(gamma);
+}
+
+Var BlockStack::balance_loss(int64_t seq_len, float alpha) const {
+  Var total;
+  for (const auto& b : blocks_)
+    if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) {
+      Var l = moe->balance_loss(seq_len, alpha);
+      total = total ? ag::add(total, l) : l;
+    }
+  return total;
 }
 
 }  // namespace k3

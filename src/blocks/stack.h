@@ -41,6 +41,8 @@ class BlockStack {
   // Moves every MoE router's selection bias toward balanced load (DeepSeek-V3's
   // auxiliary-loss-free balancing).
   void balance_experts(float gamma) const;
+  // Sum of the MoE layers' sequence-level balance losses of the last forward (null if none).
+  Var balance_loss(int64_t seq_len, float alpha) const;
 
  private:
   std::vector<PreNormBlock> blocks_;

@@ -27,6 +27,8 @@ void register_train(CLI::App& app) {
   cmd->add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay (matrices only)")->capture_default_str();
   cmd->add_option("--clip", c.clip, "Gradient clipping by global norm (0 = off)")->capture_default_str();
   cmd->add_option("--seed", c.seed, "Seed for init and batches")->capture_default_str();
+  cmd->add_option("--z-loss", c.z_loss, "z-loss coefficient (e.g. 1e-4; 0 = off)")->capture_default_str();
+  cmd->add_option("--aux-loss", c.aux_loss, "MoE sequence-level balance loss weight (e.g. 1e-3; 0 = off)")->capture_default_str();
   cmd->add_option("--out", c.out, "Output folder (default: runs/PRESET, or the --resume folder)");
   cmd->add_option("--resume", c.resume, "Continue from the checkpoint in this folder");
   cmd->add_option("--eval-every", c.eval_every, "Report validation loss every N steps (0 = only at the end)")->capture_default_str();

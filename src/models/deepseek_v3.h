@@ -77,6 +77,7 @@ class DeepseekV3Model final : public Model {
   void init_random(uint64_t seed) override;
   int64_t active_params() const override;
   void after_step() const override;
+  Var aux_loss(int64_t seq_len, float alpha) const override { return blocks_.balance_loss(seq_len, alpha); }
 
  private:
   DeepseekV3Config c_;

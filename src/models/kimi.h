@@ -35,6 +35,7 @@ class KimiModel final : public Model {
   void init_random(uint64_t seed) override;
   int64_t active_params() const override;
   void after_step() const override;
+  Var aux_loss(int64_t seq_len, float alpha) const override { return blocks_.balance_loss(seq_len, alpha); }
 
  private:
   std::string prefix() const { return flavor_ == KimiFlavor::K3 ? "language_model." : ""; }

@@ -49,8 +49,8 @@ void Model::forward(const int64_t* ids, int64_t T, Context* ctx, float* out, Log
   logits(TokenBatch{ids, 1, T, ctx ? ctxs : nullptr}, out, which);
 }
 
-Var Model::loss(const TokenBatch& batch, const std::vector<int64_t>& targets) const {
-  return ag::cross_entropy_head(hidden(batch), head_weight(), targets);
+Var Model::loss(const TokenBatch& batch, const std::vector<int64_t>& targets, float z_loss) const {
+  return ag::cross_entropy_head(hidden(batch), head_weight(), targets, 4096, z_loss);
 }
 
 Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& want) {

@@ -56,7 +56,10 @@ class Model {
   void forward(const int64_t* ids, int64_t T, Context* ctx, float* out, Logits which) const;
   // Mean next-token cross-entropy of batch against targets [B*T] (target < 0: ignored),
   // computed in vocabulary chunks.
-  Var loss(const TokenBatch& batch, const std::vector<int64_t>& targets) const;
+  Var loss(const TokenBatch& batch, const std::vector<int64_t>& targets, float z_loss = 0.0f) const;
+  // Auxiliary losses of the last forward (MoE sequence-level balance loss, DeepSeek-V3 form,
+  // weighted by alpha); null when the model has none.
+  virtual Var aux_loss(int64_t seq_len, float alpha) const { return nullptr; }
 
   int64_t total_params() const;
   size_t weight_bytes() const;  // bytes of the parameters as held now

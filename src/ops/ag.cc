@@ -259,7 +259,7 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_
   }, "attention");
 }
 
-Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, int64_t vc) {
+Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, int64_t vc, float z_loss) {
   const int64_t N = h->value.dim(0), D = h->value.dim(1), V = w->value.dim(0);
   K3_CHECK(int64_t(targets.size()) == N, "cross_entropy: ", targets.size(), " targets for ", N, " rows");
   auto lse = std::make_shared<std::vector<float>>(size_t(N));
@@ -289,7 +289,8 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
   double loss = 0;
   for (int64_t r = 0; r < N; ++r) {
     (*lse)[size_t(r)] = mx[size_t(r)] + std::log(se[size_t(r)]);
-    if (targets[size_t(r)] >= 0) loss += (*lse)[size_t(r)] - tgt[size_t(r)];
+    if (targets[size_t(r)] >= 0)
+      loss += (*lse)[size_t(r)] - tgt[size_t(r)] + double(z_loss) * (*lse)[size_t(r)] * (*lse)[size_t(r)];
   }
   Tensor y = Tensor::full({1}, count ? float(loss / double(count)) : 0.0f);
   return make_node(std::move(y), {h, w}, [=](Node& self) {
@@ -305,7 +306,9 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
           std::fill(row, row + n, 0.0f);
           continue;
         }
-        for (int64_t j = 0; j < n; ++j) row[j] = g * std::exp(row[j] - (*lse)[size_t(r)]);
+        // d/dz of lse - z_t + c·lse² is softmax·(1 + 2c·lse) - onehot.
+        const float zs = 1.0f + 2.0f * z_loss * (*lse)[size_t(r)];
+        for (int64_t j = 0; j < n; ++j) row[j] = g * zs * std::exp(row[j] - (*lse)[size_t(r)]);
         if (t >= v0 && t < v0 + n) row[t - v0] -= g;
       }
       if (needs_grad(h)) gemm(Trans::No, Trans::No, N, D, n, 1.0f, c.data(), n, w->value.f32() + v0 * D, D, 1.0f, h->grad_f32(), D);

@@ -32,7 +32,9 @@ Var concat_last(const std::vector<Var>& xs);
 Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float scale);
 // Mean cross-entropy of logits = h Wᵀ against targets (rows with target < 0 are ignored),
 // computed in vocabulary chunks: no [N, V] buffer is ever formed. h [N, D], w [V, D].
-Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, int64_t vocab_chunk = 4096);
+// z_loss > 0 adds z_loss · mean(logsumexp²) (PaLM's z-loss, keeps the softmax normaliser near 1).
+Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, int64_t vocab_chunk = 4096,
+                       float z_loss = 0.0f);
 Var sum(const Var& a);  // scalar [1]
 
 }  // namespace k3::ag

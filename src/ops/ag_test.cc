@@ -91,6 +91,10 @@ TEST(Ag, ChunkedCrossEntropyMatchesDirectFormula) {
   }
   EXPECT_NEAR(l->value.f32()[0], ref / count, 1e-5);
   EXPECT_LT(gradcheck([&](auto& x) { return ag::cross_entropy_head(x[0], x[1], targets, 4); }, {h, w}), 5e-3);
+  // z-loss: the value adds c·mean(lse²) (checked through the difference), gradients by FD.
+  Var lz = ag::cross_entropy_head(h, w, targets, 4, 0.01f);
+  EXPECT_GT(lz->value.f32()[0], l->value.f32()[0]);
+  EXPECT_LT(gradcheck([&](auto& x) { return ag::cross_entropy_head(x[0], x[1], targets, 5, 0.01f); }, {h, w}), 5e-3);
 }
 
 TEST(Ag, NoGraphIsKeptWhenNotRecording) {

@@ -5,6 +5,7 @@
 #include "core/random.h"
 #include "models/presets.h"
 #include "models/registry.h"
+#include "ops/ag.h"
 #include "train/optimizer.h"
 
 namespace k3 {
@@ -47,5 +48,30 @@ INSTANTIATE_TEST_SUITE_P(Presets, Overfit,
                            for (auto& c : n) if (c == '-') c = '_';
                            return n;
                          });
+
+}  // namespace k3
+
+namespace k3 {
+
+TEST(AuxLoss, MoeModelsExposeTheSequenceBalanceLoss) {
+  auto model = build_model(preset_config("k3-tiny"), "k3-tiny");
+  model->init_random(5);
+  const int64_t B = 2, T = 16;
+  std::vector<int64_t> ids(static_cast<size_t>(B * T)), targets(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i * 7 % 300), targets[i] = int64_t(i * 11 % 300);
+  zero_grad(*model);
+  Recording rec;
+  Var l = model->loss(TokenBatch{ids.data(), B, T, nullptr}, targets);
+  Var aux = model->aux_loss(T, 1e-2f);
+  ASSERT_TRUE(aux);
+  EXPECT_GT(aux->value.f32()[0], 0.0f);
+  backward(ag::add(l, aux));
+  bool router_grad = false;
+  model->visit([&](const std::string& name, Node& p, ParamKind) {
+    if (name.ends_with("block_sparse_moe.gate.weight") && p.grad.defined()) router_grad = true;
+  });
+  EXPECT_TRUE(router_grad);
+  EXPECT_FALSE(build_model(preset_config("gpt2-tiny"), "gpt2-tiny")->aux_loss(T, 1e-2f));
+}
 
 }  // namespace k3

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "infer/sampler.h"
+#include "ops/ag.h"
 #include "models/presets.h"
 #include "models/registry.h"
 #include "tokenizer/bpe_train.h"
@@ -195,6 +196,8 @@ TrainResult run_training(TrainConfig cfg) {
       cfg.clip = resume_state.at("clip").get<float>();
       cfg.beta2 = resume_state.at("beta2").get<float>();
       cfg.min_lr_ratio = resume_state.at("min_lr_ratio").get<float>();
+      cfg.z_loss = resume_state.value("z_loss", 0.0f);
+      cfg.aux_loss = resume_state.value("aux_loss", 0.0f);
     } catch (const Json::exception& e) {
       throw error("train", sp, ": incomplete trainer state (", e.what(), ")");
     }
@@ -287,7 +290,8 @@ TrainResult run_training(TrainConfig cfg) {
                {"batch", cfg.batch},   {"seq_len", cfg.seq_len}, {"lr", cfg.lr},
                {"warmup", cfg.warmup}, {"decay_steps", cfg.decay_steps}, {"grad_accum", cfg.grad_accum},
                {"seed", cfg.seed},     {"weight_decay", cfg.weight_decay}, {"clip", cfg.clip},
-               {"beta2", cfg.beta2},   {"min_lr_ratio", cfg.min_lr_ratio}};
+               {"beta2", cfg.beta2},   {"min_lr_ratio", cfg.min_lr_ratio}, {"z_loss", cfg.z_loss},
+               {"aux_loss", cfg.aux_loss}};
     write_text_atomic(cfg.out + "/trainer_state.json", st.dump(2) + "\n");  // last: marks the checkpoint complete
   };
 
@@ -311,8 +315,10 @@ TrainResult run_training(TrainConfig cfg) {
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       data.batch(Split::Train, cfg.batch, cfg.seq_len, cfg.seed, step * cfg.grad_accum + micro, ids, targets);
       Recording rec;
-      Var l = model->loss(TokenBatch{ids.data(), cfg.batch, cfg.seq_len, nullptr}, targets);
+      Var l = model->loss(TokenBatch{ids.data(), cfg.batch, cfg.seq_len, nullptr}, targets, cfg.z_loss);
       loss += l->value.f32()[0] / double(cfg.grad_accum);
+      if (cfg.aux_loss > 0)
+        if (Var aux = model->aux_loss(cfg.seq_len, cfg.aux_loss)) l = ag::add(l, aux);
       Tensor seed = Tensor::full({1}, 1.0f / float(cfg.grad_accum));
       backward(l, seed);
     }

@@ -19,6 +19,8 @@ struct TrainConfig {
   int64_t batch = 0, seq_len = 0;      // 0: preset defaults
   int64_t grad_accum = 1;
   float lr = 0, min_lr_ratio = 0.1f, weight_decay = 0.1f, clip = 1.0f, beta2 = 0.95f;
+  float z_loss = 0.0f;    // coefficient of the z-loss (0: off)
+  float aux_loss = 0.0f;  // weight of the MoE sequence-level balance loss (0: off; the bias update always runs)
   int64_t warmup = -1;                 // -1: preset default
   uint64_t seed = 1;
   std::string out;                     // output folder (default runs/<preset>)
