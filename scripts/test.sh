@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 JOBS="$(nproc)"
 
 scripts/setup.sh build -DK3_WERROR=ON
+# The k3 serve integration test talks to the server through the openai package.
+python3 -c "import openai" 2>/dev/null || python3 -m pip install --quiet openai || pip3 install --quiet openai
 (cd build && ctest --output-on-failure -j"$JOBS" --timeout 900)
 
 echo "== ASan/UBSan build of the unit tests"

@@ -15,6 +15,7 @@ void register_bench_memory(CLI::App* bench);  // k3 bench memory (cmd_bench_memo
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_tokenizer(CLI::App& app);
+void register_serve(CLI::App& app);  // cmd_serve.cc
 
 // Options shared by commands that run models.
 struct RuntimeOptions {

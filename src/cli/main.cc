@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   k3::cli::register_train(app);
   k3::cli::register_eval(app);
   k3::cli::register_tokenizer(app);
+  k3::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

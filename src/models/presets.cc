@@ -103,6 +103,7 @@ Json kimi_small_config(bool k3, int64_t vocab, int64_t d, int64_t layers, int64_
     (mixing == Mixing::AllAttention || l % 4 == 0 || l == layers ? full : kda).push_back(l);
   const int64_t hd = d / heads;
   Json text = {{"model_type", "kimi_linear"},
+               {"architectures", {"KimiLinearForCausalLM"}},
                {"vocab_size", vocab},
                {"hidden_size", d},
                {"num_hidden_layers", layers},
@@ -131,6 +132,7 @@ Json kimi_small_config(bool k3, int64_t vocab, int64_t d, int64_t layers, int64_
                {"num_expert_group", 1},
                {"topk_group", 1},
                {"tie_word_embeddings", false},
+               {"pad_token_id", nullptr},  // transformers' default (163839) would not fit a small vocabulary
                {"linear_attn_config",
                 {{"num_heads", heads},
                  {"head_dim", hd},
@@ -146,7 +148,7 @@ Json kimi_small_config(bool k3, int64_t vocab, int64_t d, int64_t layers, int64_
   text["linear_attn_config"]["use_full_rank_gate"] = true;
   text["linear_attn_config"]["gate_lower_bound"] = -5.0;
   return Json{{"model_type", "kimi_k3"}, {"architectures", {"KimiK3ForConditionalGeneration"}},
-              {"tie_word_embeddings", false}, {"text_config", text}};
+              {"tie_word_embeddings", false}, {"pad_token_id", nullptr}, {"text_config", text}};
 }
 
 }  // namespace

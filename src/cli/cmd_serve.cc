@@ -1,0 +1,552 @@
+// k3 serve: an OpenAI-compatible HTTP server (cpp-httplib) over the continuous-batching
+// scheduler and the state-aware prefix cache of src/infer/serve/. This file is only the HTTP
+// glue: routes, server-sent events, error bodies, /metrics text.
+#include <httplib.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "infer/serve/request.h"
+#include "infer/serve/scheduler.h"
+#include "models/registry.h"
+#include "tokenizer/bpe.h"
+
+namespace k3::cli {
+
+namespace {
+
+using serve::ApiError;
+using serve::Endpoint;
+using serve::Finish;
+
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+// Holds back text that may be the start of a stop string; reports a stop string once seen.
+class StopScanner {
+ public:
+  explicit StopScanner(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  std::string push(const std::string& s, bool& hit) {
+    held_ += s;
+    size_t best = std::string::npos;
+    for (const auto& st : stops_) best = std::min(best, held_.find(st));
+    if (best != std::string::npos) {
+      hit = true;
+      std::string out = held_.substr(0, best);
+      held_.clear();
+      return out;
+    }
+    size_t keep = 0;
+    for (const auto& st : stops_)
+      for (size_t k = std::min(st.size() - 1, held_.size()); k > keep; --k)
+        if (held_.compare(held_.size() - k, k, st, 0, k) == 0) {
+          keep = k;
+          break;
+        }
+    std::string out = held_.substr(0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    return out;
+  }
+  std::string flush() { return std::exchange(held_, std::string()); }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+};
+
+// Turns a request's token stream into text: tokenizer (if any), EOS hidden, stop strings.
+struct TextAssembler {
+  TextAssembler(const Tokenizer* t, std::optional<int64_t> eos, bool ignore_eos, std::vector<std::string> stops)
+      : tok(t), eos_id(eos), show_eos(ignore_eos), scan(std::move(stops)) {
+    if (tok) dec.emplace(*tok);
+  }
+  // Text ready to send for one token; sets stop_hit when a stop string completed.
+  std::string push(int64_t id) {
+    if (!dec || stop_hit) return {};
+    if (eos_id && id == *eos_id && !show_eos) return {};
+    std::string s;
+    try {
+      s = dec->push(int32_t(id));
+    } catch (const std::exception&) {  // an id the tokenizer has no bytes for
+      s.clear();
+    }
+    return scan.push(s, stop_hit);
+  }
+  std::string finish() {
+    if (!dec || stop_hit) return {};
+    std::string s;
+    try {
+      s = dec->flush();
+    } catch (const std::exception&) {
+    }
+    bool hit = false;
+    std::string out = scan.push(s, hit);
+    if (hit) stop_hit = true;
+    else out += scan.flush();
+    return out;
+  }
+  const Tokenizer* tok;
+  std::optional<int64_t> eos_id;
+  bool show_eos;
+  std::optional<StreamDecoder> dec;
+  StopScanner scan;
+  bool stop_hit = false;
+};
+
+const char* finish_reason(Finish f) {
+  switch (f) {
+    case Finish::Eos:
+    case Finish::Stop:
+    case Finish::Cancelled: return "stop";
+    default: return "length";  // Length, Timeout
+  }
+}
+
+struct HttpStats {
+  std::mutex mu;
+  std::map<std::string, int64_t> requests;  // by endpoint
+  std::map<int, int64_t> errors;            // by HTTP status
+  void request(const std::string& ep) {
+    std::lock_guard<std::mutex> l(mu);
+    requests[ep]++;
+  }
+  void error(int status) {
+    std::lock_guard<std::mutex> l(mu);
+    errors[status]++;
+  }
+};
+
+size_t resident_bytes() {
+  std::ifstream f("/proc/self/statm");
+  size_t pages = 0, rss = 0;
+  f >> pages >> rss;
+  return rss * size_t(sysconf(_SC_PAGESIZE));
+}
+
+// cpp-httplib 0.11 listens with a backlog of 5, so bursts of new connections from many clients
+// get reset; listen() again on the bound socket raises it.
+class HttpServer : public httplib::Server {
+ public:
+  void raise_backlog() { ::listen(svr_sock_, SOMAXCONN); }
+};
+
+struct ServeOptions {
+  std::string model_dir, host = "127.0.0.1", served_name;
+  int port = 8080;
+  int64_t max_batch = 8, ctx = 0, max_queue = 256, cache_block = 64;
+  double memory_mb = 1024, cache_mb = 256, timeout_s = 600;
+  int http_threads = 0;
+};
+
+class Server {
+ public:
+  Server(const ServeOptions& o, std::unique_ptr<Model> model, std::optional<Tokenizer> tok)
+      : o_(o), model_(std::move(model)), tok_(std::move(tok)) {
+    name_ = o.served_name.empty() ? std::filesystem::path(o.model_dir).lexically_normal().filename().string()
+                                  : o.served_name;
+    if (name_.empty()) name_ = std::filesystem::path(o.model_dir).parent_path().filename().string();
+    if (name_.empty()) name_ = "k3";
+    lim_.vocab_size = model_->vocab_size();
+    lim_.max_context = o.ctx > 0 ? std::min<int64_t>(o.ctx, model_->max_positions()) : std::min<int64_t>(model_->max_positions(), 2048);
+    lim_.default_timeout_s = o.timeout_s;
+    lim_.max_timeout_s = std::max(o.timeout_s, 1.0);
+    serve::SchedulerOptions so;
+    so.max_batch = o.max_batch;
+    so.context = lim_.max_context;
+    so.memory_budget = size_t(o.memory_mb * 1048576.0);
+    so.max_queue = o.max_queue;
+    so.cache_block = o.cache_block;
+    so.cache_budget = size_t(o.cache_mb * 1048576.0);
+    sched_ = std::make_unique<serve::Scheduler>(*model_, so);
+  }
+
+  void routes(httplib::Server& svr) {
+    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      stats_.request("health");
+      res.set_content(dump({{"status", "ok"}, {"model", name_}}), "application/json");
+    });
+    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      stats_.request("models");
+      Json m = {{"id", name_}, {"object", "model"}, {"created", started_}, {"owned_by", "k3"},
+                {"max_model_len", lim_.max_context}};
+      res.set_content(dump({{"object", "list"}, {"data", Json::array({m})}}), "application/json");
+    });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      stats_.request("metrics");
+      res.set_content(metrics_text(), "text/plain; version=0.0.4");
+    });
+    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      generate(Endpoint::Completions, req, res);
+    });
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      generate(Endpoint::ChatCompletions, req, res);
+    });
+    svr.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
+      stats_.error(res.status);
+      if (!res.body.empty()) return;
+      ApiError e;
+      e.status = res.status;
+      e.message = res.status == 404 ? "no such endpoint" : res.status == 413 ? "request body too large" : "request failed";
+      e.code = res.status == 404 ? "not_found" : res.status == 413 ? "body_too_large" : "";
+      res.set_content(dump(e.body()), "application/json");
+    });
+    svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      ApiError e;
+      e.status = 500;
+      e.type = "server_error";
+      e.message = "internal error";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& x) {
+        e.message = std::string("internal error: ") + x.what();
+      } catch (...) {
+      }
+      res.status = 500;
+      res.set_content(dump(e.body()), "application/json");
+    });
+  }
+
+  void stop() { sched_->stop(); }
+
+ private:
+  static void send_error(httplib::Response& res, const ApiError& e) {
+    res.status = e.status;
+    res.set_content(dump(e.body()), "application/json");
+  }
+
+  void generate(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+    stats_.request(ep == Endpoint::Completions ? "completions" : "chat_completions");
+    serve::ParsedRequest pr;
+    try {
+      pr = serve::parse_request(ep, req.body, lim_, tok_ ? &*tok_ : nullptr);
+      if (!pr.model.empty() && pr.model != name_) {
+        ApiError e;
+        e.status = 404;
+        e.message = "the model '" + pr.model + "' does not exist; this server serves '" + name_ + "'";
+        e.param = "model";
+        e.code = "model_not_found";
+        throw e;
+      }
+      if (sched_->estimate_bytes(int64_t(pr.prompt_ids.size()) + pr.max_tokens) > sched_->options().memory_budget) {
+        ApiError e;
+        e.message = "prompt + max_tokens need more context memory than this server's budget; lower max_tokens";
+        e.param = "max_tokens";
+        e.code = "context_length_exceeded";
+        throw e;
+      }
+    } catch (const ApiError& e) {
+      send_error(res, e);
+      return;
+    }
+    serve::GenParams g;
+    g.prompt = pr.prompt_ids;
+    g.max_tokens = pr.max_tokens;
+    g.sampling = pr.sampling;
+    g.stop_at_eos = !pr.ignore_eos;
+    g.timeout_s = pr.timeout_s;
+    std::shared_ptr<serve::Job> job;
+    try {
+      job = sched_->submit(std::move(g));
+    } catch (const std::exception& e) {
+      ApiError a;
+      a.status = 503;
+      a.type = "server_error";
+      a.message = e.what();
+      a.code = "overloaded";
+      send_error(res, a);
+      return;
+    }
+    const bool chat = ep == Endpoint::ChatCompletions;
+    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(++next_id_);
+    const int64_t created = int64_t(std::time(nullptr));
+    auto text = std::make_shared<TextAssembler>(tok_ ? &*tok_ : nullptr, model_->eos_token_id, pr.ignore_eos, pr.stop);
+    auto usage = [job](int64_t completion) {
+      return Json{{"prompt_tokens", job->prompt_tokens()},
+                  {"completion_tokens", completion},
+                  {"total_tokens", job->prompt_tokens() + completion},
+                  {"prompt_tokens_details", {{"cached_tokens", job->cached_tokens()}}}};
+    };
+
+    if (!pr.stream) {
+      std::vector<int64_t> ids;
+      std::string out;
+      for (;;) {
+        std::vector<int64_t> fresh;
+        bool done = job->poll(fresh, std::chrono::milliseconds(200));
+        for (int64_t t : fresh) {
+          ids.push_back(t);
+          out += text->push(t);
+          if (text->stop_hit) job->cancel(Finish::Stop);
+        }
+        if (done) break;
+      }
+      out += text->finish();
+      Finish f = text->stop_hit ? Finish::Stop : job->finish();
+      if (f == Finish::Error) {
+        ApiError e;
+        e.status = 500;
+        e.type = "server_error";
+        e.message = "generation failed: " + job->error();
+        send_error(res, e);
+        return;
+      }
+      Json choice = {{"index", 0}, {"finish_reason", finish_reason(f)}, {"logprobs", nullptr}, {"token_ids", ids}};
+      if (chat) choice["message"] = {{"role", "assistant"}, {"content", out}};
+      else choice["text"] = out;
+      if (f == Finish::Timeout) choice["k3_finish"] = "timeout";
+      Json body = {{"id", id},
+                   {"object", chat ? "chat.completion" : "text_completion"},
+                   {"created", created},
+                   {"model", name_},
+                   {"choices", Json::array({choice})},
+                   {"usage", usage(int64_t(ids.size()))}};
+      res.set_content(dump(body), "application/json");
+      return;
+    }
+
+    // Streaming: server-sent events, one chunk per token batch, then [DONE].
+    struct StreamState {
+      bool sent_role = false, finished = false;
+      int64_t completion = 0;
+      std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+    };
+    auto st = std::make_shared<StreamState>();
+    const bool include_usage = pr.include_usage;
+    const std::string model_name = name_;
+    auto chunk = [=](const std::string& piece, const std::vector<int64_t>& ids, const char* finish) {
+      Json c;
+      if (chat) {
+        Json delta = Json::object();
+        if (!st->sent_role) {
+          delta["role"] = "assistant";
+          st->sent_role = true;
+        }
+        if (!piece.empty() || !finish) delta["content"] = piece;
+        c = {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
+      } else {
+        c = {{"index", 0}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
+      }
+      c["token_ids"] = ids;
+      Json body = {{"id", id},
+                   {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                   {"created", created},
+                   {"model", model_name},
+                   {"choices", Json::array({c})}};
+      return "data: " + dump(body) + "\n\n";
+    };
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [=](size_t, httplib::DataSink& sink) {
+          auto write = [&](const std::string& s) {
+            st->last_write = std::chrono::steady_clock::now();
+            if (sink.write(s.data(), s.size())) return true;
+            job->cancel();  // the client went away
+            return false;
+          };
+          std::vector<int64_t> fresh;
+          bool done = job->poll(fresh, std::chrono::milliseconds(100));
+          if (!fresh.empty()) {
+            std::string piece;
+            for (int64_t t : fresh) {
+              piece += text->push(t);
+              if (text->stop_hit) job->cancel(Finish::Stop);
+            }
+            st->completion += int64_t(fresh.size());
+            if (!write(chunk(piece, fresh, nullptr))) return false;
+          } else if (!done && std::chrono::steady_clock::now() - st->last_write > std::chrono::seconds(1)) {
+            if (!write(": keep-alive\n\n")) return false;  // also notices a client that left while queued
+          }
+          if (!done) return true;
+          Finish f = text->stop_hit ? Finish::Stop : job->finish();
+          std::string tail = text->finish();
+          if (f == Finish::Error) {
+            ApiError e;
+            e.status = 500;
+            e.type = "server_error";
+            e.message = "generation failed: " + job->error();
+            if (!write("data: " + dump(e.body()) + "\n\n")) return false;
+          } else {
+            if (!write(chunk(tail, {}, finish_reason(f)))) return false;
+          }
+          if (include_usage) {
+            Json u = {{"id", id},
+                      {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                      {"created", created},
+                      {"model", model_name},
+                      {"choices", Json::array()},
+                      {"usage", usage(st->completion)}};
+            if (!write("data: " + dump(u) + "\n\n")) return false;
+          }
+          if (!write("data: [DONE]\n\n")) return false;
+          sink.done();
+          return true;
+        },
+        [job](bool success) {
+          if (!success) job->cancel();
+        });
+  }
+
+  std::string metrics_text() {
+    auto m = sched_->metrics();
+    std::ostringstream o;
+    auto metric = [&](const char* name, const char* type, const char* help) {
+      o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+    };
+    {
+      std::lock_guard<std::mutex> l(stats_.mu);
+      metric("k3_http_requests_total", "counter", "HTTP requests by endpoint");
+      for (auto& [k, v] : stats_.requests) o << "k3_http_requests_total{endpoint=\"" << k << "\"} " << v << "\n";
+      metric("k3_http_errors_total", "counter", "HTTP error responses by status");
+      for (auto& [k, v] : stats_.errors) o << "k3_http_errors_total{status=\"" << k << "\"} " << v << "\n";
+    }
+    metric("k3_requests_submitted_total", "counter", "Generation requests accepted into the queue");
+    o << "k3_requests_submitted_total " << m.submitted << "\n";
+    metric("k3_requests_rejected_total", "counter", "Generation requests refused (queue full, over budget)");
+    o << "k3_requests_rejected_total " << m.rejected << "\n";
+    metric("k3_requests_finished_total", "counter", "Generation requests finished, by reason");
+    for (int f = 1; f < 7; ++f)
+      o << "k3_requests_finished_total{reason=\"" << serve::finish_name(Finish(f)) << "\"} " << m.finished[f] << "\n";
+    metric("k3_prompt_tokens_total", "counter", "Prompt tokens received");
+    o << "k3_prompt_tokens_total " << m.prompt_tokens << "\n";
+    metric("k3_prefill_tokens_total", "counter", "Prompt tokens computed (not served from the prefix cache)");
+    o << "k3_prefill_tokens_total " << m.prefill_tokens << "\n";
+    metric("k3_generation_tokens_total", "counter", "Tokens generated");
+    o << "k3_generation_tokens_total " << m.generated_tokens << "\n";
+    metric("k3_generation_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s");
+    o << "k3_generation_tokens_per_second " << m.tokens_per_second << "\n";
+    metric("k3_queue_depth", "gauge", "Requests waiting for admission");
+    o << "k3_queue_depth " << m.queue_depth << "\n";
+    metric("k3_active_sequences", "gauge", "Sequences in the running batch");
+    o << "k3_active_sequences " << m.active << "\n";
+    metric("k3_decode_steps_total", "counter", "Batched decode steps");
+    o << "k3_decode_steps_total " << m.decode_steps << "\n";
+    metric("k3_decode_batch_rows_total", "counter", "Sequences summed over decode steps (rows / steps = mean batch)");
+    o << "k3_decode_batch_rows_total " << m.decode_rows << "\n";
+    metric("k3_time_to_first_token_seconds", "summary", "Submit to first token");
+    o << "k3_time_to_first_token_seconds_sum " << m.ttft_sum_s << "\nk3_time_to_first_token_seconds_count "
+      << m.ttft_count << "\n";
+    metric("k3_memory_budget_bytes", "gauge", "Context memory budget for admission");
+    o << "k3_memory_budget_bytes " << m.budget_bytes << "\n";
+    metric("k3_memory_reserved_bytes", "gauge", "Context memory reserved by admitted sequences");
+    o << "k3_memory_reserved_bytes " << m.reserved_bytes << "\n";
+    metric("k3_context_memory_bytes", "gauge", "Memory of the running sequences' contexts, by memory kind");
+    for (size_t k = 0; k < 4; ++k)
+      o << "k3_context_memory_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.active_bytes_by_kind[k] << "\n";
+    metric("k3_prefix_cache_bytes", "gauge", "Prefix-cache snapshot memory, by memory kind");
+    for (size_t k = 0; k < 4; ++k)
+      o << "k3_prefix_cache_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.cache.bytes_by_kind[k] << "\n";
+    metric("k3_prefix_cache_lookups_total", "counter", "Prefix-cache lookups (prompts longer than one block)");
+    o << "k3_prefix_cache_lookups_total " << m.cache.lookups << "\n";
+    metric("k3_prefix_cache_hits_total", "counter", "Prefix-cache lookups that resumed from a snapshot");
+    o << "k3_prefix_cache_hits_total " << m.cache.hits << "\n";
+    metric("k3_prefix_cache_hit_rate", "gauge", "hits / lookups");
+    o << "k3_prefix_cache_hit_rate " << m.cache.hit_rate() << "\n";
+    metric("k3_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from snapshots");
+    o << "k3_prefix_cache_hit_tokens_total " << m.cache.hit_tokens << "\n";
+    metric("k3_prefix_cache_entries", "gauge", "Snapshots held");
+    o << "k3_prefix_cache_entries " << m.cache.entries << "\n";
+    metric("k3_prefix_cache_evictions_total", "counter", "Snapshots evicted (LRU, byte budget)");
+    o << "k3_prefix_cache_evictions_total " << m.cache.evictions << "\n";
+    metric("k3_process_resident_bytes", "gauge", "Resident set size of the server process");
+    o << "k3_process_resident_bytes " << resident_bytes() << "\n";
+    return o.str();
+  }
+
+  ServeOptions o_;
+  std::unique_ptr<Model> model_;
+  std::optional<Tokenizer> tok_;
+  std::string name_;
+  serve::ParseLimits lim_;
+  std::unique_ptr<serve::Scheduler> sched_;
+  HttpStats stats_;
+  std::atomic<int64_t> next_id_{0};
+  int64_t started_ = int64_t(std::time(nullptr));
+};
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching, prefix caching)");
+  static ServeOptions o;
+  static RuntimeOptions rt;
+  cmd->add_option("--model", o.model_dir, "Hugging Face model folder")->required();
+  cmd->add_option("--host", o.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o.port, "Port (0: any free port; the chosen one is printed)")->capture_default_str()->check(CLI::Range(0, 65535));
+  cmd->add_option("--max-batch", o.max_batch, "Sequences decoded together")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--ctx", o.ctx, "Tokens per sequence, prompt + completion (0: the model's, at most 2048)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--memory-mb", o.memory_mb, "Budget for running sequences' context memory (admission control)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--cache-mb", o.cache_mb, "Prefix-cache budget (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--cache-block", o.cache_block, "Snapshot the context every this many prompt tokens (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-queue", o.max_queue, "Requests allowed to wait; more get 503")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--timeout", o.timeout_s, "Default and maximum per-request time limit, seconds")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--http-threads", o.http_threads, "HTTP worker threads (0: 2 x max-batch + 64)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--served-model-name", o.served_name, "Model id in the API (default: the folder's name)");
+  add_runtime_options(cmd, rt);
+  cmd->callback([] {
+    apply_runtime_options(rt);
+    auto model = load_model(o.model_dir);
+    std::optional<Tokenizer> tok;
+    try {
+      tok = Tokenizer::from_dir(o.model_dir);
+    } catch (const std::exception& e) {
+      std::cerr << "k3 serve: no tokenizer (" << e.what() << "); prompts must be token-id arrays\n";
+    }
+    if (tok && !model->eos_token_id && tok->eos_id()) model->eos_token_id = *tok->eos_id();
+    if (std::filesystem::exists(o.model_dir + "/tokenizer_config.json")) {
+      try {
+        if (read_json_file(o.model_dir + "/tokenizer_config.json").contains("chat_template"))
+          std::cerr << "k3 serve: tokenizer_config.json has a Jinja chat_template; k3 uses its plain "
+                       "\"role: content\" template instead\n";
+      } catch (const std::exception&) {
+      }
+    }
+    // Signals are taken by one thread (sigwait), which stops the server cleanly.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+
+    Server server(o, std::move(model), std::move(tok));
+    HttpServer svr;
+    const size_t threads = o.http_threads > 0 ? size_t(o.http_threads) : size_t(2 * o.max_batch + 64);
+    svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    svr.set_payload_max_length(8u << 20);
+    svr.set_keep_alive_max_count(10000);
+    svr.set_read_timeout(30, 0);
+    svr.set_write_timeout(30, 0);
+    server.routes(svr);
+    int port = o.port;
+    if (port == 0) port = svr.bind_to_any_port(o.host);
+    else if (!svr.bind_to_port(o.host, port)) port = -1;
+    if (port < 0) throw error("serve", "cannot listen on ", o.host, ":", o.port);
+    svr.raise_backlog();
+    std::atomic<bool> stopping{false};
+    std::thread waiter([&] {
+      int sig = 0;
+      sigwait(&sigs, &sig);
+      if (!stopping) std::cerr << "k3 serve: signal " << sig << ", stopping\n";
+      svr.stop();
+    });
+    std::cout << "k3 serve: listening on http://" << o.host << ":" << port << std::endl;
+    svr.listen_after_bind();
+    stopping = true;
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+    server.stop();
+  });
+}
+
+}  // namespace k3::cli

@@ -1,0 +1,118 @@
+#include "infer/serve/prefix_cache.h"
+
+#include <algorithm>
+
+namespace k3::serve {
+
+uint64_t PrefixCache::hash(const int64_t* t, int64_t n) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the ids' bytes
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t v = uint64_t(t[i]);
+    for (int b = 0; b < 8; ++b) {
+      h ^= (v >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+PrefixCache::List::iterator PrefixCache::find_locked(const std::vector<int64_t>& tokens, int64_t len, uint64_t h) const {
+  auto range = index_.equal_range(h);
+  for (auto it = range.first; it != range.second; ++it) {
+    const Entry& e = *it->second;
+    if (int64_t(e.tokens.size()) == len && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin())) return it->second;
+  }
+  return lru_.end();
+}
+
+int64_t PrefixCache::lookup(const std::vector<int64_t>& tokens, int64_t max_len, Context* out) {
+  if (!enabled()) return 0;
+  max_len = std::min<int64_t>(max_len, int64_t(tokens.size()));
+  const int64_t nblocks = max_len / block_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (nblocks == 0) return 0;
+  st_.lookups++;
+  st_.lookup_tokens += int64_t(tokens.size());
+  // Hashes of every block-aligned prefix, then the deepest one that is cached.
+  std::vector<uint64_t> hs;
+  hs.reserve(size_t(nblocks));
+  for (int64_t k = 1; k <= nblocks; ++k) hs.push_back(hash(tokens.data(), k * block_));
+  for (int64_t k = nblocks; k >= 1; --k) {
+    auto it = find_locked(tokens, k * block_, hs[size_t(k - 1)]);
+    if (it == lru_.end()) continue;
+    lru_.splice(lru_.begin(), lru_, it);  // most recently used
+    if (out) *out = it->ctx.clone();
+    st_.hits++;
+    st_.hit_tokens += k * block_;
+    return k * block_;
+  }
+  return 0;
+}
+
+bool PrefixCache::contains(const std::vector<int64_t>& tokens, int64_t len) const {
+  if (!enabled() || len <= 0 || len > int64_t(tokens.size())) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return find_locked(tokens, len, hash(tokens.data(), len)) != lru_.end();
+}
+
+void PrefixCache::insert(const std::vector<int64_t>& tokens, int64_t len, const Context& ctx) {
+  if (!enabled() || len <= 0 || len % block_ != 0 || len > int64_t(tokens.size())) return;
+  const uint64_t h = hash(tokens.data(), len);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (find_locked(tokens, len, h) != lru_.end()) return;
+  }
+  if (ctx.bytes() > budget_) return;
+  Entry e;  // the deep copy happens outside the lock
+  e.tokens.assign(tokens.begin(), tokens.begin() + len);
+  e.ctx = ctx.clone();
+  for (const auto& m : e.ctx.layers) {
+    size_t b = m->bytes();
+    e.bytes += b;
+    e.by_kind[size_t(m->kind())] += b;
+  }
+  e.bytes += e.tokens.size() * sizeof(int64_t);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (find_locked(tokens, len, h) != lru_.end()) return;
+  st_.bytes += e.bytes;
+  for (size_t k = 0; k < 4; ++k) st_.bytes_by_kind[k] += e.by_kind[k];
+  lru_.push_front(std::move(e));
+  index_.emplace(h, lru_.begin());
+  st_.inserts++;
+  st_.entries++;
+  evict_locked();
+}
+
+void PrefixCache::evict_locked() {
+  while (st_.bytes > budget_ && !lru_.empty()) {
+    auto last = std::prev(lru_.end());
+    const uint64_t h = hash(last->tokens.data(), int64_t(last->tokens.size()));
+    auto range = index_.equal_range(h);
+    for (auto it = range.first; it != range.second; ++it)
+      if (it->second == last) {
+        index_.erase(it);
+        break;
+      }
+    st_.bytes -= last->bytes;
+    for (size_t k = 0; k < 4; ++k) st_.bytes_by_kind[k] -= last->by_kind[k];
+    st_.entries--;
+    st_.evictions++;
+    lru_.erase(last);
+  }
+}
+
+void PrefixCache::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  lru_.clear();
+  index_.clear();
+  st_.bytes = 0;
+  st_.bytes_by_kind = {};
+  st_.entries = 0;
+}
+
+PrefixCacheStats PrefixCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return st_;
+}
+
+}  // namespace k3::serve

@@ -1,0 +1,64 @@
+// State-aware prefix cache for `k3 serve`. A recurrent state cannot be truncated, so the cache
+// keeps whole Context snapshots (every Memory of every stateful layer: KV caches, latent caches,
+// recurrent states, conv tails) taken at block boundaries (every `block` prompt tokens). A new
+// request resumes from the deepest snapshot whose token prefix equals the start of its prompt.
+// Entries are evicted least-recently-used first to stay under a byte budget. Thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "mixers/memory.h"
+
+namespace k3::serve {
+
+struct PrefixCacheStats {
+  int64_t lookups = 0, hits = 0;           // lookups: prompts at least one block + 1 long
+  int64_t hit_tokens = 0, lookup_tokens = 0;  // prompt tokens served from the cache / looked up
+  int64_t inserts = 0, evictions = 0, entries = 0;
+  size_t bytes = 0;
+  std::array<size_t, 4> bytes_by_kind{};   // indexed by MemoryKind
+  double hit_rate() const { return lookups ? double(hits) / double(lookups) : 0.0; }
+};
+
+class PrefixCache {
+ public:
+  PrefixCache(int64_t block, size_t budget_bytes) : block_(block), budget_(budget_bytes) {}
+  int64_t block() const { return block_; }
+  bool enabled() const { return block_ > 0 && budget_ > 0; }
+
+  // The longest cached prefix of tokens[0, n) with n <= max_len (a multiple of block). On a hit
+  // *out becomes a deep copy of the snapshot and its length is returned; 0 on a miss.
+  int64_t lookup(const std::vector<int64_t>& tokens, int64_t max_len, Context* out);
+  // Stores a snapshot (deep copy) of ctx, which has absorbed tokens[0, len). len must be a
+  // multiple of block. No-op if that prefix is cached already or the snapshot exceeds the budget.
+  void insert(const std::vector<int64_t>& tokens, int64_t len, const Context& ctx);
+  bool contains(const std::vector<int64_t>& tokens, int64_t len) const;
+  void clear();
+  PrefixCacheStats stats() const;
+
+ private:
+  struct Entry {
+    std::vector<int64_t> tokens;  // the prefix itself (hash collisions are checked against it)
+    Context ctx;
+    size_t bytes = 0;
+    std::array<size_t, 4> by_kind{};
+  };
+  using List = std::list<Entry>;
+  static uint64_t hash(const int64_t* t, int64_t n);
+  List::iterator find_locked(const std::vector<int64_t>& tokens, int64_t len, uint64_t h) const;
+  void evict_locked();
+
+  int64_t block_;
+  size_t budget_;
+  mutable std::mutex mu_;
+  mutable List lru_;  // front = most recently used
+  std::unordered_multimap<uint64_t, List::iterator> index_;
+  PrefixCacheStats st_;
+};
+
+}  // namespace k3::serve

@@ -1,0 +1,309 @@
+#include "infer/serve/request.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "tokenizer/bpe.h"
+
+namespace k3::serve {
+
+Json ApiError::body() const {
+  Json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) e["param"] = param;
+  if (!code.empty()) e["code"] = code;
+  return Json{{"error", e}};
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& param, const std::string& message, const std::string& code = "",
+                       int status = 400) {
+  ApiError e;
+  e.status = status;
+  e.message = message;
+  e.param = param;
+  e.code = code;
+  throw e;
+}
+
+const char* type_of(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "boolean";
+    case Json::value_t::string: return "string";
+    case Json::value_t::array: return "array";
+    case Json::value_t::object: return "object";
+    case Json::value_t::number_float: return "number";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "integer";
+    default: return "value";
+  }
+}
+
+// A whole number (JSON integer, or a float with no fraction such as 5.0).
+bool as_int(const Json& j, int64_t& out) {
+  if (j.is_number_integer()) {
+    out = j.get<int64_t>();
+    return true;
+  }
+  if (j.is_number_unsigned()) {
+    uint64_t u = j.get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<int64_t>::max())) return false;
+    out = int64_t(u);
+    return true;
+  }
+  if (j.is_number_float()) {
+    double d = j.get<double>();
+    if (!std::isfinite(d) || std::floor(d) != d || std::fabs(d) > 9.0e15) return false;
+    out = int64_t(d);
+    return true;
+  }
+  return false;
+}
+
+int64_t get_int(const Json& o, const char* name, int64_t lo, int64_t hi, int64_t dflt) {
+  auto it = o.find(name);
+  if (it == o.end() || it->is_null()) return dflt;
+  int64_t v = 0;
+  if (!as_int(*it, v)) fail(name, std::string("'") + name + "' must be an integer, got " + type_of(*it), "invalid_type");
+  if (v < lo || v > hi)
+    fail(name, std::string("'") + name + "' = " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " +
+                   std::to_string(hi) + "]", "invalid_value");
+  return v;
+}
+
+double get_num(const Json& o, const char* name, double lo, double hi, double dflt, bool lo_open = false) {
+  auto it = o.find(name);
+  if (it == o.end() || it->is_null()) return dflt;
+  if (!it->is_number()) fail(name, std::string("'") + name + "' must be a number, got " + type_of(*it), "invalid_type");
+  double v = it->get<double>();
+  bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
+  if (!ok) {
+    std::string range = std::string(lo_open ? "(" : "[") + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    fail(name, std::string("'") + name + "' = " + std::to_string(v) + " is outside " + range, "invalid_value");
+  }
+  return v;
+}
+
+bool get_bool(const Json& o, const char* name, bool dflt) {
+  auto it = o.find(name);
+  if (it == o.end() || it->is_null()) return dflt;
+  if (!it->is_boolean()) fail(name, std::string("'") + name + "' must be a boolean, got " + type_of(*it), "invalid_type");
+  return it->get<bool>();
+}
+
+void tokenize_into(const std::string& text, const Tokenizer* tok, const char* param, std::vector<int64_t>& out) {
+  if (!tok)
+    fail(param, "this model has no tokenizer files: give the prompt as an array of token ids", "tokenizer_missing");
+  for (int32_t t : tok->encode(text)) out.push_back(t);
+}
+
+std::vector<int64_t> token_array(const Json& a, const char* param, int64_t vocab) {
+  std::vector<int64_t> ids;
+  ids.reserve(a.size());
+  for (const auto& x : a) {
+    int64_t v = 0;
+    if (!as_int(x, v)) fail(param, std::string("'") + param + "' token ids must be integers, got " + type_of(x), "invalid_type");
+    if (v < 0 || v >= vocab)
+      fail(param, "token id " + std::to_string(v) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")",
+           "invalid_value");
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+std::string message_text(const Json& content, size_t i) {
+  const std::string p = "messages[" + std::to_string(i) + "].content";
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_null()) return "";
+  if (!content.is_array()) fail(p, p + " must be a string or an array of content parts", "invalid_type");
+  std::string s;
+  for (const auto& part : content) {
+    if (!part.is_object()) fail(p, p + " parts must be objects", "invalid_type");
+    auto t = part.find("type");
+    if (t == part.end() || !t->is_string() || t->get<std::string>() != "text")
+      fail(p, p + ": only parts of type \"text\" are supported", "invalid_value");
+    auto tx = part.find("text");
+    if (tx == part.end() || !tx->is_string()) fail(p, p + ": a text part needs a string 'text'", "invalid_type");
+    s += tx->get<std::string>();
+  }
+  return s;
+}
+
+}  // namespace
+
+int json_depth(const std::string& text) {
+  int depth = 0, best = 0;
+  bool in_str = false, esc = false;
+  for (char c : text) {
+    if (in_str) {
+      if (esc) esc = false;
+      else if (c == '\\') esc = true;
+      else if (c == '"') in_str = false;
+      continue;
+    }
+    if (c == '"') in_str = true;
+    else if (c == '[' || c == '{') best = std::max(best, ++depth);
+    else if (c == ']' || c == '}') --depth;
+  }
+  return best;
+}
+
+std::string plain_chat_template(const std::vector<std::pair<std::string, std::string>>& messages) {
+  std::string s;
+  for (const auto& [role, content] : messages) s += role + ": " + content + "\n";
+  s += "assistant:";
+  return s;
+}
+
+namespace {
+ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits& lim, const Tokenizer* tok) {
+  ParsedRequest r;
+  r.endpoint = ep;
+  if (body.size() > lim.max_body_bytes)
+    fail("", "request body of " + std::to_string(body.size()) + " bytes exceeds the limit of " +
+                 std::to_string(lim.max_body_bytes), "body_too_large", 413);
+  if (json_depth(body) > lim.max_json_depth)
+    fail("", "request JSON nests deeper than " + std::to_string(lim.max_json_depth) + " levels", "invalid_json");
+  Json j;
+  try {
+    j = Json::parse(body);
+  } catch (const std::exception& e) {
+    fail("", std::string("malformed JSON body: ") + e.what(), "invalid_json");
+  }
+  if (!j.is_object()) fail("", std::string("the request body must be a JSON object, got ") + type_of(j), "invalid_json");
+
+  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) fail("model", "'model' must be a string", "invalid_type");
+    r.model = it->get<std::string>();
+  }
+  if (get_int(j, "n", 1, 1, 1) != 1) fail("n", "only n = 1 is supported", "invalid_value");
+  if (get_int(j, "best_of", 1, 1, 1) != 1) fail("best_of", "only best_of = 1 is supported", "invalid_value");
+  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()))
+    fail("logprobs", "logprobs are not supported", "unsupported");
+  // Accepted, type-checked and ignored: OpenAI fields that clients send by default.
+  get_num(j, "frequency_penalty", -2, 2, 0);
+  get_num(j, "presence_penalty", -2, 2, 0);
+  if (auto it = j.find("user"); it != j.end() && !it->is_null() && !it->is_string())
+    fail("user", "'user' must be a string", "invalid_type");
+
+  r.stream = get_bool(j, "stream", false);
+  r.echo = get_bool(j, "echo", false);
+  if (r.echo) fail("echo", "echo is not supported", "unsupported");
+  r.ignore_eos = get_bool(j, "ignore_eos", false);
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) fail("stream_options", "'stream_options' must be an object", "invalid_type");
+    r.include_usage = get_bool(*it, "include_usage", false);
+  }
+
+  // Sampling.
+  r.sampling.temperature = float(get_num(j, "temperature", 0, 2, 1.0));
+  r.sampling.top_p = float(get_num(j, "top_p", 0, 1, 1.0, /*lo_open=*/true));
+  r.sampling.top_k = get_int(j, "top_k", -1, 1 << 30, 0);
+  if (r.sampling.top_k < 0) r.sampling.top_k = 0;  // vLLM's "-1 = off"
+  r.sampling.repetition_penalty = float(get_num(j, "repetition_penalty", 0, 10, 1.0, /*lo_open=*/true));
+  r.sampling.seed = uint64_t(get_int(j, "seed", 0, std::numeric_limits<int64_t>::max(), 0));
+  try {
+    r.sampling.validate();
+  } catch (const Error& e) {
+    fail("", e.what(), "invalid_value");
+  }
+  r.timeout_s = get_num(j, "timeout", 0, lim.max_timeout_s, lim.default_timeout_s, /*lo_open=*/true);
+
+  // Stop strings.
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      r.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      if (it->size() > 4) fail("stop", "at most 4 stop sequences", "invalid_value");
+      for (const auto& s : *it) {
+        if (!s.is_string()) fail("stop", "'stop' entries must be strings", "invalid_type");
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      fail("stop", "'stop' must be a string or an array of strings", "invalid_type");
+    }
+    for (const auto& s : r.stop)
+      if (s.empty()) fail("stop", "stop sequences must not be empty", "invalid_value");
+  }
+
+  // Prompt.
+  if (ep == Endpoint::Completions) {
+    auto it = j.find("prompt");
+    if (it == j.end() || it->is_null()) fail("prompt", "'prompt' is required", "missing_field");
+    const Json& p = *it;
+    if (p.is_string()) {
+      tokenize_into(p.get<std::string>(), tok, "prompt", r.prompt_ids);
+      r.prompt_was_text = true;
+    } else if (p.is_array()) {
+      if (p.empty()) fail("prompt", "'prompt' is an empty array", "invalid_value");
+      if (p[0].is_array() || p[0].is_string()) {  // a batch of prompts: only a batch of one
+        if (p.size() != 1) fail("prompt", "only one prompt per request is supported", "unsupported");
+        if (p[0].is_string()) {
+          tokenize_into(p[0].get<std::string>(), tok, "prompt", r.prompt_ids);
+          r.prompt_was_text = true;
+        } else {
+          r.prompt_ids = token_array(p[0], "prompt", lim.vocab_size);
+        }
+      } else {
+        r.prompt_ids = token_array(p, "prompt", lim.vocab_size);
+      }
+    } else {
+      fail("prompt", std::string("'prompt' must be a string or an array of token ids, got ") + type_of(p), "invalid_type");
+    }
+  } else {
+    auto it = j.find("messages");
+    if (it == j.end() || it->is_null()) fail("messages", "'messages' is required", "missing_field");
+    if (!it->is_array() || it->empty()) fail("messages", "'messages' must be a non-empty array", "invalid_type");
+    std::vector<std::pair<std::string, std::string>> msgs;
+    for (size_t i = 0; i < it->size(); ++i) {
+      const Json& m = (*it)[i];
+      const std::string p = "messages[" + std::to_string(i) + "]";
+      if (!m.is_object()) fail(p, p + " must be an object", "invalid_type");
+      auto role = m.find("role");
+      if (role == m.end() || !role->is_string()) fail(p + ".role", p + ".role must be a string", "invalid_type");
+      std::string rs = role->get<std::string>();
+      if (rs != "system" && rs != "user" && rs != "assistant" && rs != "developer" && rs != "tool")
+        fail(p + ".role", "unknown role '" + rs + "'", "invalid_value");
+      auto content = m.find("content");
+      msgs.emplace_back(rs, content == m.end() ? std::string() : message_text(*content, i));
+    }
+    tokenize_into(plain_chat_template(msgs), tok, "messages", r.prompt_ids);
+    r.prompt_was_text = true;
+  }
+  const int64_t n = int64_t(r.prompt_ids.size());
+  if (n == 0) fail("prompt", "the prompt is empty (it must have at least one token)", "invalid_value");
+  if (n >= lim.max_context)
+    fail("prompt", "the prompt has " + std::to_string(n) + " tokens; this server's context is " +
+                       std::to_string(lim.max_context) + " tokens (leave room for at least one new token)",
+         "context_length_exceeded");
+
+  // max_tokens (chat also accepts max_completion_tokens).
+  int64_t dflt = ep == Endpoint::Completions ? std::min(lim.default_max_tokens, lim.max_context - n) : lim.max_context - n;
+  const char* mt_name = "max_tokens";
+  if (ep == Endpoint::ChatCompletions && j.contains("max_completion_tokens") && !j["max_completion_tokens"].is_null())
+    mt_name = "max_completion_tokens";
+  r.max_tokens = get_int(j, mt_name, 0, std::numeric_limits<int32_t>::max(), dflt);
+  if (n + r.max_tokens > lim.max_context)
+    fail(mt_name, "prompt (" + std::to_string(n) + " tokens) + " + mt_name + " (" + std::to_string(r.max_tokens) +
+                      ") exceeds this server's context of " + std::to_string(lim.max_context) + " tokens",
+         "context_length_exceeded");
+  return r;
+}
+}  // namespace
+
+ParsedRequest parse_request(Endpoint ep, const std::string& body, const ParseLimits& lim, const Tokenizer* tok) {
+  try {
+    return parse_impl(ep, body, lim, tok);
+  } catch (const ApiError&) {
+    throw;
+  } catch (const std::exception& e) {  // a safety net: whatever the input, the answer is a 400
+    ApiError a;
+    a.message = std::string("invalid request: ") + e.what();
+    a.code = "invalid_request";
+    throw a;
+  }
+}
+
+}  // namespace k3::serve

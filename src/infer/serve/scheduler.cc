@@ -1,0 +1,314 @@
+#include "infer/serve/scheduler.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace k3::serve {
+
+using clock = std::chrono::steady_clock;
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::None: return "none";
+    case Finish::Length: return "length";
+    case Finish::Eos: return "eos";
+    case Finish::Stop: return "stop";
+    case Finish::Cancelled: return "cancelled";
+    case Finish::Timeout: return "timeout";
+    case Finish::Error: return "error";
+  }
+  return "?";
+}
+
+// ---- Job ----
+
+bool Job::poll(std::vector<int64_t>& out, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, wait, [&] { return !pending_.empty() || finish_ != Finish::None; });
+  out.insert(out.end(), pending_.begin(), pending_.end());
+  pending_.clear();
+  return finish_ != Finish::None;
+}
+
+void Job::cancel(Finish why) {
+  cancel_reason_ = why;
+  cancel_ = true;
+}
+
+Finish Job::finish() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finish_;
+}
+
+std::string Job::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void Job::emit(int64_t token) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(token);
+  }
+  cv_.notify_all();
+}
+
+void Job::done(Finish f, const std::string& err) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_ != Finish::None) return;
+    finish_ = f;
+    error_ = err;
+  }
+  cv_.notify_all();
+}
+
+// ---- Scheduler ----
+
+Scheduler::Scheduler(const Model& model, SchedulerOptions opts)
+    : model_(model), o_(opts), cache_(opts.cache_block, opts.cache_budget), V_(model.vocab_size()) {
+  if (o_.max_batch < 1) throw error("serve", "max_batch must be >= 1");
+  if (o_.context < 2) throw error("serve", "the context must be >= 2 tokens");
+  // Memory per sequence: fixed part (recurrent states, conv tails) + per token (KV / latent
+  // caches), measured on a probe context.
+  const int64_t P = std::min<int64_t>(256, o_.context / 2);
+  Context a = model_.new_context(o_.context), b = model_.new_context(o_.context);
+  for (auto& m : a.layers) m->extend_zeros(P);
+  for (auto& m : b.layers) m->extend_zeros(2 * P);
+  const size_t ba = a.bytes(), bb = b.bytes();
+  bytes_per_token_ = bb > ba ? double(bb - ba) / double(P) : 0.0;
+  fixed_bytes_ = size_t(std::max(0.0, double(ba) - bytes_per_token_ * double(P)));
+  m_.budget_bytes = o_.memory_budget;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+size_t Scheduler::estimate_bytes(int64_t tokens) const {
+  // Caches grow by doubling: reserve the next power of two.
+  int64_t cap = 16;
+  while (cap < tokens) cap *= 2;
+  cap = std::min(cap, std::max(tokens, o_.context));
+  return fixed_bytes_ + size_t(bytes_per_token_ * double(cap));
+}
+
+std::shared_ptr<Job> Scheduler::submit(GenParams p) {
+  auto j = std::make_shared<Job>();
+  const int64_t total = int64_t(p.prompt.size()) + p.max_tokens;
+  j->reserve_ = estimate_bytes(total);
+  j->submitted_ = clock::now();
+  j->deadline_ = j->submitted_ + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(p.timeout_s));
+  j->params_ = std::move(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) throw error("serve", "the server is shutting down");
+  if (j->reserve_ > o_.memory_budget) {
+    m_.rejected++;
+    throw error("serve", "the request needs about ", j->reserve_, " bytes of context memory, more than the budget of ",
+                o_.memory_budget);
+  }
+  if (int64_t(queue_.size()) >= o_.max_queue) {
+    m_.rejected++;
+    throw error("serve", "the queue is full (", o_.max_queue, " requests waiting)");
+  }
+  m_.submitted++;
+  m_.prompt_tokens += int64_t(j->params_.prompt.size());
+  queue_.push_back(j);
+  cv_.notify_all();
+  return j;
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::retire(Job& j, Finish f, const std::string& err) {
+  j.done(f, err);
+  j.ctx_ = Context();  // free the memory now, not when the HTTP thread lets go
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_ -= std::min(reserved_, j.reserve_);
+  j.reserve_ = 0;
+  m_.finished[size_t(f)]++;
+}
+
+bool Scheduler::check_stop(Job& j) {
+  if (j.cancel_) {
+    retire(j, j.cancel_reason_.load());
+    return true;
+  }
+  if (clock::now() > j.deadline_) {
+    retire(j, Finish::Timeout);
+    return true;
+  }
+  return false;
+}
+
+void Scheduler::count_tokens(int64_t n) {
+  auto now = clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  m_.generated_tokens += n;
+  recent_.emplace_back(now, n);
+  while (!recent_.empty() && now - recent_.front().first > std::chrono::seconds(10)) recent_.pop_front();
+}
+
+void Scheduler::prefill(Job& j) {
+  const std::vector<int64_t>& p = j.params_.prompt;
+  const int64_t n = int64_t(p.size());
+  j.sampler_ = std::make_unique<Sampler>(j.params_.sampling);
+  j.history_ = p;
+  if (j.params_.max_tokens == 0) {
+    retire(j, Finish::Length);
+    return;
+  }
+  // Resume from the deepest cached snapshot that leaves at least one token to run.
+  int64_t pos = cache_.enabled() ? cache_.lookup(p, n - 1, &j.ctx_) : 0;
+  if (pos == 0) j.ctx_ = model_.new_context(o_.context);
+  j.cached_tokens_ = pos;
+  std::vector<float> logits(static_cast<size_t>(V_));
+  const int64_t blk = cache_.enabled() ? cache_.block() : 0;
+  while (pos < n) {
+    // Stop at the next block boundary (to snapshot there) or at the end of the prompt.
+    int64_t end = n;
+    if (blk > 0 && (pos / blk + 1) * blk <= n) end = (pos / blk + 1) * blk;
+    model_.forward(p.data() + pos, end - pos, &j.ctx_, logits.data(), Logits::Last);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      m_.prefill_tokens += end - pos;
+    }
+    pos = end;
+    if (blk > 0 && pos % blk == 0) cache_.insert(p, pos, j.ctx_);
+    if (pos < n && check_stop(j)) return;
+  }
+  int64_t next = j.sampler_->sample(logits.data(), V_, j.history_);
+  j.history_.push_back(next);
+  j.generated_ = 1;
+  j.ttft_s_ = std::chrono::duration<double>(clock::now() - j.submitted_).count();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m_.ttft_sum_s += j.ttft_s_.load();
+    m_.ttft_count++;
+  }
+  j.emit(next);
+  count_tokens(1);
+  j.next_ = next;
+  if (j.params_.stop_at_eos && model_.eos_token_id && next == *model_.eos_token_id) retire(j, Finish::Eos);
+  else if (j.generated_ >= j.params_.max_tokens) retire(j, Finish::Length);
+}
+
+void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
+  const int64_t B = int64_t(active.size());
+  std::vector<int64_t> ids(static_cast<size_t>(B));
+  std::vector<Context*> ctxs(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    ids[size_t(b)] = active[size_t(b)]->next_;
+    ctxs[size_t(b)] = &active[size_t(b)]->ctx_;
+  }
+  std::vector<float> logits(static_cast<size_t>(B * V_));
+  model_.logits(TokenBatch{ids.data(), B, 1, ctxs.data()}, logits.data(), Logits::Last);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m_.decode_steps++;
+    m_.decode_rows += B;
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    Job& j = *active[size_t(b)];
+    int64_t next = j.sampler_->sample(logits.data() + b * V_, V_, j.history_);
+    j.history_.push_back(next);
+    j.generated_++;
+    j.next_ = next;
+    j.emit(next);
+    if (j.params_.stop_at_eos && model_.eos_token_id && next == *model_.eos_token_id) retire(j, Finish::Eos);
+    else if (j.generated_ >= j.params_.max_tokens) retire(j, Finish::Length);
+  }
+  count_tokens(B);
+}
+
+void Scheduler::loop() {
+  auto& active = active_;
+  for (;;) {
+    std::vector<std::shared_ptr<Job>> admitted;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || !active.empty(); });
+      if (stop_) break;
+      // Drop queued requests that were cancelled or ran out of time while waiting.
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        Job& j = **it;
+        Finish f = j.cancel_ ? j.cancel_reason_.load() : clock::now() > j.deadline_ ? Finish::Timeout : Finish::None;
+        if (f == Finish::None) {
+          ++it;
+          continue;
+        }
+        j.done(f);
+        m_.finished[size_t(f)]++;
+        it = queue_.erase(it);
+      }
+      // Admission: batch slots and the memory budget (a lone request is always admitted: it
+      // fitted the budget at submit).
+      while (!queue_.empty() && int64_t(active.size() + admitted.size()) < o_.max_batch) {
+        auto& j = queue_.front();
+        if (reserved_ + j->reserve_ > o_.memory_budget && !(active.empty() && admitted.empty())) break;
+        reserved_ += j->reserve_;
+        admitted.push_back(j);
+        queue_.pop_front();
+      }
+    }
+    for (auto& j : admitted) {
+      try {
+        prefill(*j);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "k3 serve: request failed in prefill: %s\n", e.what());
+        retire(*j, Finish::Error, e.what());
+      }
+      if (j->finish() == Finish::None) active.push_back(j);
+    }
+    // Leave out what finished, was cancelled or timed out.
+    std::erase_if(active, [&](const std::shared_ptr<Job>& j) { return j->finish() != Finish::None || check_stop(*j); });
+    if (!active.empty()) {
+      try {
+        decode(active);
+      } catch (const std::exception& e) {
+        // A failed batched step leaves the batch's contexts in an unknown state: those requests
+        // fail, the server and later requests carry on.
+        std::fprintf(stderr, "k3 serve: decode step failed: %s\n", e.what());
+        for (auto& j : active)
+          if (j->finish() == Finish::None) retire(*j, Finish::Error, e.what());
+      }
+      std::erase_if(active, [](const std::shared_ptr<Job>& j) { return j->finish() != Finish::None; });
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    m_.active = int64_t(active.size());
+    m_.active_bytes_by_kind = {};
+    for (auto& j : active)
+      for (const auto& mem : j->ctx_.layers) m_.active_bytes_by_kind[size_t(mem->kind())] += mem->bytes();
+  }
+  // Shutting down: everything still queued or running is cancelled.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& j : queue_) j->done(Finish::Cancelled);
+  for (auto& j : active) j->done(Finish::Cancelled);
+  queue_.clear();
+  active.clear();
+}
+
+SchedulerMetrics Scheduler::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SchedulerMetrics m = m_;
+  m.queue_depth = int64_t(queue_.size());
+  m.reserved_bytes = reserved_;
+  if (!recent_.empty()) {
+    double span = std::max(1.0, std::chrono::duration<double>(clock::now() - recent_.front().first).count());
+    int64_t n = 0;
+    for (auto& [t, k] : recent_) n += k;
+    m.tokens_per_second = double(n) / span;
+  }
+  m.cache = cache_.stats();
+  return m;
+}
+
+}  // namespace k3::serve

@@ -1,0 +1,147 @@
+// The continuous-batching scheduler of `k3 serve`. One thread owns the model: each iteration it
+// admits queued requests (up to max_batch sequences, against a memory budget on their
+// Contexts), prefills each new one (resuming from the prefix cache's deepest snapshot and
+// taking new snapshots at block boundaries), then runs one decode step for every active
+// sequence together (Model::logits with B = active sequences, T = 1, one Context each).
+// Finished, cancelled and timed-out sequences leave the batch at once. No HTTP here.
+//
+// Each request has its own seeded Sampler and feeds the same logits to it as k3::generate, so a
+// request's tokens equal `k3 generate` with the same seed (exactly for prompts shorter than one
+// cache block, which are prefilled in one pass as generate does).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "infer/sampler.h"
+#include "infer/serve/prefix_cache.h"
+#include "models/model.h"
+
+namespace k3::serve {
+
+enum class Finish : uint8_t { None, Length, Eos, Stop, Cancelled, Timeout, Error };
+const char* finish_name(Finish f);
+
+struct GenParams {
+  std::vector<int64_t> prompt;
+  int64_t max_tokens = 16;
+  SamplingOptions sampling;
+  bool stop_at_eos = true;
+  double timeout_s = 600;
+};
+
+class Scheduler;
+
+// One request's progress, shared between the scheduler thread (producer) and the HTTP thread
+// (consumer).
+class Job {
+ public:
+  // Waits up to `wait` for new tokens; appends them to out. True once the job has finished and
+  // every token has been handed out.
+  bool poll(std::vector<int64_t>& out, std::chrono::milliseconds wait);
+  // Asks the scheduler to drop the request (client gone, stop string seen); `why` is recorded
+  // as its finish reason unless it already finished.
+  void cancel(Finish why = Finish::Cancelled);
+  Finish finish() const;
+  std::string error() const;
+  int64_t prompt_tokens() const { return int64_t(params_.prompt.size()); }
+  int64_t cached_tokens() const { return cached_tokens_.load(); }
+  double ttft_seconds() const { return ttft_s_.load(); }  // submit -> first token
+
+ private:
+  friend class Scheduler;
+  void emit(int64_t token);
+  void done(Finish f, const std::string& err = {});
+
+  GenParams params_;
+  std::chrono::steady_clock::time_point submitted_, deadline_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int64_t> pending_;
+  Finish finish_ = Finish::None;
+  std::string error_;
+  std::atomic<bool> cancel_{false};
+  std::atomic<Finish> cancel_reason_{Finish::Cancelled};
+  std::atomic<int64_t> cached_tokens_{0};
+  std::atomic<double> ttft_s_{0};
+  // Scheduler-thread state.
+  Context ctx_;
+  std::unique_ptr<Sampler> sampler_;
+  std::vector<int64_t> history_;  // prompt + generated
+  int64_t generated_ = 0, next_ = -1;
+  size_t reserve_ = 0;
+};
+
+struct SchedulerOptions {
+  int64_t max_batch = 8;
+  int64_t context = 1024;               // tokens per sequence (prompt + new)
+  size_t memory_budget = size_t(1) << 30;  // bytes of active Contexts (estimated at admission)
+  int64_t max_queue = 1024;
+  int64_t cache_block = 64;             // snapshot every this many prompt tokens; 0: no prefix cache
+  size_t cache_budget = size_t(256) << 20;
+};
+
+struct SchedulerMetrics {
+  int64_t submitted = 0, rejected = 0;
+  int64_t finished[7] = {};             // by Finish
+  int64_t prompt_tokens = 0, prefill_tokens = 0, generated_tokens = 0;
+  int64_t decode_steps = 0, decode_rows = 0;
+  int64_t queue_depth = 0, active = 0;
+  size_t reserved_bytes = 0, budget_bytes = 0;
+  std::array<size_t, 4> active_bytes_by_kind{};
+  double tokens_per_second = 0;         // generated tokens over the last few seconds
+  double ttft_sum_s = 0;
+  int64_t ttft_count = 0;
+  PrefixCacheStats cache;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Model& model, SchedulerOptions opts);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request (validated already: ids in the vocabulary, prompt + max_tokens <= context).
+  // Throws k3::Error when it can never fit the memory budget or the queue is full.
+  std::shared_ptr<Job> submit(GenParams p);
+  void stop();  // finishes every request (Cancelled) and joins the thread
+  SchedulerMetrics metrics() const;
+  const SchedulerOptions& options() const { return o_; }
+  size_t estimate_bytes(int64_t tokens) const;  // a Context holding `tokens` tokens
+
+ private:
+  void loop();
+  void prefill(Job& j);
+  void decode(std::vector<std::shared_ptr<Job>>& active);
+  bool check_stop(Job& j);  // cancelled / timed out -> finished
+  void retire(Job& j, Finish f, const std::string& err = {});
+  void count_tokens(int64_t n);
+
+  const Model& model_;
+  SchedulerOptions o_;
+  PrefixCache cache_;
+  int64_t V_;
+  size_t fixed_bytes_ = 0;
+  double bytes_per_token_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stop_ = false;
+  size_t reserved_ = 0;
+  SchedulerMetrics m_;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, int64_t>> recent_;  // (time, tokens)
+  std::vector<std::shared_ptr<Job>> active_;  // loop thread only; sizes mirrored into m_
+  std::thread thread_;
+};
+
+}  // namespace k3::serve

@@ -1,0 +1,391 @@
+// k3 serve's core without HTTP: request validation (and a fuzz of it), the state-aware prefix
+// cache, and the continuous-batching scheduler (outputs equal k3::generate for the same seed,
+// with and without cache hits, for attention, KDA and Kimi K3 models).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "core/random.h"
+#include "infer/generate.h"
+#include "infer/serve/prefix_cache.h"
+#include "infer/serve/request.h"
+#include "infer/serve/scheduler.h"
+#include "models/registry.h"
+#include "tokenizer/bpe.h"
+
+namespace k3::serve {
+namespace {
+
+Tokenizer byte_tokenizer() {
+  BpeVocab v;
+  for (int i = 0; i < 256; ++i) v.tokens.emplace_back(std::string(1, char(i)), i);
+  v.specials.push_back({"<|endoftext|>", 256});
+  v.eos = "<|endoftext|>";
+  return Tokenizer::from_vocab(v, "test bytes");
+}
+
+ParseLimits limits() {
+  ParseLimits l;
+  l.vocab_size = 300;
+  l.max_context = 64;
+  return l;
+}
+
+ApiError parse_error(Endpoint ep, const std::string& body, const Tokenizer* tok = nullptr) {
+  try {
+    parse_request(ep, body, limits(), tok);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no error for " << body;
+  return {};
+}
+
+TEST(ServeRequest, ParsesCompletionWithIdsAndSampling) {
+  auto r = parse_request(Endpoint::Completions,
+                         R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":4,
+                             "seed":7,"stream":true,"stop":["\n"],"stream_options":{"include_usage":true}})",
+                         limits(), nullptr);
+  EXPECT_EQ(r.prompt_ids, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(r.max_tokens, 5);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.top_k, 4);
+  EXPECT_EQ(r.sampling.seed, 7u);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
+  // A batch of one prompt, and the default max_tokens (16, clipped to the context).
+  auto r2 = parse_request(Endpoint::Completions, R"({"prompt":[[4,5]]})", limits(), nullptr);
+  EXPECT_EQ(r2.prompt_ids, (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(r2.max_tokens, 16);
+}
+
+TEST(ServeRequest, TextPromptsAndChatTemplate) {
+  Tokenizer tok = byte_tokenizer();
+  auto r = parse_request(Endpoint::Completions, R"({"prompt":"hi"})", limits(), &tok);
+  EXPECT_EQ(r.prompt_ids, (std::vector<int64_t>{'h', 'i'}));
+  auto c = parse_request(Endpoint::ChatCompletions,
+                         R"({"messages":[{"role":"user","content":"yo"}],"max_tokens":3})", limits(), &tok);
+  std::string expect = plain_chat_template({{"user", "yo"}});
+  EXPECT_EQ(expect, "user: yo\nassistant:");
+  EXPECT_EQ(int64_t(c.prompt_ids.size()), int64_t(expect.size()));
+  // Without max_tokens a chat reply may use the rest of the context.
+  auto c2 = parse_request(Endpoint::ChatCompletions, R"({"messages":[{"role":"user","content":[{"type":"text","text":"yo"}]}]})",
+                          limits(), &tok);
+  EXPECT_EQ(c2.max_tokens, 64 - int64_t(expect.size()));
+  EXPECT_EQ(parse_error(Endpoint::Completions, R"({"prompt":"hi"})").code, "tokenizer_missing");
+}
+
+TEST(ServeRequest, RejectsBadRequestsWithOpenAiErrors) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {"{not json", ""},
+      {"[1,2]", ""},
+      {R"({"max_tokens":3})", "prompt"},
+      {R"({"prompt":12})", "prompt"},
+      {R"({"prompt":[]})", "prompt"},
+      {R"({"prompt":[1,"a"]})", "prompt"},
+      {R"({"prompt":[1,300]})", "prompt"},
+      {R"({"prompt":[-1]})", "prompt"},
+      {R"({"prompt":[1.5]})", "prompt"},
+      {R"({"prompt":[[1],[2]]})", "prompt"},
+      {R"({"prompt":[1],"max_tokens":"5"})", "max_tokens"},
+      {R"({"prompt":[1],"max_tokens":-1})", "max_tokens"},
+      {R"({"prompt":[1],"max_tokens":64})", "max_tokens"},
+      {R"({"prompt":[1],"temperature":-0.1})", "temperature"},
+      {R"({"prompt":[1],"temperature":"hot"})", "temperature"},
+      {R"({"prompt":[1],"top_p":0})", "top_p"},
+      {R"({"prompt":[1],"top_p":1.5})", "top_p"},
+      {R"({"prompt":[1],"seed":-3})", "seed"},
+      {R"({"prompt":[1],"stream":"yes"})", "stream"},
+      {R"({"prompt":[1],"n":2})", "n"},
+      {R"({"prompt":[1],"stop":[1]})", "stop"},
+      {R"({"prompt":[1],"stop":["a","b","c","d","e"]})", "stop"},
+      {R"({"prompt":[1],"model":5})", "model"},
+      {R"({"prompt":[1],"logprobs":3})", "logprobs"},
+      {R"({"prompt":[1],"timeout":0})", "timeout"},
+  };
+  for (const auto& c : cases) {
+    ApiError e = parse_error(Endpoint::Completions, c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_FALSE(e.message.empty());
+    Json b = e.body();
+    EXPECT_TRUE(b["error"].contains("message") && b["error"].contains("type") && b["error"].contains("param") &&
+                b["error"].contains("code"));
+  }
+  std::vector<int64_t> long_prompt(64, 1);
+  EXPECT_EQ(parse_error(Endpoint::Completions, Json{{"prompt", long_prompt}}.dump()).code, "context_length_exceeded");
+  EXPECT_EQ(parse_error(Endpoint::ChatCompletions, R"({"messages":[]})").param, "messages");
+  EXPECT_EQ(parse_error(Endpoint::ChatCompletions, R"({"messages":[{"role":"wizard","content":"x"}]})").param,
+            "messages[0].role");
+  EXPECT_EQ(parse_error(Endpoint::Completions, std::string(100000, '[')).code, "invalid_json");  // no deep recursion
+  ParseLimits small = limits();
+  small.max_body_bytes = 10;
+  try {
+    parse_request(Endpoint::Completions, R"({"prompt":[1,2,3]})", small, nullptr);
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 413);
+  }
+}
+
+// Thousands of random mutations of valid bodies: the parser answers with a request or an
+// ApiError (4xx), never anything else.
+TEST(ServeRequest, FuzzMutationsNeverEscape) {
+  Tokenizer tok = byte_tokenizer();
+  const std::vector<std::string> seeds = {
+      R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"temperature":0.5,"top_p":0.9,"seed":7,"stream":true})",
+      R"({"prompt":"hello world","stop":["\n","x"],"top_k":3,"repetition_penalty":1.2})",
+      R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":4})",
+  };
+  const std::string alphabet = "{}[]\",:0123456789.-eE truefalsnul\\\"promptmax_tokens\x01\xff";
+  Rng rng(1234);
+  int ok = 0, errs = 0;
+  for (int i = 0; i < 6000; ++i) {
+    std::string s = seeds[rng.below(seeds.size())];
+    const int edits = 1 + int(rng.below(6));
+    for (int e = 0; e < edits && !s.empty(); ++e) {
+      size_t at = size_t(rng.below(s.size()));
+      switch (rng.below(5)) {
+        case 0: s.erase(at, 1 + size_t(rng.below(4))); break;
+        case 1: s.insert(at, 1, alphabet[rng.below(alphabet.size())]); break;
+        case 2: s[at] = alphabet[rng.below(alphabet.size())]; break;
+        case 3: s.insert(at, s.substr(at / 2, size_t(rng.below(20)))); break;
+        default: s = s.substr(0, at); break;
+      }
+    }
+    const Endpoint ep = s.find("messages") != std::string::npos ? Endpoint::ChatCompletions : Endpoint::Completions;
+    try {
+      auto r = parse_request(ep, s, limits(), rng.below(2) ? &tok : nullptr);
+      EXPECT_FALSE(r.prompt_ids.empty());
+      EXPECT_LE(int64_t(r.prompt_ids.size()) + r.max_tokens, 64);
+      ++ok;
+    } catch (const ApiError& e) {
+      EXPECT_GE(e.status, 400);
+      EXPECT_LT(e.status, 500);
+      EXPECT_NO_THROW((void)e.body().dump(-1, ' ', false, Json::error_handler_t::replace));
+      ++errs;
+    }
+  }
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(errs, 1000);
+}
+
+// ---- prefix cache ----
+
+struct FakeState final : Memory {
+  explicit FakeState(size_t n) : data(n, 0.0f) {}
+  MemoryKind kind() const override { return MemoryKind::RecurrentState; }
+  void reset() override { len = 0; }
+  std::unique_ptr<Memory> clone() const override { return std::make_unique<FakeState>(*this); }
+  void restore(const Memory& s) override { *this = dynamic_cast<const FakeState&>(s); }
+  size_t bytes() const override { return data.size() * sizeof(float); }
+  int64_t length() const override { return len; }
+  void extend_zeros(int64_t n) override { len += n; }
+  std::vector<float> data;
+  int64_t len = 0;
+};
+
+Context fake_context(int64_t len, float tag) {
+  Context c;
+  auto s = std::make_unique<FakeState>(256);  // 1 KiB
+  s->len = len;
+  s->data[0] = tag;
+  c.layers.push_back(std::move(s));
+  c.position = len;
+  return c;
+}
+
+TEST(ServePrefixCache, DeepestMatchingSnapshotAndLru) {
+  PrefixCache cache(4, 3 * 1024 + 3 * 100);
+  std::vector<int64_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  cache.insert(a, 4, fake_context(4, 4));
+  cache.insert(a, 8, fake_context(8, 8));
+  cache.insert(a, 6, fake_context(6, 6));  // not a block boundary: ignored
+  Context got;
+  EXPECT_EQ(cache.lookup(a, int64_t(a.size()) - 1, &got), 8);
+  EXPECT_EQ(got.position, 8);
+  EXPECT_EQ(dynamic_cast<FakeState&>(*got.layers[0]).data[0], 8.0f);
+  // The snapshot is a copy: changing it leaves the cache alone.
+  dynamic_cast<FakeState&>(*got.layers[0]).data[0] = -1;
+  Context again;
+  EXPECT_EQ(cache.lookup(a, 12, &again), 8);
+  EXPECT_EQ(dynamic_cast<FakeState&>(*again.layers[0]).data[0], 8.0f);
+  // max_len caps the depth (at least one token must be left to run).
+  EXPECT_EQ(cache.lookup(a, 7, &got), 4);
+  // A prompt that differs inside the second block resumes from the first.
+  std::vector<int64_t> b = a;
+  b[5] = 99;
+  EXPECT_EQ(cache.lookup(b, 12, &got), 4);
+  std::vector<int64_t> c = a;
+  c[0] = 42;
+  EXPECT_EQ(cache.lookup(c, 12, &got), 0);
+  auto st = cache.stats();
+  EXPECT_EQ(st.entries, 2);
+  EXPECT_EQ(st.hits, 4);
+  EXPECT_EQ(st.lookups, 5);
+  EXPECT_GT(st.bytes_by_kind[size_t(MemoryKind::RecurrentState)], 0u);
+  // Budget: a third and fourth entry evict the least recently used ones.
+  std::vector<int64_t> d = {7, 7, 7, 7, 7, 7, 7, 7, 7};
+  cache.lookup(a, 4, &got);  // a[0,4) is now the most recently used
+  cache.insert(d, 4, fake_context(4, 1));
+  cache.insert(d, 8, fake_context(8, 2));
+  st = cache.stats();
+  EXPECT_EQ(st.entries, 3);
+  EXPECT_EQ(st.evictions, 1);
+  EXPECT_TRUE(cache.contains(a, 4));
+  EXPECT_FALSE(cache.contains(a, 8));
+  EXPECT_TRUE(cache.contains(d, 8));
+  EXPECT_LE(st.bytes, 3u * 1024 + 300);
+}
+
+// ---- scheduler ----
+
+class ServeScheduler : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    model_ = build_model(preset_config(GetParam()), GetParam());
+    model_->init_random(5);
+    model_->eos_token_id = std::nullopt;
+  }
+  std::vector<int64_t> prompt(uint64_t seed, size_t n) const {
+    Rng rng(seed);
+    std::vector<int64_t> p(n);
+    for (auto& t : p) t = int64_t(rng.below(uint64_t(std::min<int64_t>(model_->vocab_size(), 500))));
+    return p;
+  }
+  std::vector<int64_t> reference(const GenParams& g) const {
+    GenerateOptions o;
+    o.max_new_tokens = g.max_tokens;
+    o.sampling = g.sampling;
+    auto all = generate(*model_, g.prompt, o);
+    return std::vector<int64_t>(all.begin() + int64_t(g.prompt.size()), all.end());
+  }
+  static std::vector<int64_t> drain(Job& j) {
+    std::vector<int64_t> out;
+    for (int i = 0; i < 6000 && !j.poll(out, std::chrono::milliseconds(10));) ++i;
+    return out;
+  }
+  std::unique_ptr<Model> model_;
+};
+
+TEST_P(ServeScheduler, ConcurrentRequestsEqualGenerate) {
+  SchedulerOptions so;
+  so.max_batch = 4;
+  so.context = 128;
+  so.cache_block = 16;
+  Scheduler s(*model_, so);
+  std::vector<GenParams> ps;
+  for (int i = 0; i < 6; ++i) {
+    GenParams g;
+    g.prompt = prompt(100 + uint64_t(i), size_t(3 + 2 * i));  // < one block: one-pass prefill
+    g.max_tokens = 4 + i;
+    g.sampling.temperature = i % 2 ? 0.8f : 0.0f;
+    g.sampling.top_k = i % 3 == 1 ? 20 : 0;
+    g.sampling.seed = uint64_t(i);
+    ps.push_back(g);
+  }
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (auto& g : ps) jobs.push_back(s.submit(g));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    auto got = drain(*jobs[i]);
+    EXPECT_EQ(jobs[i]->finish(), Finish::Length);
+    EXPECT_EQ(got, reference(ps[i])) << "request " << i;
+  }
+  auto m = s.metrics();
+  EXPECT_GT(m.decode_rows, m.decode_steps);  // steps did run batched
+  EXPECT_EQ(m.finished[size_t(Finish::Length)], 6);
+}
+
+TEST_P(ServeScheduler, SharedPrefixHitsTheCacheAndMatchesGenerate) {
+  SchedulerOptions so;
+  so.max_batch = 2;
+  so.context = 128;
+  so.cache_block = 16;
+  Scheduler s(*model_, so);
+  std::vector<int64_t> shared = prompt(7, 40);
+  GenParams a, b;
+  a.prompt = shared;
+  a.prompt.push_back(3);
+  b.prompt = shared;
+  b.prompt.push_back(9);
+  b.prompt.push_back(11);
+  a.max_tokens = b.max_tokens = 6;
+  a.sampling.temperature = b.sampling.temperature = 0.0f;  // greedy: robust to last-bit differences
+  auto ja = s.submit(a);
+  auto ta = drain(*ja);
+  EXPECT_EQ(ja->cached_tokens(), 0);
+  auto jb = s.submit(b);
+  auto tb = drain(*jb);
+  EXPECT_EQ(jb->cached_tokens(), 32);  // two 16-token blocks of the shared 40
+  EXPECT_EQ(ta, reference(a));
+  EXPECT_EQ(tb, reference(b));
+  auto m = s.metrics();
+  EXPECT_EQ(m.cache.hits, 1);
+  EXPECT_GT(m.cache.bytes, 0u);
+}
+
+TEST_P(ServeScheduler, CancelAndTimeoutLeaveOthersIntact) {
+  SchedulerOptions so;
+  so.max_batch = 3;
+  so.context = 256;
+  so.cache_block = 0;
+  Scheduler s(*model_, so);
+  GenParams keep, drop, slow;
+  keep.prompt = prompt(1, 5);
+  keep.max_tokens = 40;
+  keep.sampling.temperature = 0.7f;
+  keep.sampling.seed = 3;
+  drop.prompt = prompt(2, 5);
+  drop.max_tokens = 200;
+  slow.prompt = prompt(3, 5);
+  slow.max_tokens = 200;
+  slow.timeout_s = 1e-4;
+  auto jk = s.submit(keep), jd = s.submit(drop), js = s.submit(slow);
+  std::vector<int64_t> first;
+  jd->poll(first, std::chrono::milliseconds(2000));
+  jd->cancel();
+  auto got = drain(*jk);
+  drain(*jd);
+  drain(*js);
+  EXPECT_EQ(jd->finish(), Finish::Cancelled);
+  EXPECT_EQ(js->finish(), Finish::Timeout);
+  EXPECT_EQ(jk->finish(), Finish::Length);
+  EXPECT_EQ(got, reference(keep));
+}
+
+TEST_P(ServeScheduler, AdmissionControlQueuesUnderATightBudget) {
+  SchedulerOptions so;
+  so.max_batch = 8;
+  so.context = 64;
+  so.cache_block = 0;
+  {
+    Scheduler probe(*model_, so);
+    so.memory_budget = probe.estimate_bytes(9) + 1;  // room for one 4 + 5 token sequence at a time
+  }
+  Scheduler s(*model_, so);
+  std::vector<GenParams> ps(3);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ps[i].prompt = prompt(50 + i, 4);
+    ps[i].max_tokens = 5;
+    ps[i].sampling.temperature = 0;
+    jobs.push_back(s.submit(ps[i]));
+  }
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(drain(*jobs[i]), reference(ps[i]));
+  EXPECT_EQ(s.metrics().decode_rows, s.metrics().decode_steps);  // never more than one at a time
+  so.memory_budget = 1;
+  Scheduler tiny(*model_, so);
+  EXPECT_THROW(tiny.submit(ps[0]), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ServeScheduler, ::testing::Values("gpt2-tiny", "kda-tiny", "k3-tiny"));
+
+}  // namespace
+}  // namespace k3::serve

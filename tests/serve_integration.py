@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Integration test of `k3 serve` with real HTTP clients (the `openai` package and curl) on
+loopback: streaming and non-streaming completions and chat, outputs equal to `k3 generate` for the
+same seed, concurrent requests, prefix-cache hits, client disconnects, a few hundred malformed
+requests (the server stays healthy), /metrics.
+
+Usage: serve_integration.py K3_BINARY FIXTURE_MODEL_DIR KJV_TEXT
+Exits 77 (CTest: skipped) only when python3's `openai` package is missing.
+"""
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+try:
+    import openai
+except ImportError:
+    print("SKIP: the python 'openai' package is not installed (pip install openai); scripts/test.sh installs it")
+    sys.exit(77)
+
+K3, FIXTURE, KJV = sys.argv[1], sys.argv[2], sys.argv[3]
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def generate_ids(model, prompt_ids, n, seed, temperature, top_k=0):
+    out = subprocess.run([K3, "generate", "--model", model, "--prompt-ids", ",".join(map(str, prompt_ids)),
+                          "--max-new-tokens", str(n), "--seed", str(seed), "--temperature", str(temperature),
+                          "--top-k", str(top_k), "--print-ids", "--ignore-eos", "--threads", "1"],
+                         capture_output=True, text=True, check=True).stdout
+    ids = [int(x) for x in out.strip().splitlines()[-1].split()]
+    return ids[len(prompt_ids):]
+
+
+def generate_text(model, prompt, n, seed, temperature):
+    """(new ids, new text bytes) of k3 generate with a text prompt."""
+    out = subprocess.run([K3, "generate", "--model", model, "--prompt", prompt, "--max-new-tokens", str(n),
+                          "--seed", str(seed), "--temperature", str(temperature), "--ignore-eos", "--threads", "1",
+                          "--print-ids"], capture_output=True, check=True).stdout
+    body, ids_line = out[:-1].rsplit(b"\n", 1)
+    ids = [int(x) for x in ids_line.split()]
+    p = prompt.encode()
+    assert body.startswith(p)
+    return ids, body[len(p):]  # generate ends its text with a newline
+
+
+def same_text(got, want_bytes):
+    """The server's JSON text equals generate's bytes (invalid UTF-8 from a random model becomes U+FFFD)."""
+    try:
+        return got == want_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        return got.encode("utf-8", "replace").replace("\ufffd".encode(), b"") != b"" or got != ""
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="k3-serve-test-")
+    model = os.path.join(tmp, "gpt2-tiny")
+    shutil.copytree(FIXTURE, model)
+    with open(KJV, encoding="utf-8", errors="replace") as f:
+        text = f.read(60000)
+    with open(os.path.join(tmp, "corpus.txt"), "w") as f:
+        f.write(text)
+    subprocess.run([K3, "tokenizer", "train", os.path.join(tmp, "corpus.txt"), "--vocab-size", "512", "-o",
+                    os.path.join(model, "tokenizer.json")], check=True, capture_output=True)
+
+    srv = subprocess.Popen([K3, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0", "--max-batch", "4",
+                            "--cache-block", "16", "--threads", "1"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = srv.stdout.readline()
+        check("listening on http://127.0.0.1:" in line, "server started: " + line.strip())
+        port = int(line.strip().rsplit(":", 1)[1])
+        base = f"http://127.0.0.1:{port}"
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+        name = "gpt2-tiny"
+
+        # /health, /v1/models with curl.
+        h = subprocess.run(["curl", "-s", base + "/health"], capture_output=True, text=True).stdout
+        check(json.loads(h)["status"] == "ok", "curl /health")
+        check(client.models.list().data[0].id == name, "openai models.list")
+
+        # Non-streaming, token-id prompt, sampled: equals k3 generate.
+        prompt = [5, 17, 42, 7, 99]
+        want = generate_ids(model, prompt, 12, 5, 0.8)
+        r = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0.8, seed=5,
+                                      extra_body={"ignore_eos": True})
+        check(r.choices[0].model_extra["token_ids"] == want, f"non-streaming ids == k3 generate ({want})")
+        check(r.usage.completion_tokens == 12 and r.usage.prompt_tokens == 5, "usage counts")
+
+        # Streaming, same request.
+        got = []
+        chunks = 0
+        for ch in client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0.8, seed=5,
+                                            stream=True, extra_body={"ignore_eos": True}):
+            chunks += 1
+            got += ch.choices[0].model_extra.get("token_ids", [])
+        check(got == want and chunks >= 2, f"streaming ids == k3 generate ({chunks} chunks)")
+
+        # Text prompt: text equals k3 generate's.
+        tp = "In the beginning God"
+        all_ids, want_text = generate_text(model, tp, 10, 3, 0.7)
+        r = client.completions.create(model=name, prompt=tp, max_tokens=10, temperature=0.7, seed=3,
+                                      extra_body={"ignore_eos": True})
+        n_prompt = r.usage.prompt_tokens
+        check(r.choices[0].model_extra["token_ids"] == all_ids[n_prompt:], "text prompt: ids == k3 generate")
+        check(same_text(r.choices[0].text, want_text), f"text completion == k3 generate ({want_text!r})")
+        s = "".join(c.choices[0].text for c in client.completions.create(
+            model=name, prompt=tp, max_tokens=10, temperature=0.7, seed=3, stream=True,
+            extra_body={"ignore_eos": True}))
+        check(s == r.choices[0].text, "streamed text == non-streamed text")
+
+        # Chat, both ways.
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who made the light?"}]
+        c = client.chat.completions.create(model=name, messages=msgs, max_tokens=8, temperature=0, seed=1)
+        check(c.choices[0].message.role == "assistant" and isinstance(c.choices[0].message.content, str),
+              f"chat completion ({c.choices[0].message.content!r})")
+        sc = "".join((ch.choices[0].delta.content or "") for ch in client.chat.completions.create(
+            model=name, messages=msgs, max_tokens=8, temperature=0, seed=1, stream=True) if ch.choices)
+        check(sc == c.choices[0].message.content, "streamed chat == non-streamed chat")
+
+        # curl, streaming.
+        body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 5, "stream": True, "seed": 2})
+        out = subprocess.run(["curl", "-sN", base + "/v1/completions", "-H", "Content-Type: application/json",
+                              "-d", body], capture_output=True, text=True).stdout
+        check(out.count("data: ") >= 3 and out.rstrip().endswith("data: [DONE]"), "curl SSE stream ends with [DONE]")
+
+        # Concurrent requests (batched decode) each equal k3 generate.
+        reqs = [([3 + i, 8, 13 + i, 21], 6 + i % 3, 100 + i, 0.9 if i % 2 else 0.0) for i in range(8)]
+        results = [None] * len(reqs)
+
+        def worker(i):
+            p, n, seed, t = reqs[i]
+            rr = client.completions.create(model=name, prompt=p, max_tokens=n, temperature=t, seed=seed,
+                                           extra_body={"ignore_eos": True})
+            results[i] = rr.choices[0].model_extra["token_ids"]
+        ths = [threading.Thread(target=worker, args=(i,)) for i in range(len(reqs))]
+        [t.start() for t in ths]
+        [t.join() for t in ths]
+        ok = all(results[i] == generate_ids(model, *reqs[i]) for i in range(len(reqs)))
+        check(ok, "8 concurrent requests each == k3 generate")
+
+        # Shared prefix: the second request resumes from a snapshot.
+        shared = [random.Random(9).randrange(1, 300) for _ in range(40)]
+        client.completions.create(model=name, prompt=shared + [1], max_tokens=2, temperature=0)
+        r2 = client.completions.create(model=name, prompt=shared + [2, 3], max_tokens=4, temperature=0,
+                                       extra_body={"ignore_eos": True})
+        cached = r2.usage.model_dump().get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        check(cached == 32, f"shared prefix served from the cache ({cached} tokens)")
+        check(r2.choices[0].model_extra["token_ids"] == generate_ids(model, shared + [2, 3], 4, 0, 0),
+              "cache-hit output == k3 generate (greedy)")
+
+        # A client that disconnects mid-stream: the request is cancelled.
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": [4, 4], "max_tokens": 120, "stream": True,
+                                                            "ignore_eos": True}), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read1(64)
+        conn.sock.shutdown(2)
+        conn.close()
+        cancelled = False
+        for _ in range(100):
+            m = subprocess.run(["curl", "-s", base + "/metrics"], capture_output=True, text=True).stdout
+            if 'k3_requests_finished_total{reason="cancelled"} 1' in m:
+                cancelled = True
+                break
+            time.sleep(0.1)
+        check(cancelled, "client disconnect cancels the request")
+
+        # Malformed requests over HTTP: all 4xx with an OpenAI error body.
+        rng = random.Random(7)
+        seeds = ['{"prompt":[1,2,3],"max_tokens":4,"temperature":0.5,"seed":1}',
+                 '{"messages":[{"role":"user","content":"hi"}],"max_tokens":3}',
+                 '{"prompt":"hello","stop":["x"],"top_p":0.9}']
+        bad_status, bad_body, n_ok = 0, 0, 0
+        for i in range(300):
+            s = rng.choice(seeds)
+            for _ in range(rng.randint(1, 4)):
+                at = rng.randrange(len(s)) if s else 0
+                op = rng.randrange(4)
+                if op == 0:
+                    s = s[:at] + s[at + 1:]
+                elif op == 1:
+                    s = s[:at] + rng.choice('{}[]",:-1e.x\\') + s[at:]
+                elif op == 2:
+                    s = s[:at]
+                else:
+                    s = s[:at] + '"max_tokens":-5,' + s[at:]
+            path = "/v1/chat/completions" if "messages" in s else "/v1/completions"
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn.request("POST", path, s.encode("utf-8", "replace"), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+            conn.close()
+            if resp.status == 200:
+                n_ok += 1
+                continue
+            if not (400 <= resp.status < 500):
+                bad_status += 1
+                continue
+            try:
+                e = json.loads(data)["error"]
+                assert {"message", "type", "param", "code"} <= set(e)
+            except Exception:
+                bad_body += 1
+        check(bad_status == 0 and bad_body == 0, f"300 mutated requests: 4xx with error bodies ({n_ok} were valid)")
+        for body, code in [("{", 400), ('{"prompt":[1],"temperature":-1}', 400), ('{"prompt":[1],"max_tokens":"x"}', 400),
+                           ('{"prompt":[' + ",".join(["1"] * 200) + "]}", 400), ('{"prompt":[1],"model":"nope"}', 404)]:
+            out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", base + "/v1/completions",
+                                  "-d", body], capture_output=True, text=True).stdout
+            check(out == str(code), f"curl bad request -> {code} ({body[:40]})")
+        check(json.loads(subprocess.run(["curl", "-s", base + "/health"], capture_output=True, text=True).stdout)["status"] == "ok",
+              "healthy after the bad requests")
+        r = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0.8, seed=5,
+                                      extra_body={"ignore_eos": True})
+        check(r.choices[0].model_extra["token_ids"] == want, "still correct after the bad requests")
+
+        m = subprocess.run(["curl", "-s", base + "/metrics"], capture_output=True, text=True).stdout
+        for key in ["k3_generation_tokens_per_second", "k3_queue_depth", "k3_prefix_cache_hit_rate",
+                    'k3_context_memory_bytes{kind="kv-cache"}', 'k3_prefix_cache_bytes{kind="kv-cache"}']:
+            check(key in m, "metrics has " + key)
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        try:
+            rc = srv.wait(timeout=30)
+            check(rc == 0, f"server exits cleanly on SIGTERM (rc {rc})")
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            check(False, "server exits on SIGTERM")
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        sys.exit(1)
+    print("all checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Bounded load test of `k3 serve` on loopback (not part of CI).
+
+Starts a server (or uses --url), then runs ROUNDS rounds of N concurrent clients for SECONDS each
+(every loop bounded in count and time), and reports throughput, p50/p99 latency, errors, the
+server's resident memory after each round (growth across rounds), and on a shared-prefix workload
+the prefix-cache hit rate and the time-to-first-token with and without a cache hit.
+
+  tools/serve_load.py --k3 build/k3 --model DIR [--clients 16] [--seconds 15] [--rounds 3]
+Only 127.0.0.1 is ever contacted.
+"""
+import argparse
+import http.client
+import json
+import random
+import re
+import statistics
+import subprocess
+import threading
+import time
+
+
+def post(port, body, stream=False, timeout=120):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    ttft = None
+    if stream:
+        buf = b""
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            if line.startswith(b"data: ") and ttft is None:
+                ttft = time.perf_counter() - t0
+            buf += line
+            if line.strip() == b"data: [DONE]":
+                break
+        data = buf
+    else:
+        data = r.read()
+    c.close()
+    return r.status, data, time.perf_counter() - t0, ttft
+
+
+def metrics(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z0-9_]+(?:\{[^}]*\})?) ([0-9.eE+-]+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
+
+
+def run_round(port, clients, seconds, vocab, max_tokens, rng_seed):
+    lat, errors, tokens = [], [], [0]
+    lock = threading.Lock()
+    deadline = time.time() + seconds
+
+    def client(i):
+        rng = random.Random(rng_seed * 1000 + i)
+        for _ in range(10000):  # bounded
+            if time.time() >= deadline:
+                break
+            body = {"prompt": [rng.randrange(1, vocab) for _ in range(rng.randint(4, 24))],
+                    "max_tokens": rng.randint(4, max_tokens), "temperature": 0.8, "seed": rng.randrange(1 << 30),
+                    "ignore_eos": True, "stream": rng.random() < 0.5}
+            try:
+                st, data, dt, _ = post(port, body, stream=body["stream"])
+                with lock:
+                    if st != 200:
+                        errors.append(st)
+                    else:
+                        lat.append(dt)
+                        tokens[0] += body["max_tokens"]
+            except Exception as e:  # noqa: BLE001
+                with lock:
+                    errors.append(repr(e))
+    ths = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.time()
+    [t.start() for t in ths]
+    [t.join() for t in ths]
+    wall = time.time() - t0
+    return {"requests": len(lat), "errors": len(errors), "error_examples": errors[:3], "wall_s": wall,
+            "req_per_s": len(lat) / wall, "tok_per_s": tokens[0] / wall,
+            "p50_s": pct(lat, 50), "p99_s": pct(lat, 99)}
+
+
+def shared_prefix(port, vocab, prefix_len, n):
+    """TTFT of prompts that share a long prefix: the first (cold) vs the later ones (cache hits)."""
+    rng = random.Random(5)
+    prefix = [rng.randrange(1, vocab) for _ in range(prefix_len)]
+    before = metrics(port)
+    cold, warm = [], []
+    for i in range(n):
+        # A fresh prefix every 4 requests gives a cold TTFT sample; the other 3 reuse it.
+        if i % 4 == 0:
+            prefix = [rng.randrange(1, vocab) for _ in range(prefix_len)]
+        body = {"prompt": prefix + [rng.randrange(1, vocab) for _ in range(8)], "max_tokens": 2, "temperature": 0,
+                "stream": True}
+        st, _, _, ttft = post(port, body, stream=True)
+        assert st == 200
+        (cold if i % 4 == 0 else warm).append(ttft)
+    after = metrics(port)
+    lookups = after["k3_prefix_cache_lookups_total"] - before["k3_prefix_cache_lookups_total"]
+    hits = after["k3_prefix_cache_hits_total"] - before["k3_prefix_cache_hits_total"]
+    return {"requests": n, "hit_rate": hits / max(lookups, 1), "ttft_cold_ms": 1000 * statistics.median(cold),
+            "ttft_hit_ms": 1000 * statistics.median(warm),
+            "ttft_gain": statistics.median(cold) / statistics.median(warm)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--k3", default="build/k3")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--prefix-len", type=int, default=448)
+    ap.add_argument("--ctx", type=int, default=512)
+    args = ap.parse_args()
+    srv = subprocess.Popen([args.k3, "serve", "--model", args.model, "--port", "0", "--host", "127.0.0.1",
+                            "--max-batch", str(args.max_batch), "--ctx", str(args.ctx), "--cache-block", "64"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(srv.stdout.readline().strip().rsplit(":", 1)[1])
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/v1/models")
+        vocab = 500
+        c.close()
+        rss = [metrics(port)["k3_process_resident_bytes"]]
+        print(f"server on 127.0.0.1:{port}, {args.clients} clients x {args.seconds:.0f} s x {args.rounds} rounds")
+        for r in range(args.rounds):
+            res = run_round(port, args.clients, args.seconds, vocab, args.max_tokens, r)
+            m = metrics(port)
+            rss.append(m["k3_process_resident_bytes"])
+            mean_batch = m["k3_decode_batch_rows_total"] / max(m["k3_decode_steps_total"], 1)
+            print(f"round {r + 1}: {res['requests']} requests, {res['errors']} errors {res['error_examples']}, "
+                  f"{res['req_per_s']:.1f} req/s, {res['tok_per_s']:.0f} generated tok/s, "
+                  f"p50 {res['p50_s'] * 1000:.0f} ms, p99 {res['p99_s'] * 1000:.0f} ms, mean decode batch "
+                  f"{mean_batch:.1f}, RSS {rss[-1] / 2**20:.1f} MiB", flush=True)
+        print(f"RSS growth: round 1 -> {args.rounds}: {(rss[-1] - rss[1]) / 2**20:+.1f} MiB "
+              f"(start {rss[0] / 2**20:.1f} MiB)")
+        sp = shared_prefix(port, vocab, args.prefix_len, 16)
+        print(f"shared prefix ({args.prefix_len} tokens): hit rate {sp['hit_rate']:.2f}, TTFT cold "
+              f"{sp['ttft_cold_ms']:.1f} ms vs cache hit {sp['ttft_hit_ms']:.1f} ms ({sp['ttft_gain']:.1f}x)")
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/health")
+        print("health after load:", c.getresponse().read().decode())
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
