@@ -21,7 +21,7 @@ void KVCache::grow(int64_t need) {
   while (cap < need) cap *= 2;
   cap = std::min(cap, std::max(max_tokens_, need));
   std::vector<float> nk(size_t(heads_ * cap * head_dim_)), nv(nk.size());
-  for (int64_t h = 0; h < heads_; ++h) {
+  for (int64_t h = 0; length_ > 0 && h < heads_; ++h) {
     std::memcpy(nk.data() + h * cap * head_dim_, k_.data() + h * capacity_ * head_dim_, size_t(length_ * head_dim_) * 4);
     std::memcpy(nv.data() + h * cap * head_dim_, v_.data() + h * capacity_ * head_dim_, size_t(length_ * head_dim_) * 4);
   }
