@@ -49,6 +49,19 @@ INSTANTIATE_TEST_SUITE_P(Presets, Overfit,
                            return n;
                          });
 
+// The -small presets (14-48M parameters) too; not in sanitizer builds, where they would take
+// minutes (the main build runs them).
+#if !defined(__SANITIZE_ADDRESS__)
+INSTANTIATE_TEST_SUITE_P(SmallPresets, Overfit,
+                         ::testing::Values("gpt2-small", "linear-small", "deltanet-small", "gdn-small", "kda-small",
+                                           "kimi-linear-small", "k3-small"),
+                         [](const auto& param_info) {
+                           std::string n = param_info.param;
+                           for (auto& c : n) if (c == '-') c = '_';
+                           return n;
+                         });
+#endif
+
 }  // namespace k3
 
 namespace k3 {
