@@ -107,7 +107,7 @@ Json kimi_small_config(bool k3, int64_t vocab, int64_t d, int64_t layers, int64_
                {"vocab_size", vocab},
                {"hidden_size", d},
                {"num_hidden_layers", layers},
-               {"max_position_embeddings", 4096},
+               {"max_position_embeddings", 1 << 20},
                {"rms_norm_eps", 1e-5},
                {"hidden_act", k3 ? "situ" : "silu"},
                {"intermediate_size", 3 * d},
