@@ -18,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "infer/serve/chat_template.h"
 #include "infer/serve/request.h"
 #include "infer/serve/scheduler.h"
 #include "models/registry.h"
@@ -142,16 +143,76 @@ class HttpServer : public httplib::Server {
 };
 
 struct ServeOptions {
-  std::string model_dir, host = "127.0.0.1", served_name;
+  std::string model_dir, host = "127.0.0.1", served_name, chat_template_file;
   int port = 8080;
   int64_t max_batch = 8, ctx = 0, max_queue = 256, cache_block = 64;
   double memory_mb = 1024, cache_mb = 256, timeout_s = 600;
   int http_threads = 0;
 };
 
+// The chat template: --chat-template FILE, else tokenizer_config.json's chat_template; null for the
+// plain "role: content" template. A template that does not parse is reported and replaced by the
+// plain one instead of stopping the server: completions keep working, and the message says what
+// to fix. A --chat-template file that cannot be read stops the server (a typo should not pass).
+std::shared_ptr<const serve::ChatFormat> load_chat_format(const ServeOptions& o) {
+  const std::string cfg_path = o.model_dir + "/tokenizer_config.json";
+  Json cfg = Json::object();
+  if (std::filesystem::exists(cfg_path)) {
+    try {
+      cfg = read_json_file(cfg_path);
+    } catch (const std::exception& e) {
+      std::cerr << "k3 serve: warning: cannot read " << cfg_path << " (" << e.what() << "); no chat template from it\n";
+    }
+  }
+  std::optional<std::string> source;
+  std::string origin;
+  if (!o.chat_template_file.empty()) {
+    std::ifstream f(o.chat_template_file, std::ios::binary);
+    if (!f) throw error("serve", "cannot read the chat template file ", o.chat_template_file);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    source = ss.str();
+    origin = o.chat_template_file;
+  } else {
+    try {
+      source = serve::chat_template_source(cfg);
+      origin = "tokenizer_config.json";
+    } catch (const std::exception& e) {
+      std::cerr << "k3 serve: warning: " << e.what() << "; chat prompts use the plain \"role: content\" template\n";
+      return nullptr;
+    }
+  }
+  if (!source) {
+    std::cerr << "k3 serve: no chat template in the model folder; chat prompts use the plain \"role: content\" "
+                 "template (--chat-template FILE gives one)\n";
+    return nullptr;
+  }
+  try {
+    auto fmt = std::make_shared<serve::ChatFormat>(serve::ChatFormat{serve::ChatTemplate(*source),
+                                                                     serve::special_tokens_of(cfg), origin});
+    // A trial render, so that a template needing something k3 lacks shows up now, not per request.
+    try {
+      fmt->render(serve::TemplateJson::array({{{"role", "user"}, {"content", "Hello"}}}));
+    } catch (const serve::TemplateError& e) {
+      if (e.kind() != serve::TemplateError::Kind::Raised)
+        std::cerr << "k3 serve: warning: the chat template from " << origin
+                  << " fails on a one-message conversation: " << e.what()
+                  << "\n  chat requests it fails on get a 400 error; --chat-template FILE replaces it\n";
+    }
+    std::cerr << "k3 serve: chat prompts use the Jinja chat template from " << origin << "\n";
+    return fmt;
+  } catch (const serve::TemplateError& e) {
+    std::cerr << "k3 serve: warning: the chat template from " << origin << " cannot be used: " << e.what()
+              << "\n  chat prompts use the plain \"role: content\" template instead; "
+                 "--chat-template FILE replaces it\n";
+    return nullptr;
+  }
+}
+
 class Server {
  public:
-  Server(const ServeOptions& o, std::unique_ptr<Model> model, std::optional<Tokenizer> tok)
+  Server(const ServeOptions& o, std::unique_ptr<Model> model, std::optional<Tokenizer> tok,
+         std::shared_ptr<const serve::ChatFormat> chat)
       : o_(o), model_(std::move(model)), tok_(std::move(tok)) {
     name_ = o.served_name.empty() ? std::filesystem::path(o.model_dir).lexically_normal().filename().string()
                                   : o.served_name;
@@ -161,6 +222,7 @@ class Server {
     lim_.max_context = o.ctx > 0 ? std::min<int64_t>(o.ctx, model_->max_positions()) : std::min<int64_t>(model_->max_positions(), 2048);
     lim_.default_timeout_s = o.timeout_s;
     lim_.max_timeout_s = std::max(o.timeout_s, 1.0);
+    lim_.chat_format = std::move(chat);
     serve::SchedulerOptions so;
     so.max_batch = o.max_batch;
     so.context = lim_.max_context;
@@ -492,6 +554,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--timeout", o.timeout_s, "Default and maximum per-request time limit, seconds")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--http-threads", o.http_threads, "HTTP worker threads (0: 2 x max-batch + 64)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--served-model-name", o.served_name, "Model id in the API (default: the folder's name)");
+  cmd->add_option("--chat-template", o.chat_template_file,
+                  "Jinja chat template file for /v1/chat/completions (default: tokenizer_config.json's "
+                  "chat_template; without one, plain \"role: content\" lines)")
+      ->type_name("FILE");
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     apply_runtime_options(rt);
@@ -503,14 +569,7 @@ void register_serve(CLI::App& app) {
       std::cerr << "k3 serve: no tokenizer (" << e.what() << "); prompts must be token-id arrays\n";
     }
     if (tok && !model->eos_token_id && tok->eos_id()) model->eos_token_id = *tok->eos_id();
-    if (std::filesystem::exists(o.model_dir + "/tokenizer_config.json")) {
-      try {
-        if (read_json_file(o.model_dir + "/tokenizer_config.json").contains("chat_template"))
-          std::cerr << "k3 serve: tokenizer_config.json has a Jinja chat_template; k3 uses its plain "
-                       "\"role: content\" template instead\n";
-      } catch (const std::exception&) {
-      }
-    }
+    auto chat = load_chat_format(o);
     // Signals are taken by one thread (sigwait), which stops the server cleanly.
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -519,7 +578,7 @@ void register_serve(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
     signal(SIGPIPE, SIG_IGN);
 
-    Server server(o, std::move(model), std::move(tok));
+    Server server(o, std::move(model), std::move(tok), std::move(chat));
     HttpServer svr;
     const size_t threads = o.http_threads > 0 ? size_t(o.http_threads) : size_t(2 * o.max_batch + 64);
     svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };

@@ -257,6 +257,7 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
     if (it == j.end() || it->is_null()) fail("messages", "'messages' is required", "missing_field");
     if (!it->is_array() || it->empty()) fail("messages", "'messages' must be a non-empty array", "invalid_type");
     std::vector<std::pair<std::string, std::string>> msgs;
+    TemplateJson conversation = TemplateJson::array();  // what a Jinja chat template sees as `messages`
     for (size_t i = 0; i < it->size(); ++i) {
       const Json& m = (*it)[i];
       const std::string p = "messages[" + std::to_string(i) + "]";
@@ -268,8 +269,26 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
         fail(p + ".role", "unknown role '" + rs + "'", "invalid_value");
       auto content = m.find("content");
       msgs.emplace_back(rs, content == m.end() ? std::string() : message_text(*content, i));
+      conversation.push_back({{"role", rs}, {"content", msgs.back().second}});
     }
-    tokenize_into(plain_chat_template(msgs), tok, "messages", r.prompt_ids);
+    std::string prompt;
+    if (lim.chat_format) {
+      try {
+        prompt = lim.chat_format->render(conversation);
+      } catch (const TemplateError& e) {
+        const std::string origin = " (" + lim.chat_format->origin + ")";
+        if (e.kind() == TemplateError::Kind::Raised)
+          fail("messages", "the model's chat template" + origin + " rejects these messages: " + e.message(),
+               "chat_template_error");
+        const std::string at = e.line() > 0 ? " at line " + std::to_string(e.line()) + ", column " +
+                                                  std::to_string(e.column()) : "";
+        fail("messages", "the model's chat template" + origin + " failed on these messages" + at + ": " + e.message(),
+             "chat_template_error");
+      }
+    } else {
+      prompt = plain_chat_template(msgs);
+    }
+    tokenize_into(prompt, tok, "messages", r.prompt_ids);
     r.prompt_was_text = true;
   }
   const int64_t n = int64_t(r.prompt_ids.size());

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "infer/sampler.h"
+#include "infer/serve/chat_template.h"
 #include "io/config.h"
 
 namespace k3 {
@@ -39,6 +40,8 @@ struct ParseLimits {
   int max_json_depth = 64;
   double max_timeout_s = 3600;
   double default_timeout_s = 600;
+  // How chat messages become the prompt: the model's chat template, or (null) plain_chat_template.
+  std::shared_ptr<const ChatFormat> chat_format;
 };
 
 struct ParsedRequest {
@@ -56,12 +59,13 @@ struct ParsedRequest {
   double timeout_s = 600;           // extension: per-request wall-clock limit
 };
 
-// The plain chat template used when the model folder has none: one "role: content" line per
-// message, then "assistant:" to cue the reply.
+// The plain chat template used when the model folder has none (or its template does not parse):
+// one "role: content" line per message, then "assistant:" to cue the reply.
 std::string plain_chat_template(const std::vector<std::pair<std::string, std::string>>& messages);
 
 // Parses and validates a request body. tok may be null (then text prompts are rejected). Throws
-// ApiError (never anything else for any input).
+// ApiError (never anything else for any input); a chat template that rejects the messages
+// (raise_exception) or fails on them is a 400 with code "chat_template_error".
 ParsedRequest parse_request(Endpoint ep, const std::string& body, const ParseLimits& limits, const Tokenizer* tok);
 
 // Nesting depth of a JSON text (brackets outside strings), computed without recursion; the
