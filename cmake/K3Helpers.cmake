@@ -58,15 +58,19 @@ endfunction()
 
 # k3_layer(NAME DEPS ... [TEST_DEPS ...]): the library of one layer folder. Every *.cc in the
 # folder (subfolders included) is a source, every *_test.cc goes into one test binary
-# NAME_test, and *_cuda.cu files join the library only when K3_CUDA is on. Adding a file needs no
+# NAME_test, and *_cuda.cu files join the library only when K3_CUDA is on (with *_cuda_test.cc
+# in NAME_cuda_test, labelled gpu). Adding a file needs no
 # CMake edit.
 function(k3_layer name)
   cmake_parse_arguments(ARG "" "" "DEPS;TEST_DEPS" ${ARGN})
   file(GLOB_RECURSE all_cc CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)
   set(srcs)
   set(tests)
+  set(gpu_tests)
   foreach(f IN LISTS all_cc)
-    if(f MATCHES "_test\\.cc$")
+    if(f MATCHES "_cuda_test\\.cc$")
+      list(APPEND gpu_tests ${f})
+    elseif(f MATCHES "_test\\.cc$")
       list(APPEND tests ${f})
     else()
       list(APPEND srcs ${f})
@@ -79,5 +83,10 @@ function(k3_layer name)
   k3_library(${name} SOURCES ${srcs} DEPS ${ARG_DEPS})
   if(tests)
     k3_test(${name}_test SOURCES ${tests} DEPS k3_${name} ${ARG_TEST_DEPS})
+  endif()
+  # GPU tests (*_cuda_test.cc) need a device: their own binary, label "gpu", so CPU-only runs
+  # exclude them with `ctest -LE gpu` and the H200 runs them with `ctest -L gpu`.
+  if(gpu_tests AND K3_CUDA)
+    k3_test(${name}_cuda_test SOURCES ${gpu_tests} DEPS k3_${name} ${ARG_TEST_DEPS} LABELS gpu)
   endif()
 endfunction()

@@ -28,5 +28,11 @@ fi
 BUILD_DIR="${1:-build}"
 shift || true
 SHARED="${K3_SHARED_DIR:-$(cd .. && pwd)/shared}"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DK3_SHARED_DIR="$SHARED" "$@" >/dev/null
+# The CUDA backend (sm_90) is built wherever the CUDA toolkit is installed, GPU or not; GPU tests
+# carry the ctest label "gpu". An explicit -DK3_CUDA=... wins.
+CUDA_ARGS=()
+if [[ " $* " != *" -DK3_CUDA="* ]] && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }; then
+  CUDA_ARGS=(-DK3_CUDA=ON)
+fi
+cmake -S . -B "$BUILD_DIR" -G Ninja -DK3_SHARED_DIR="$SHARED" "${CUDA_ARGS[@]}" "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"

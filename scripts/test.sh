@@ -8,9 +8,10 @@ JOBS="$(nproc)"
 scripts/setup.sh build -DK3_WERROR=ON
 # The k3 serve integration test talks to the server through the openai package.
 python3 -c "import openai" 2>/dev/null || python3 -m pip install --quiet openai || pip3 install --quiet openai
-(cd build && ctest --output-on-failure -j"$JOBS" --timeout 900)
+# GPU tests (label "gpu") need a CUDA device: tools/gpu/run.sh runs them on one.
+(cd build && ctest --output-on-failure -j"$JOBS" --timeout 900 -LE gpu)
 
 echo "== ASan/UBSan build of the unit tests"
-scripts/setup.sh build-asan -DK3_WERROR=ON -DK3_SANITIZE=ON -DK3_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+scripts/setup.sh build-asan -DK3_WERROR=ON -DK3_SANITIZE=ON -DK3_BENCH=OFF -DK3_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j"$JOBS" -L unit --timeout 900)

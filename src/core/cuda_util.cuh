@@ -1,0 +1,72 @@
+// For k3's .cu files only: the one CUDA error check (ARCHITECTURE.md: "CUDA calls go through
+// one"), the stream every kernel runs on, and small device helpers shared by the kernels.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/error.h"
+
+namespace k3::device {
+
+[[noreturn]] void cuda_fail(cudaError_t e, const char* what, const char* file, int line);
+
+#define K3_CUDA_CHECK(call)                                                            \
+  do {                                                                                 \
+    cudaError_t k3_cuda_err_ = (call);                                                 \
+    if (k3_cuda_err_ != cudaSuccess) ::k3::device::cuda_fail(k3_cuda_err_, #call, __FILE__, __LINE__); \
+  } while (0)
+// After every kernel launch: catches bad launch configurations at once (faults inside a kernel
+// surface at the next synchronising call, through the same check).
+#define K3_CUDA_LAUNCHED() K3_CUDA_CHECK(cudaGetLastError())
+
+cudaStream_t stream();  // k3's stream (non-blocking, created on first use)
+
+inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+// Loads and stores that read either fp32 or bf16 storage as fp32 arithmetic.
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+// Runs the statement with T bound to the storage type of `st` (device::Storage: fp32 or bf16).
+#define K3_DISPATCH_STORAGE(st, T, ...)      \
+  do {                                       \
+    if ((st) == ::k3::device::Storage::BF16) { \
+      using T = __nv_bfloat16;               \
+      __VA_ARGS__;                           \
+    } else {                                 \
+      using T = float;                       \
+      __VA_ARGS__;                           \
+    }                                        \
+  } while (0)
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float x, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  x = warp_sum(x);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  x = lane < nwarps ? scratch[lane] : 0.0f;
+  return warp_sum(x);
+}
+
+}  // namespace k3::device

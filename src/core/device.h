@@ -1,0 +1,102 @@
+// The CUDA device as the rest of k3 sees it: availability, a caching allocator, copies and the
+// stream every k3 kernel runs on. This header has no CUDA includes, so CPU-only code can ask
+// "is there a GPU?" and move bytes without knowing about the toolkit. Built without CUDA
+// (K3_CUDA off), every call that needs a device throws a clear k3::Error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+namespace k3::device {
+
+// True when this k3 was compiled with the CUDA backend.
+bool cuda_built();
+// Number of usable CUDA devices (0 without the backend, without a driver or without a GPU).
+int cuda_device_count();
+// Throws "[who] --device cuda: ..." naming why CUDA is unusable (not built, no driver, no GPU).
+void require_cuda(const char* who);
+// "NVIDIA H200, 132 SMs, 139.8 GiB, sm_90" (or why there is none).
+const char* describe();
+
+// Device memory from the caching allocator: freed blocks are kept by size class and reused, so
+// the steady state of a training or decode loop makes no cudaMalloc/cudaFree calls.
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t bytes);
+  ~Buffer();
+  Buffer(Buffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct AllocatorStats {
+  size_t in_use = 0;     // bytes handed out and not yet freed
+  size_t cached = 0;     // bytes held in the free lists
+  size_t peak = 0;       // high-water mark of in_use
+  size_t mallocs = 0;    // cudaMalloc calls so far
+};
+AllocatorStats allocator_stats();
+void empty_cache();  // returns the free lists to the driver
+
+// Copies on k3's stream; the *_sync forms wait for completion.
+void upload(void* dst_device, const void* src_host, size_t bytes);
+void download(void* dst_host, const void* src_device, size_t bytes);
+void zero(void* dst_device, size_t bytes);
+void copy(void* dst_device, const void* src_device, size_t bytes);  // device to device, queued
+void synchronize();  // waits for everything queued on k3's stream; throws on a kernel fault
+
+// Upload a host array into a fresh buffer (nullptr/0 bytes gives an empty buffer).
+Buffer upload_new(const void* src_host, size_t bytes);
+// fp32 host values stored on the device as fp32 or bf16 (`bf16` rounds to nearest even), and back.
+enum class Storage : uint8_t { F32, BF16 };
+Buffer upload_values(const float* src_host, int64_t n, Storage storage);
+void download_values(float* dst_host, const Buffer& src, int64_t n, Storage storage);
+Buffer zeros_f32(int64_t n);  // n fp32 zeros
+
+// A CUDA graph of the work queued on k3's stream between begin() and end(): replaying it costs
+// one launch for many kernels (the decode loop's many small kernels).
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void begin();
+  void end();
+  void replay();
+
+ private:
+  void* graph_ = nullptr;
+  void* exec_ = nullptr;
+};
+
+// Device-side timing for benchmarks: events on k3's stream.
+class Timer {
+ public:
+  Timer();
+  ~Timer();
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  void start();
+  double stop_ms();  // waits, returns milliseconds since start()
+
+ private:
+  void* begin_ = nullptr;
+  void* end_ = nullptr;
+};
+
+}  // namespace k3::device

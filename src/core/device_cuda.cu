@@ -1,0 +1,251 @@
+// The device layer on CUDA: one stream, a caching allocator, copies, events.
+//
+// Allocator: sizes round up to 512 B below 1 MiB and to 2 MiB above; a freed block goes to the
+// free list of its rounded size and is handed out again for the same class. No splitting or
+// merging: simple, and the loops k3 runs (decode, training steps) ask for the same sizes again and
+// again. When cudaMalloc fails the free lists are emptied once and the call retried.
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/cuda_util.cuh"
+#include "core/dtype.h"
+#include "core/device.h"
+
+namespace k3::device {
+
+void cuda_fail(cudaError_t e, const char* what, const char* file, int line) {
+  throw error("cuda", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") from ", what, " at ", file, ":", line);
+}
+
+namespace {
+
+size_t round_size(size_t bytes) {
+  constexpr size_t kSmall = size_t(1) << 20, kSmallGrain = 512, kLargeGrain = size_t(2) << 20;
+  const size_t grain = bytes < kSmall ? kSmallGrain : kLargeGrain;
+  return (bytes + grain - 1) / grain * grain;
+}
+
+struct Allocator {
+  std::mutex mu;
+  std::map<size_t, std::vector<void*>> free_lists;  // rounded size -> blocks
+  std::unordered_map<void*, size_t> live;            // block -> rounded size
+  AllocatorStats stats;
+
+  void* get(size_t bytes) {
+    const size_t size = round_size(bytes);
+    std::lock_guard<std::mutex> lock(mu);
+    void* p = nullptr;
+    auto it = free_lists.find(size);
+    if (it != free_lists.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+      stats.cached -= size;
+    } else {
+      cudaError_t e = cudaMalloc(&p, size);
+      if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        release_locked();
+        e = cudaMalloc(&p, size);
+      }
+      if (e != cudaSuccess && e != cudaErrorMemoryAllocation) cuda_fail(e, "cudaMalloc", __FILE__, __LINE__);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        throw error("cuda", "out of device memory: asked for ", bytes, " bytes with ", stats.in_use,
+                    " in use by k3 and ", free_b, " of ", total_b, " free on the device");
+      }
+      ++stats.mallocs;
+    }
+    live[p] = size;
+    stats.in_use += size;
+    if (stats.in_use > stats.peak) stats.peak = stats.in_use;
+    return p;
+  }
+  void put(void* p) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = live.find(p);
+    if (it == live.end()) return;
+    const size_t size = it->second;
+    live.erase(it);
+    stats.in_use -= size;
+    stats.cached += size;
+    free_lists[size].push_back(p);
+  }
+  void release_locked() {
+    // Blocks may still be in use by queued kernels of their last owner: wait first.
+    cudaStreamSynchronize(stream());
+    for (auto& [size, blocks] : free_lists)
+      for (void* p : blocks) cudaFree(p);
+    free_lists.clear();
+    stats.cached = 0;
+  }
+};
+
+Allocator& allocator() {
+  static Allocator* a = new Allocator();  // never destroyed: buffers may outlive static teardown
+  return *a;
+}
+
+}  // namespace
+
+cudaStream_t stream() {
+  static cudaStream_t s = [] {
+    require_cuda("device");
+    cudaStream_t st = nullptr;
+    K3_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    return st;
+  }();
+  return s;
+}
+
+bool cuda_built() { return true; }
+
+int cuda_device_count() {
+  static const int n = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return count;
+  }();
+  return n;
+}
+
+void require_cuda(const char* who) {
+  if (cuda_device_count() > 0) return;
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  if (driver == 0)
+    throw error(who, "CUDA needs a GPU and no NVIDIA driver was found on this machine; run on the CPU "
+                     "(--device cpu) or on a machine with an NVIDIA GPU");
+  throw error(who, "CUDA needs a GPU and the driver (CUDA ", driver / 1000, ".", driver % 1000 / 10,
+              ") reports none usable; run on the CPU (--device cpu)");
+}
+
+const char* describe() {
+  static const std::string text = [] {
+    if (cuda_device_count() == 0) return std::string("no CUDA device");
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return std::string("CUDA device 0 (properties unreadable)");
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s, %d SMs, %.1f GiB, sm_%d%d", p.name, p.multiProcessorCount,
+                  double(p.totalGlobalMem) / double(1 << 30), p.major, p.minor);
+    return std::string(buf);
+  }();
+  return text.c_str();
+}
+
+Buffer::Buffer(size_t bytes) : bytes_(bytes) {
+  if (!bytes) return;
+  require_cuda("device");
+  ptr_ = allocator().get(bytes);
+}
+Buffer::~Buffer() {
+  if (ptr_) allocator().put(ptr_);
+}
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) allocator().put(ptr_);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+AllocatorStats allocator_stats() {
+  std::lock_guard<std::mutex> lock(allocator().mu);
+  return allocator().stats;
+}
+void empty_cache() {
+  std::lock_guard<std::mutex> lock(allocator().mu);
+  allocator().release_locked();
+}
+
+void upload(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+  K3_CUDA_CHECK(cudaStreamSynchronize(stream()));  // the host buffer may be pageable and short-lived
+}
+void download(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+  K3_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+void zero(void* dst, size_t bytes) {
+  if (bytes) K3_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
+}
+void copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+}
+void synchronize() { K3_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+Buffer upload_new(const void* src, size_t bytes) {
+  Buffer b(bytes);
+  if (bytes && src) upload(b.get(), src, bytes);
+  return b;
+}
+
+Buffer upload_values(const float* src, int64_t n, Storage storage) {
+  if (!src || n <= 0) return {};
+  if (storage == Storage::F32) return upload_new(src, size_t(n) * sizeof(float));
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) h[size_t(i)] = f32_to_bf16(src[i]);
+  return upload_new(h.data(), h.size() * sizeof(uint16_t));
+}
+
+void download_values(float* dst, const Buffer& src, int64_t n, Storage storage) {
+  if (!dst || n <= 0) return;
+  if (storage == Storage::F32) return download(dst, src.get(), size_t(n) * sizeof(float));
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  download(h.data(), src.get(), h.size() * sizeof(uint16_t));
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[size_t(i)]);
+}
+
+Buffer zeros_f32(int64_t n) {
+  Buffer b(size_t(n > 0 ? n : 0) * sizeof(float));
+  zero(b.get(), b.bytes());
+  return b;
+}
+
+Graph::~Graph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+}
+void Graph::begin() { K3_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal)); }
+void Graph::end() {
+  cudaGraph_t g = nullptr;
+  K3_CUDA_CHECK(cudaStreamEndCapture(stream(), &g));
+  graph_ = g;
+  cudaGraphExec_t e = nullptr;
+  K3_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  exec_ = e;
+}
+void Graph::replay() { K3_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream())); }
+
+Timer::Timer() {
+  cudaEvent_t a, b;
+  K3_CUDA_CHECK(cudaEventCreate(&a));
+  K3_CUDA_CHECK(cudaEventCreate(&b));
+  begin_ = a;
+  end_ = b;
+}
+Timer::~Timer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(begin_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(end_));
+}
+void Timer::start() { K3_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(begin_), stream())); }
+double Timer::stop_ms() {
+  K3_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(end_), stream()));
+  K3_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end_)));
+  float ms = 0.0f;
+  K3_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(begin_), static_cast<cudaEvent_t>(end_)));
+  return double(ms);
+}
+
+}  // namespace k3::device
