@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "mixers/linear/delta_internal.h"
@@ -98,14 +99,32 @@ Resolved resolve(const DeltaInputs& in, const DeltaOptions& opts) {
   return r;
 }
 
-void run_forward(const detail::Problem& p, const detail::Outputs& out, Impl impl) {
+// The one place the core picks CPU or CUDA code (ARCHITECTURE.md, "dispatched from the op's .cc").
+void run_forward(const detail::Problem& p, const detail::Outputs& out, Impl impl, const DeltaOptions& opts) {
+  if (opts.device == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    // With the normaliser, o is an intermediate (numerator and denominator): kept fp32.
+    return detail::cuda_forward(p, out, opts.io_dtype,
+                                opts.normalize == Normalize::On ? DType::F32 : opts.io_dtype);
+#else
+    device::require_cuda(kWho);
+#endif
+  }
   if (impl == Impl::Recurrent)
     detail::reference_forward(p, out);
   else
     detail::chunked_forward(p, out);
 }
 
-void run_backward(const detail::Problem& p, const detail::Grads& gr, Impl impl) {
+void run_backward(const detail::Problem& p, const detail::Grads& gr, Impl impl, const DeltaOptions& opts) {
+  if (opts.device == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    return detail::cuda_backward(p, gr, opts.io_dtype,
+                                 opts.normalize == Normalize::On ? DType::F32 : opts.io_dtype);
+#else
+    device::require_cuda(kWho);
+#endif
+  }
   if (impl == Impl::Recurrent)
     detail::reference_backward(p, gr);
   else
@@ -168,14 +187,14 @@ DeltaOutputs delta_forward(const DeltaInputs& in, const DeltaOptions& opts, Impl
   out.o = Tensor::empty({p.B, p.T, p.HV, p.V});   // [B, T, HV, V]
   out.ht = Tensor::empty({p.N, p.HV, p.K, p.V});  // [N, HV, K, V]
   if (opts.normalize == Normalize::Off) {
-    run_forward(p, {out.o.f32(), out.ht.f32()}, impl);
+    run_forward(p, {out.o.f32(), out.ht.f32()}, impl, opts);
     return out;
   }
   Augmented a = augment(r);
   detail::Problem pa = augmented_problem(p, a);
   Tensor o_aug = Tensor::empty({p.B, p.T, p.HV, p.V + 1});   // [B, T, HV, V + 1]
   Tensor ht_aug = Tensor::empty({p.N, p.HV, p.K, p.V + 1});  // [N, HV, K, V + 1]
-  run_forward(pa, {o_aug.f32(), ht_aug.f32()}, impl);
+  run_forward(pa, {o_aug.f32(), ht_aug.f32()}, impl, opts);
   out.zt = Tensor::empty({p.N, p.HV, p.K});  // [N, HV, K]
   split_last_column(ht_aug, p.N * p.HV * p.K, p.V, out.ht.f32(), out.zt.f32());
   const float* oa = o_aug.f32();
@@ -213,7 +232,7 @@ DeltaGrads delta_backward(const DeltaInputs& in, const DeltaCotangents& cot, con
     gr.dht = dht.defined() ? dht.f32() : nullptr;
     gr.dv = gd.dv.f32();
     gr.dh0 = gd.dh0.f32();
-    run_backward(p, gr, impl);
+    run_backward(p, gr, impl, opts);
     return gd;
   }
 
@@ -224,7 +243,7 @@ DeltaGrads delta_backward(const DeltaInputs& in, const DeltaCotangents& cot, con
   const int64_t V = p.V, V1 = p.V + 1, rows = p.B * p.T * p.HV, srows = p.N * p.HV * p.K;
   Tensor o_aug = Tensor::empty({p.B, p.T, p.HV, V1});   // [B, T, HV, V + 1]
   Tensor ht_aug = Tensor::empty({p.N, p.HV, p.K, V1});  // [N, HV, K, V + 1]
-  run_forward(pa, {o_aug.f32(), ht_aug.f32()}, impl);
+  run_forward(pa, {o_aug.f32(), ht_aug.f32()}, impl, opts);
   Tensor do_aug = Tensor::zeros({p.B, p.T, p.HV, V1});   // [B, T, HV, V + 1]
   Tensor dht_aug = Tensor::zeros({p.N, p.HV, p.K, V1});  // [N, HV, K, V + 1]
   if (d_o.defined()) {
@@ -253,7 +272,7 @@ DeltaGrads delta_backward(const DeltaInputs& in, const DeltaCotangents& cot, con
   gr.dht = dht_aug.f32();
   gr.dv = dv_aug.f32();
   gr.dh0 = dh0_aug.f32();
-  run_backward(pa, gr, impl);
+  run_backward(pa, gr, impl, opts);
   split_last_column(dv_aug, rows, V, gd.dv.f32(), nullptr);
   gd.dz0 = Tensor::zeros({p.N, p.HV, p.K});  // [N, HV, K]
   split_last_column(dh0_aug, srows, V, gd.dh0.f32(), gd.dz0.f32());

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "mixers/linear/delta_core.h"
 #include "core/tensor.h"
 
 namespace k3::linear::testing {
@@ -45,6 +46,56 @@ inline Tensor l2_rows(Tensor t) {
     for (int64_t d = 0; d < D; ++d) t.f32()[r * D + d] *= inv;
   }
   return t;
+}
+
+struct Variant {
+  const char* name;
+  Write write;
+  Decay decay;
+  Normalize normalize;
+};
+
+inline const Variant kVariants[] = {
+    {"linear", Write::Additive, Decay::None, Normalize::Off},
+    {"linear_norm", Write::Additive, Decay::None, Normalize::On},
+    {"delta", Write::Delta, Decay::None, Normalize::Off},
+    {"gdn", Write::Delta, Decay::Scalar, Normalize::Off},
+    {"kda", Write::Delta, Decay::PerChannel, Normalize::Off},
+};
+
+inline DeltaOptions options(const Variant& var) {
+  DeltaOptions o;
+  o.write = var.write;
+  o.decay = var.decay;
+  o.normalize = var.normalize;
+  return o;
+}
+
+// Random inputs: unit keys, β in (0, 1), log-decays uniform in [−5, 0] (the K3 lower bound).
+inline DeltaInputs random_inputs(const Variant& var, int64_t B, int64_t T, int64_t H, int64_t HV, int64_t K, int64_t V,
+                          int64_t N, uint64_t seed) {
+  Rng rng(seed);
+  DeltaInputs in;
+  const bool positive = var.write == Write::Additive;  // linear attention sees φ(q), φ(k) > 0
+  in.q = positive ? uniform(rng, {B, T, H, K}, 0.05f, 1.0f) : randn(rng, {B, T, H, K});  // [B, T, H, K]
+  in.k = positive ? uniform(rng, {B, T, H, K}, 0.05f, 1.0f) : l2_rows(randn(rng, {B, T, H, K}));
+  in.v = randn(rng, {B, T, HV, V});  // [B, T, HV, V]
+  if (var.write == Write::Delta) in.beta = uniform(rng, {B, T, HV}, 0.0f, 1.0f);  // [B, T, HV]
+  if (var.decay == Decay::Scalar) in.g = uniform(rng, {B, T, HV}, -5.0f, 0.0f);   // [B, T, HV]
+  if (var.decay == Decay::PerChannel) in.g = uniform(rng, {B, T, HV, K}, -5.0f, 0.0f);  // [B, T, HV, K]
+  in.h0 = randn(rng, {N, HV, K, V}, 0.5f);  // [N, HV, K, V]
+  if (var.normalize == Normalize::On) in.z0 = uniform(rng, {N, HV, K}, 0.0f, 2.0f);  // [N, HV, K]
+  return in;
+}
+
+inline DeltaCotangents random_cotangents(const Variant& var, int64_t B, int64_t T, int64_t HV, int64_t K, int64_t V,
+                                  int64_t N, uint64_t seed) {
+  Rng rng(seed);
+  DeltaCotangents c;
+  c.d_o = randn(rng, {B, T, HV, V});
+  c.dht = randn(rng, {N, HV, K, V});
+  if (var.normalize == Normalize::On) c.dzt = randn(rng, {N, HV, K});
+  return c;
 }
 
 }  // namespace k3::linear::testing

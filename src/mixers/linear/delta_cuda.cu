@@ -1,0 +1,533 @@
+// The delta-rule family on CUDA: the recurrent form, forward (any T, so also the decode step) and
+// backward, for every variant of the one table (Write × Decay; the normaliser is the host-side
+// wrapper's extra value column). fp32 state; q/k/v/o (and do) stored in fp32 or bf16; β and the
+// log-decays g always fp32 (exp(g) over hundreds of tokens amplifies bf16's 2^-9 rounding).
+//
+// Columns of S never mix (u_j, δ_j and o_j depend on column j alone), so one thread block per
+// (sequence, value head, tile of 32 value columns) keeps its slice S [K, 32] in registers: 8 warps
+// split the K rows, the 32 lanes the columns. Each thread owns the same elements for the whole
+// sequence, so a column sum Sᵀx needs only the 8 warps' partials (shared memory), and a row sum
+// S y a warp shuffle plus an atomic add across column tiles. Small register slices let several
+// blocks share an SM, which the bandwidth-bound decode step needs. Inputs are staged in shared
+// memory kTile tokens at a time. K ≤ 128; any V.
+//
+// Backward (README.md beside this file, "Backward"): a forward pass stores S at the start of
+// every kTile-token chunk; then, chunk by chunk in reverse, the chunk's states S_{t-1} are
+// recomputed into a per-thread scratch (each thread re-reads only what it wrote) and the adjoint
+// dS is carried back token by token.
+#include <algorithm>
+#include <vector>
+
+#include "core/cuda_util.cuh"
+#include "core/device.h"
+#include "mixers/linear/delta_cuda.h"
+#include "mixers/linear/delta_internal.h"
+
+namespace k3::linear::detail {
+namespace {
+
+using device::from_f32;
+using device::to_f32;
+using device::warp_sum;
+
+constexpr int kWarps = 8, kThreads = kWarps * 32;
+constexpr int kRows = 16, kCols = 1;  // per thread: K ≤ kWarps·kRows; 32·kCols columns per block
+constexpr int kKMax = kWarps * kRows, kVMax = 32 * kCols;
+constexpr int kTile = 8;  // tokens staged per shared-memory tile (and backward chunk length)
+constexpr int kPerThread = kRows * kCols;
+
+struct Dev {
+  int N, H, HV, K, V, group;
+  int delta_write, decay;  // decay: 0 none, 1 scalar, 2 per-channel
+  float scale;
+  const int64_t* row0;  // [N] first token row of each sequence
+  const int64_t* len;   // [N]
+  const void *q, *k, *v;             // io dtype
+  const float *beta, *g;             // fp32 always: gates and decays are sensitive (as in fla)
+  const float* h0;                   // [N, HV, K, V] or null
+  void* o;                           // [B·T, HV, V] io dtype, or fp32 when o_f32
+  int o_f32, do_f32;                 // o / d_o kept fp32 (the normaliser's intermediates)
+  float* ht;                         // [N, HV, K, V] or null
+  // backward
+  const void* d_o;                   // io dtype or null
+  const float* dht;
+  float *dq, *dk, *dv, *dbeta, *dg, *dh0;  // fp32, zero-filled
+  float* scratch;                    // per block: checkpoints + chunk history
+  int64_t scratch_per_block;         // floats
+};
+
+// Shared-memory tile of kTile tokens: q pre-scaled, k, the decay multipliers a = exp(g), v, β.
+struct Tile {
+  float q[kTile][kKMax], k[kTile][kKMax], a[kTile][kKMax];
+  float v[kTile][kVMax], b[kTile];
+};
+
+template <class T>
+__device__ void load_tile(const Dev& p, Tile& s, int64_t r0, int nt, int h, int hv) {
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  const float* g = p.g;
+  const float* beta = p.beta;
+  for (int idx = threadIdx.x; idx < nt * p.K; idx += kThreads) {
+    const int tt = idx / p.K, d = idx % p.K;
+    const int64_t r = r0 + tt;
+    s.q[tt][d] = p.scale * to_f32(q[(r * p.H + h) * p.K + d]);
+    s.k[tt][d] = to_f32(k[(r * p.H + h) * p.K + d]);
+    float a = 1.0f;
+    if (p.decay == 1) a = __expf(g[r * p.HV + hv]);
+    if (p.decay == 2) a = __expf(g[(r * p.HV + hv) * p.K + d]);
+    s.a[tt][d] = a;
+  }
+  const int c0 = blockIdx.y * kVMax, nc = min(kVMax, p.V - c0);  // this block's columns
+  for (int idx = threadIdx.x; idx < nt * nc; idx += kThreads) {
+    const int tt = idx / nc, jl = idx % nc;
+    s.v[tt][jl] = to_f32(v[((r0 + tt) * p.HV + hv) * p.V + c0 + jl]);
+  }
+  for (int tt = threadIdx.x; tt < nt; tt += kThreads) s.b[tt] = p.delta_write ? beta[(r0 + tt) * p.HV + hv] : 1.0f;
+}
+
+// One token of the forward recurrence on the thread's elements: decay, δ (column sums through
+// `red`), write. Leaves δ in `delta`; the caller reads the output. Two __syncthreads inside.
+__device__ __forceinline__ void step_state(const Dev& p, const Tile& s, int tt, float (&S)[kRows][kCols],
+                                           float (&delta)[kCols], float (&u)[kCols], float (*red)[kVMax], int warp,
+                                           int lane, int rpw) {
+  float pu[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) pu[c] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int i = warp * rpw + r;
+    const bool row = r < rpw && i < p.K;
+    const float a = row ? s.a[tt][i] : 0.0f, kk = row ? s.k[tt][i] : 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      S[r][c] *= a;
+      pu[c] += S[r][c] * kk;
+    }
+  }
+  __syncthreads();  // the previous token's readers of red are done
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const int j = lane + 32 * c, jg = blockIdx.y * kVMax + j;
+    if (jg < p.V) red[warp][j] = pu[c];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const int j = lane + 32 * c, jg = blockIdx.y * kVMax + j;
+    float uj = 0.0f;
+    if (jg < p.V)
+      for (int w = 0; w < kWarps; ++w) uj += red[w][j];
+    u[c] = uj;
+    const float vj = jg < p.V ? s.v[tt][j] : 0.0f;
+    delta[c] = p.delta_write ? s.b[tt] * (vj - uj) : vj;
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int i = warp * rpw + r;
+    const float kk = (r < rpw && i < p.K) ? s.k[tt][i] : 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) S[r][c] += kk * delta[c];
+  }
+}
+
+__device__ __forceinline__ void load_state(const Dev& p, const float* src, float (&S)[kRows][kCols], int warp,
+                                           int lane, int rpw) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int i = warp * rpw + r;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int j = lane + 32 * c, jg = blockIdx.y * kVMax + j;
+      S[r][c] = (src && r < rpw && i < p.K && jg < p.V) ? src[i * p.V + jg] : 0.0f;
+    }
+  }
+}
+
+__device__ __forceinline__ void store_state(const Dev& p, float* dst, const float (&S)[kRows][kCols], int warp,
+                                            int lane, int rpw) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int i = warp * rpw + r;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int j = lane + 32 * c, jg = blockIdx.y * kVMax + j;
+      if (r < rpw && i < p.K && jg < p.V) dst[i * p.V + jg] = S[r][c];
+    }
+  }
+}
+
+// Per-thread scratch (coalesced: element e of thread t at e·kThreads + t).
+__device__ __forceinline__ void save_private(float* dst, const float (&S)[kRows][kCols]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) dst[(r * kCols + c) * kThreads + threadIdx.x] = S[r][c];
+}
+__device__ __forceinline__ void load_private(const float* src, float (&S)[kRows][kCols]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) S[r][c] = src[(r * kCols + c) * kThreads + threadIdx.x];
+}
+
+// At least 4 blocks per SM (≤ 64 registers): the decode step needs that many loads in flight.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 4) forward_kernel(Dev p) {
+  const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV, h = hv / p.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rpw = (p.K + kWarps - 1) / kWarps;
+  const int64_t row0 = p.row0[n], len = p.len[n];
+  const int64_t soff = (int64_t(n) * p.HV + hv) * p.K * p.V;
+  __shared__ Tile s;
+  __shared__ float red[kWarps][kVMax], red2[kWarps][kVMax];
+  float S[kRows][kCols], delta[kCols], u[kCols];
+  load_state(p, p.h0 ? p.h0 + soff : nullptr, S, warp, lane, rpw);
+  T* o = static_cast<T*>(p.o);
+  for (int64_t t0 = 0; t0 < len; t0 += kTile) {
+    const int nt = int(len - t0 < kTile ? len - t0 : kTile);
+    __syncthreads();  // everyone is done with the previous tile
+    load_tile<T>(p, s, row0 + t0, nt, h, hv);
+    __syncthreads();
+    for (int tt = 0; tt < nt; ++tt) {
+      step_state(p, s, tt, S, delta, u, red, warp, lane, rpw);
+      float po[kCols];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) po[c] = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int i = warp * rpw + r;
+        const float qq = (r < rpw && i < p.K) ? s.q[tt][i] : 0.0f;
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) po[c] += S[r][c] * qq;
+      }
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int j = lane + 32 * c, jg = blockIdx.y * kVMax + j;
+        if (jg < p.V) red2[warp][j] = po[c];
+      }
+      __syncthreads();
+      const int64_t r = row0 + t0 + tt;
+      const int c0 = blockIdx.y * kVMax, nc = min(kVMax, p.V - c0);
+      for (int j = threadIdx.x; j < nc; j += kThreads) {
+        float acc = 0.0f;
+        for (int w = 0; w < kWarps; ++w) acc += red2[w][j];
+        if (p.o_f32)
+          static_cast<float*>(p.o)[(r * p.HV + hv) * p.V + c0 + j] = acc;
+        else
+          o[(r * p.HV + hv) * p.V + c0 + j] = from_f32<T>(acc);
+      }
+      // red2 is rewritten only after the next token's two barriers in step_state.
+    }
+  }
+  if (p.ht) store_state(p, p.ht + soff, S, warp, lane, rpw);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) backward_kernel(Dev p) {
+  const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV, h = hv / p.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rpw = (p.K + kWarps - 1) / kWarps;
+  const int64_t row0 = p.row0[n], len = p.len[n];
+  const int64_t soff = (int64_t(n) * p.HV + hv) * p.K * p.V;
+  const int64_t nchunks = (len + kTile - 1) / kTile;
+  float* ckpt = p.scratch + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * p.scratch_per_block;  // [nchunks][kPerThread][kThreads]
+  float* hist = ckpt + nchunks * kPerThread * kThreads;                    // [kTile][kPerThread][kThreads]
+  __shared__ Tile s;
+  __shared__ float red[kWarps][kVMax];
+  __shared__ float sdo[kTile][kVMax], sdel[kTile][kVMax], su[kTile][kVMax];
+  __shared__ float sred[32];
+  float S[kRows][kCols], delta[kCols], u[kCols];
+
+  // Pass 1: checkpoints S at each chunk start.
+  load_state(p, p.h0 ? p.h0 + soff : nullptr, S, warp, lane, rpw);
+  for (int64_t c = 0; c < nchunks; ++c) {
+    save_private(ckpt + c * kPerThread * kThreads, S);
+    const int nt = int(len - c * kTile < kTile ? len - c * kTile : kTile);
+    __syncthreads();
+    load_tile<T>(p, s, row0 + c * kTile, nt, h, hv);
+    __syncthreads();
+    for (int tt = 0; tt < nt; ++tt) step_state(p, s, tt, S, delta, u, red, warp, lane, rpw);
+  }
+
+  // Pass 2: the adjoint, chunk by chunk in reverse.
+  float dS[kRows][kCols];
+  load_state(p, p.dht ? p.dht + soff : nullptr, dS, warp, lane, rpw);
+  const T* d_o = static_cast<const T*>(p.d_o);
+  for (int64_t c = nchunks - 1; c >= 0; --c) {
+    const int64_t r0 = row0 + c * kTile;
+    const int nt = int(len - c * kTile < kTile ? len - c * kTile : kTile);
+    __syncthreads();
+    load_tile<T>(p, s, r0, nt, h, hv);
+    const int c0 = blockIdx.y * kVMax, nc = min(kVMax, p.V - c0);
+    for (int idx = threadIdx.x; idx < nt * nc; idx += kThreads) {
+      const int tt = idx / nc, j = idx % nc;
+      const int64_t e = ((r0 + tt) * p.HV + hv) * p.V + c0 + j;
+      sdo[tt][j] = !d_o ? 0.0f : p.do_f32 ? static_cast<const float*>(p.d_o)[e] : to_f32(d_o[e]);
+    }
+    __syncthreads();
+    // Recompute the chunk: S_{t-1} into hist, δ and u into shared memory.
+    load_private(ckpt + c * kPerThread * kThreads, S);
+    for (int tt = 0; tt < nt; ++tt) {
+      save_private(hist + int64_t(tt) * kPerThread * kThreads, S);
+      step_state(p, s, tt, S, delta, u, red, warp, lane, rpw);
+      if (warp == 0) {
+#pragma unroll
+        for (int cc = 0; cc < kCols; ++cc) {
+          const int j = lane + 32 * cc, jg = blockIdx.y * kVMax + j;
+          if (jg < p.V) {
+            sdel[tt][j] = delta[cc];
+            su[tt][j] = u[cc];
+          }
+        }
+      }
+    }
+    __syncthreads();
+    for (int tt = nt - 1; tt >= 0; --tt) {
+      const int64_t r = r0 + tt;
+      float Sd[kRows][kCols];
+      load_private(hist + int64_t(tt) * kPerThread * kThreads, Sd);
+      float dl[kCols], dov[kCols];
+#pragma unroll
+      for (int cc = 0; cc < kCols; ++cc) {
+        const int j = lane + 32 * cc, jg = blockIdx.y * kVMax + j;
+        dl[cc] = jg < p.V ? sdel[tt][j] : 0.0f;
+        dov[cc] = jg < p.V ? sdo[tt][j] : 0.0f;
+      }
+      // Sd = a ∘ S_{t-1}; S_t = Sd + k δᵀ; dS += (s q) doᵀ; row sums for dq; column sums for dδ.
+      float dqr[kRows], dkr[kRows], pdd[kCols];
+#pragma unroll
+      for (int cc = 0; cc < kCols; ++cc) pdd[cc] = 0.0f;
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        const int i = warp * rpw + rr;
+        const bool row = rr < rpw && i < p.K;
+        const float a = row ? s.a[tt][i] : 0.0f, kk = row ? s.k[tt][i] : 0.0f, qq = row ? s.q[tt][i] : 0.0f;
+        float accq = 0.0f, acck = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < kCols; ++cc) {
+          Sd[rr][cc] *= a;
+          const float St = Sd[rr][cc] + kk * dl[cc];
+          dS[rr][cc] += qq * dov[cc];
+          accq += St * dov[cc];
+          acck += dS[rr][cc] * dl[cc];
+          pdd[cc] += dS[rr][cc] * kk;
+        }
+        dqr[rr] = accq;
+        dkr[rr] = acck;
+      }
+#pragma unroll
+      for (int cc = 0; cc < kCols; ++cc) {
+        const int j = lane + 32 * cc, jg = blockIdx.y * kVMax + j;
+        if (jg < p.V) red[warp][j] = pdd[cc];
+      }
+      __syncthreads();
+      float du[kCols], pb = 0.0f;
+      const float beta = s.b[tt];
+#pragma unroll
+      for (int cc = 0; cc < kCols; ++cc) {
+        const int j = lane + 32 * cc, jg = blockIdx.y * kVMax + j;
+        float dd = 0.0f;
+        if (jg < p.V)
+          for (int w = 0; w < kWarps; ++w) dd += red[w][j];
+        const float vj = jg < p.V ? s.v[tt][j] : 0.0f;
+        if (p.delta_write) {
+          const float uj = jg < p.V ? su[tt][j] : 0.0f;
+          pb += dd * (vj - uj);
+          du[cc] = -beta * dd;
+          if (warp == 0 && jg < p.V) p.dv[(r * p.HV + hv) * p.V + jg] = beta * dd;
+        } else {
+          du[cc] = 0.0f;
+          if (warp == 0 && jg < p.V) p.dv[(r * p.HV + hv) * p.V + jg] = dd;
+        }
+      }
+      if (p.delta_write && warp == 0) {
+        pb = warp_sum(pb);
+        if (lane == 0) atomicAdd(&p.dbeta[r * p.HV + hv], pb);  // column tiles add up
+      }
+      // dS' = dS + k duᵀ; dk += Sd du; dg = Σ_j dS'·Sd; dS_{t-1} = a ∘ dS'.
+      float dgr[kRows], dgs = 0.0f;
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        const int i = warp * rpw + rr;
+        const bool row = rr < rpw && i < p.K;
+        const float a = row ? s.a[tt][i] : 0.0f, kk = row ? s.k[tt][i] : 0.0f;
+        float acck = 0.0f, accg = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < kCols; ++cc) {
+          dS[rr][cc] += kk * du[cc];
+          acck += Sd[rr][cc] * du[cc];
+          accg += dS[rr][cc] * Sd[rr][cc];
+          dS[rr][cc] *= a;
+        }
+        dkr[rr] += acck;
+        dgr[rr] = accg;
+        dgs += accg;
+      }
+      // Row sums across the warp's lanes; lane (rr % 32) writes row rr.
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        const int i = warp * rpw + rr;
+        const float sq = warp_sum(dqr[rr]), sk = warp_sum(dkr[rr]);
+        float sg = 0.0f;
+        if (p.decay == 2) sg = warp_sum(dgr[rr]);
+        if (rr < rpw && i < p.K && lane == (rr & 31)) {
+          atomicAdd(&p.dq[(r * p.H + h) * p.K + i], p.scale * sq);
+          atomicAdd(&p.dk[(r * p.H + h) * p.K + i], sk);
+          if (p.decay == 2) atomicAdd(&p.dg[(r * p.HV + hv) * p.K + i], sg);
+        }
+      }
+      if (p.decay == 1) {
+        const float tot = device::block_sum(dgs, sred);
+        if (threadIdx.x == 0) atomicAdd(&p.dg[r * p.HV + hv], tot);
+      }
+      __syncthreads();  // red is rewritten by the next token
+    }
+  }
+  store_state(p, p.dh0 + soff, dS, warp, lane, rpw);
+}
+
+Dev to_dev(const cuda::DeviceArgs& a) {
+  cuda::check_supported(a.K, a.V);
+  Dev d{};
+  d.N = int(a.N), d.H = int(a.H), d.HV = int(a.HV), d.K = int(a.K), d.V = int(a.V);
+  d.group = int(a.HV / a.H);
+  d.delta_write = a.write == Write::Delta;
+  d.decay = a.decay == Decay::None ? 0 : a.decay == Decay::Scalar ? 1 : 2;
+  d.scale = a.scale > 0.0f ? a.scale : 1.0f / sqrtf(float(a.K));
+  d.row0 = a.row0, d.len = a.len;
+  d.o_f32 = a.io != DType::BF16 || a.o_dtype != DType::BF16;
+  d.q = a.q, d.k = a.k, d.v = a.v, d.beta = a.beta, d.g = a.g, d.h0 = a.h0, d.o = a.o, d.ht = a.ht;
+  return d;
+}
+
+// Host side: copies a host problem to the device (fp32 or rounded to bf16), runs, copies back.
+struct Staged {
+  device::Buffer q, k, v, beta, g, h0, row0, len, o, ht, d_o, dht, dq, dk, dv, dbeta, dg, dh0;
+  cuda::DeviceArgs args;
+};
+
+device::Buffer put(const float* src, int64_t n, bool bf16) {
+  return device::upload_values(src, n, bf16 ? device::Storage::BF16 : device::Storage::F32);
+}
+void get(float* dst, const device::Buffer& b, int64_t n, bool bf16) {
+  device::download_values(dst, b, n, bf16 ? device::Storage::BF16 : device::Storage::F32);
+}
+
+Staged stage(const Problem& p, bool bf16) {
+  cuda::check_supported(p.K, p.V);
+  Staged st;
+  const int64_t rows = p.B * p.T;
+  st.q = put(p.q, rows * p.H * p.K, bf16);
+  st.k = put(p.k, rows * p.H * p.K, bf16);
+  st.v = put(p.v, rows * p.HV * p.V, bf16);
+  st.beta = put(p.beta, p.beta ? rows * p.HV : 0, false);
+  const int64_t gn = p.decay == Decay::None ? 0 : p.decay == Decay::Scalar ? rows * p.HV : rows * p.HV * p.K;
+  st.g = put(p.g, gn, false);
+  st.h0 = put(p.h0, p.N * p.HV * p.K * p.V, false);
+  std::vector<int64_t> r0, ln;
+  for (const Segment& s : p.seqs) {
+    r0.push_back(s.row0);
+    ln.push_back(s.len);
+  }
+  st.row0 = device::upload_new(r0.data(), r0.size() * sizeof(int64_t));
+  st.len = device::upload_new(ln.data(), ln.size() * sizeof(int64_t));
+  cuda::DeviceArgs a;
+  a.N = p.N, a.H = p.H, a.HV = p.HV, a.K = p.K, a.V = p.V, a.write = p.write, a.decay = p.decay, a.scale = p.scale;
+  a.io = bf16 ? DType::BF16 : DType::F32;
+  a.row0 = st.row0.as<int64_t>(), a.len = st.len.as<int64_t>();
+  a.q = st.q.get(), a.k = st.k.get(), a.v = st.v.get(), a.beta = st.beta.as<float>(), a.g = st.g.as<float>();
+  a.h0 = st.h0.as<float>();
+  st.args = a;
+  return st;
+}
+
+}  // namespace
+
+void cuda_forward(const Problem& p, const Outputs& out, DType io, DType o_dtype) {
+  const bool bf16 = io == DType::BF16;
+  Staged st = stage(p, bf16);
+  st.args.o_dtype = o_dtype;
+  const bool o16 = bf16 && o_dtype == DType::BF16;
+  const int64_t rows = p.B * p.T, esz = o16 ? 2 : 4;
+  st.o = device::Buffer(size_t(rows * p.HV * p.V * esz));
+  st.ht = device::Buffer(size_t(p.N * p.HV * p.K * p.V) * 4);
+  st.args.o = st.o.get();
+  st.args.ht = st.ht.as<float>();
+  cuda::forward(st.args);
+  get(out.o, st.o, rows * p.HV * p.V, o16);
+  if (out.ht) get(out.ht, st.ht, p.N * p.HV * p.K * p.V, false);
+}
+
+void cuda_backward(const Problem& p, const Grads& gr, DType io, DType do_dtype) {
+  const bool bf16 = io == DType::BF16;
+  Staged st = stage(p, bf16);
+  const int64_t rows = p.B * p.T;
+  st.d_o = put(gr.d_o, gr.d_o ? rows * p.HV * p.V : 0, bf16 && do_dtype == DType::BF16);
+  st.dht = put(gr.dht, gr.dht ? p.N * p.HV * p.K * p.V : 0, false);
+  auto zeros = device::zeros_f32;
+  st.dq = zeros(rows * p.H * p.K);
+  st.dk = zeros(rows * p.H * p.K);
+  st.dv = zeros(rows * p.HV * p.V);
+  st.dbeta = zeros(rows * p.HV);
+  st.dg = zeros(p.decay == Decay::PerChannel ? rows * p.HV * p.K : rows * p.HV);
+  st.dh0 = zeros(p.N * p.HV * p.K * p.V);
+  cuda::DeviceGrads g;
+  g.do_dtype = do_dtype;
+  for (const Segment& sg : p.seqs) g.longest = std::max(g.longest, sg.len);
+  g.d_o = st.d_o.get();
+  g.dht = st.dht.as<float>();
+  g.dq = st.dq.as<float>(), g.dk = st.dk.as<float>(), g.dv = st.dv.as<float>();
+  g.dbeta = st.dbeta.as<float>(), g.dg = st.dg.as<float>(), g.dh0 = st.dh0.as<float>();
+  cuda::backward(st.args, g);
+  // Host gradient buffers arrive zero-filled; the kernels wrote complete gradients.
+  get(gr.dq, st.dq, rows * p.H * p.K, false);
+  get(gr.dk, st.dk, rows * p.H * p.K, false);
+  get(gr.dv, st.dv, rows * p.HV * p.V, false);
+  if (gr.dbeta) get(gr.dbeta, st.dbeta, rows * p.HV, false);
+  if (gr.dg) get(gr.dg, st.dg, p.decay == Decay::PerChannel ? rows * p.HV * p.K : rows * p.HV, false);
+  if (gr.dh0) get(gr.dh0, st.dh0, p.N * p.HV * p.K * p.V, false);
+}
+
+}  // namespace k3::linear::detail
+
+namespace k3::linear::cuda {
+
+void check_supported(int64_t K, int64_t V) {
+  using namespace detail;
+  if (K < 1 || V < 1 || K > kKMax)
+    throw error("delta", "the CUDA kernels take 1 ≤ K ≤ ", kKMax, " and V ≥ 1, got K = ", K, ", V = ", V);
+}
+
+void forward(const DeviceArgs& a) {
+  using namespace detail;
+  const Dev d = to_dev(a);
+  const dim3 blocks(unsigned(a.N * a.HV), unsigned((a.V + kVMax - 1) / kVMax));
+  if (!blocks.x) return;
+  if (a.io == DType::BF16)
+    forward_kernel<__nv_bfloat16><<<blocks, kThreads, 0, device::stream()>>>(d);
+  else
+    forward_kernel<float><<<blocks, kThreads, 0, device::stream()>>>(d);
+  K3_CUDA_LAUNCHED();
+}
+
+void backward(const DeviceArgs& a, const DeviceGrads& g) {
+  using namespace detail;
+  Dev d = to_dev(a);
+  const dim3 blocks(unsigned(a.N * a.HV), unsigned((a.V + kVMax - 1) / kVMax));
+  if (!blocks.x) return;
+  const int64_t chunks = (g.longest + kTile - 1) / kTile;
+  d.scratch_per_block = (chunks + kTile) * kPerThread * kThreads;
+  device::Buffer scratch(size_t(d.scratch_per_block) * blocks.x * blocks.y * sizeof(float));
+  d.scratch = scratch.as<float>();
+  d.do_f32 = a.io != DType::BF16 || g.do_dtype != DType::BF16;
+  d.d_o = g.d_o, d.dht = g.dht, d.dq = g.dq, d.dk = g.dk, d.dv = g.dv, d.dbeta = g.dbeta, d.dg = g.dg, d.dh0 = g.dh0;
+  if (a.io == DType::BF16)
+    backward_kernel<__nv_bfloat16><<<blocks, kThreads, 0, device::stream()>>>(d);
+  else
+    backward_kernel<float><<<blocks, kThreads, 0, device::stream()>>>(d);
+  K3_CUDA_LAUNCHED();
+  // The scratch goes back to the allocator's cache when this returns; work queued on the same
+  // stream later cannot overlap this kernel, so its reuse is safe.
+}
+
+}  // namespace k3::linear::cuda

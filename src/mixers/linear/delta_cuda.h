@@ -1,0 +1,43 @@
+// The delta-rule kernels of delta_cuda.cu on device buffers, for callers that keep their tensors
+// on the GPU (benchmarks; the model-level CUDA path). Queued on k3's stream (core/device.h).
+// Layouts as in delta_core.h; row0/len [N] give each sequence's first token row and length.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "mixers/linear/delta_core.h"
+
+namespace k3::linear::cuda {
+
+struct DeviceArgs {
+  int64_t N = 0, H = 0, HV = 0, K = 0, V = 0;
+  Write write = Write::Delta;
+  Decay decay = Decay::None;
+  float scale = 0.0f;                       // 0: K^-1/2
+  DType io = DType::F32;                    // storage of q, k, v: F32 or BF16
+  DType o_dtype = DType::BF16;              // storage of o when io is BF16 (F32 keeps it fp32)
+  const int64_t* row0 = nullptr;            // [N]
+  const int64_t* len = nullptr;             // [N]
+  const void *q = nullptr, *k = nullptr, *v = nullptr;
+  const float* beta = nullptr;              // [rows, HV] (Delta)
+  const float* g = nullptr;                 // [rows, HV] or [rows, HV, K]
+  const float* h0 = nullptr;                // [N, HV, K, V] or null
+  void* o = nullptr;                        // [rows, HV, V]
+  float* ht = nullptr;                      // [N, HV, K, V] or null (may equal h0: in-place decode)
+};
+
+struct DeviceGrads {
+  const void* d_o = nullptr;  // or null; bf16 when io and do_dtype are BF16, else fp32
+  DType do_dtype = DType::BF16;
+  const float* dht = nullptr;
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dbeta = nullptr, *dg = nullptr, *dh0 = nullptr;  // zeroed
+  int64_t longest = 0;        // longest sequence (sizes the recompute scratch)
+};
+
+// Checks the sizes the kernels support (K ≤ 128, V ≤ 160), throws k3::Error otherwise.
+void check_supported(int64_t K, int64_t V);
+void forward(const DeviceArgs& a);
+void backward(const DeviceArgs& a, const DeviceGrads& g);
+
+}  // namespace k3::linear::cuda
