@@ -1,0 +1,224 @@
+// Elementwise and row-wise ops on CUDA: GELU, SiTU/SiLU GLU, embedding, RoPE, cross-entropy,
+// AdamW. Each mirrors its CPU function (ops/activation.cc, ops/situ.cc, ops/embedding.cc,
+// ops/rope.cc, ops/ag.cc's cross_entropy_head, train/optimizer.cc).
+#include <cmath>
+
+#include "core/cuda_util.cuh"
+#include "ops/ops_cuda.h"
+
+namespace k3::cuda {
+namespace {
+
+using device::block_sum;
+using device::from_f32;
+using device::to_f32;
+
+constexpr int kThreads = 256;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+template <class T>
+__global__ void gelu_fwd(const T* x, T* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = to_f32(x[i]);
+  y[i] = from_f32<T>(0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v))));
+}
+
+template <class T>
+__global__ void gelu_bwd(const T* x, const T* dy, T* dx, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = to_f32(x[i]);
+  const float t = tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v));
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
+  dx[i] = from_f32<T>(to_f32(dy[i]) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du));
+}
+
+// SiTU factors (ops/situ.h); beta ≤ 0 means the cap is absent.
+__device__ __forceinline__ float gate_f(float g, float beta) {
+  const float s = sigm(g);
+  return beta > 0.0f ? beta * tanhf(g / beta) * s : g * s;
+}
+__device__ __forceinline__ float gate_df(float g, float beta) {
+  const float s = sigm(g);
+  if (beta <= 0.0f) return s * (1.0f + g * (1.0f - s));
+  const float t = tanhf(g / beta);
+  return (1.0f - t * t) * s + beta * t * s * (1.0f - s);
+}
+__device__ __forceinline__ float up_f(float u, float bl) { return bl > 0.0f ? bl * tanhf(u / bl) : u; }
+__device__ __forceinline__ float up_df(float u, float bl) {
+  if (bl <= 0.0f) return 1.0f;
+  const float t = tanhf(u / bl);
+  return 1.0f - t * t;
+}
+
+template <class T>
+__global__ void situ_fwd(const T* gate, const T* up, T* y, int64_t n, float beta, float bl) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  y[i] = from_f32<T>(gate_f(to_f32(gate[i]), beta) * up_f(to_f32(up[i]), bl));
+}
+
+template <class T>
+__global__ void situ_bwd(const T* gate, const T* up, const T* dy, T* dgate, T* dup, int64_t n, float beta, float bl) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float g = to_f32(gate[i]), u = to_f32(up[i]), d = to_f32(dy[i]);
+  if (dgate) dgate[i] = from_f32<T>(d * gate_df(g, beta) * up_f(u, bl));
+  if (dup) dup[i] = from_f32<T>(d * gate_f(g, beta) * up_df(u, bl));
+}
+
+template <class T>
+__global__ void embed_fwd(const float* table, int64_t vocab, const int64_t* ids, int64_t n, int64_t D, T* y,
+                          int* bad) {
+  const int64_t row = blockIdx.x;
+  const int64_t id = ids[row];
+  if (id < 0 || id >= vocab) {
+    if (threadIdx.x == 0) atomicExch(bad, 1);
+    return;
+  }
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) y[row * D + d] = from_f32<T>(table[id * D + d]);
+}
+
+template <class T>
+__global__ void embed_bwd(const int64_t* ids, int64_t D, const T* dy, float* dtable) {
+  const int64_t row = blockIdx.x, id = ids[row];
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) atomicAdd(&dtable[id * D + d], to_f32(dy[row * D + d]));
+}
+
+template <class T>
+__global__ void rope_kernel(T* x, int64_t H, int64_t hd, int64_t offset, int64_t half, const int64_t* positions,
+                            const double* inv_freq, double factor, int direction) {
+  const int64_t m = blockIdx.x;
+  const double pos = double(positions[m]);
+  for (int64_t e = threadIdx.x; e < H * half; e += blockDim.x) {
+    const int64_t h = e / half, i = e % half;
+    double sd, cd;
+    sincos(pos * inv_freq[i], &sd, &cd);
+    const float c = float(cd * factor), s = float(sd * factor) * float(direction > 0 ? 1 : -1);
+    T* p = x + (m * H + h) * hd + offset;
+    const float a = to_f32(p[2 * i]), b = to_f32(p[2 * i + 1]);
+    p[2 * i] = from_f32<T>(a * c - b * s);
+    p[2 * i + 1] = from_f32<T>(a * s + b * c);
+  }
+}
+
+// One block per row: max, log-sum-exp, loss = lse − logit[target]; dlogits = (p − onehot)·scale.
+__global__ void xent_kernel(const float* logits, const int64_t* targets, int64_t vocab, float* loss, float* dlogits,
+                            float scale) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const float* z = logits + row * vocab;
+  const int64_t t = targets[row];
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, z[j]);
+  mx = device::warp_max(mx);
+  __shared__ float smax[32];
+  if ((threadIdx.x & 31) == 0) smax[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  mx = -INFINITY;
+  for (int w = 0; w < int(blockDim.x >> 5); ++w) mx = fmaxf(mx, smax[w]);
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(z[j] - mx);
+  const float lse = mx + logf(block_sum(s, scratch));
+  if (threadIdx.x == 0) loss[row] = t < 0 ? 0.0f : lse - z[t];
+  if (!dlogits) return;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
+    dlogits[row * vocab + j] = t < 0 ? 0.0f : (expf(z[j] - lse) - (j == t ? 1.0f : 0.0f)) * scale;
+}
+
+__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
+                             float eps, float wd, double c1, double c2) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float gi = g[i];
+  const float mi = b1 * m[i] + (1 - b1) * gi, vi = b2 * v[i] + (1 - b2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  const double mhat = mi / c1, vhat = vi / c2;
+  w[i] -= lr * float(mhat / (sqrt(vhat) + eps) + wd * w[i]);
+}
+
+}  // namespace
+
+void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st) {
+  if (!n) return;
+  K3_DISPATCH_STORAGE(st, T,
+                      gelu_fwd<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
+                          static_cast<const T*>(x), static_cast<T*>(y), n));
+  K3_CUDA_LAUNCHED();
+}
+void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Storage st) {
+  if (!n) return;
+  K3_DISPATCH_STORAGE(st, T,
+                      gelu_bwd<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
+                          static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n));
+  K3_CUDA_LAUNCHED();
+}
+void situ_glu_forward(const void* gate, const void* up, void* y, int64_t n, float beta, float beta_lin, Storage st) {
+  if (!n) return;
+  K3_DISPATCH_STORAGE(st, T,
+                      situ_fwd<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
+                          static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y), n, beta,
+                          beta_lin));
+  K3_CUDA_LAUNCHED();
+}
+void situ_glu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n,
+                       float beta, float beta_lin, Storage st) {
+  if (!n) return;
+  K3_DISPATCH_STORAGE(st, T,
+                      situ_bwd<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
+                          static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dy),
+                          static_cast<T*>(dgate), static_cast<T*>(dup), n, beta, beta_lin));
+  K3_CUDA_LAUNCHED();
+}
+
+void embedding_forward(const float* table, int64_t vocab, const int64_t* ids, int64_t n, int64_t D, void* y,
+                       Storage st) {
+  if (!n) return;
+  device::Buffer bad(sizeof(int));
+  device::zero(bad.get(), sizeof(int));
+  K3_DISPATCH_STORAGE(st, T,
+                      embed_fwd<T><<<unsigned(n), kThreads, 0, device::stream()>>>(table, vocab, ids, n, D,
+                                                                                   static_cast<T*>(y), bad.as<int>()));
+  K3_CUDA_LAUNCHED();
+  int flag = 0;
+  device::download(&flag, bad.get(), sizeof(int));
+  if (flag) throw error("embedding", "a token id is outside the vocabulary [0, ", vocab, ")");
+}
+void embedding_backward(const int64_t* ids, int64_t n, int64_t D, const void* dy, float* dtable, Storage st) {
+  if (!n) return;
+  K3_DISPATCH_STORAGE(st, T,
+                      embed_bwd<T><<<unsigned(n), kThreads, 0, device::stream()>>>(ids, D, static_cast<const T*>(dy),
+                                                                                   dtable));
+  K3_CUDA_LAUNCHED();
+}
+
+void rope_apply(void* x, int64_t M, int64_t H, int64_t hd, int64_t offset, int64_t rot, const int64_t* positions,
+                const double* inv_freq, double attn_factor, int direction, Storage st) {
+  if (!M || rot <= 0) return;
+  K3_DISPATCH_STORAGE(st, T,
+                      rope_kernel<T><<<unsigned(M), 128, 0, device::stream()>>>(
+                          static_cast<T*>(x), H, hd, offset, rot / 2, positions, inv_freq, attn_factor, direction));
+  K3_CUDA_LAUNCHED();
+}
+
+void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
+                   float* dlogits, float scale) {
+  if (!M) return;
+  xent_kernel<<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, loss, dlogits, scale);
+  K3_CUDA_LAUNCHED();
+}
+
+void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s) {
+  if (!n) return;
+  const double c1 = 1.0 - std::pow(double(s.beta1), double(s.step));
+  const double c2 = 1.0 - std::pow(double(s.beta2), double(s.step));
+  adamw_kernel<<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
+      param, grad, m, v, n, s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, c1, c2);
+  K3_CUDA_LAUNCHED();
+}
+
+}  // namespace k3::cuda

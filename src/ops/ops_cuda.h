@@ -1,0 +1,75 @@
+// CUDA kernels of the stateless ops (ops/*_cuda.cu), on device pointers, queued on k3's stream
+// (core/device.h). Each mirrors the CPU function of the same name without the suffix and is
+// tested against it (ops_cuda_test.cc). `Storage` says how activations are stored on the device
+// (fp32 or bf16); arithmetic, statistics and gradients of parameters are fp32.
+#pragma once
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "ops/gates.h"
+
+namespace k3::cuda {
+
+using device::Storage;
+
+// KDA gates (ops/gates.h): x, g [rows, H, K] fp32; A_log [H]; dt_bias [H·K]. Backward
+// accumulates (+=) into dx, dA_log, ddt_bias (any may be null).
+void gate_softplus_forward(const float* x, const float* A_log, const float* dt_bias, float* g, GateShape s);
+void gate_softplus_backward(const float* x, const float* A_log, const float* dt_bias, const float* dg, float* dx,
+                            float* dA_log, float* ddt_bias, GateShape s);
+void gate_lowerbound_forward(const float* x, const float* A_log, const float* dt_bias, float lower_bound, float* g,
+                             GateShape s);
+void gate_lowerbound_backward(const float* x, const float* A_log, const float* dt_bias, float lower_bound,
+                              const float* dg, float* dx, float* dA_log, float* ddt_bias, GateShape s);
+
+// Norms over the last dimension of x [M, D] (ops/norm.h). mean/rstd [M] are written when non-null.
+// Backward: dx (+)= (overwrites), dw/db accumulate.
+void layernorm_forward(const void* x, const float* w, const float* b, float eps, int64_t M, int64_t D, void* y,
+                       float* mean, float* rstd, Storage st);
+void layernorm_backward(const void* x, const float* w, const float* mean, const float* rstd, const void* dy,
+                        int64_t M, int64_t D, void* dx, float* dw, float* db, Storage st);
+void rmsnorm_forward(const void* x, const float* w, float eps, int64_t M, int64_t D, void* y, float* rstd,
+                     Storage st);
+void rmsnorm_backward(const void* x, const float* w, const float* rstd, const void* dy, int64_t M, int64_t D,
+                      void* dx, float* dw, Storage st);
+
+// Elementwise activations (ops/activation.h, ops/situ.h). Backward overwrites dx (dgate, dup).
+void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st);
+void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Storage st);
+// y = situ_gate(gate) · situ_up(up); beta / beta_lin ≤ 0 mean "absent" (plain SiLU / plain up).
+void situ_glu_forward(const void* gate, const void* up, void* y, int64_t n, float beta, float beta_lin, Storage st);
+void situ_glu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n,
+                       float beta, float beta_lin, Storage st);
+
+// Embedding rows: y[n, D] = table[ids[n]] (fp32 table); backward atomically adds dy into dtable.
+void embedding_forward(const float* table, int64_t vocab, const int64_t* ids, int64_t n, int64_t D, void* y,
+                       Storage st);
+void embedding_backward(const int64_t* ids, int64_t n, int64_t D, const void* dy, float* dtable, Storage st);
+
+// RoPE on rows x [M, H, hd] in place, adjacent pairs (ops/rope.h): columns [offset, offset + rot)
+// of each head at row m rotate by positions[m]·inv_freq[i] (inv_freq [rot/2] fp32, scaled cos/sin
+// by attn_factor; angles in double as on the CPU). direction −1 is the inverse rotation.
+void rope_apply(void* x, int64_t M, int64_t H, int64_t hd, int64_t offset, int64_t rot, const int64_t* positions,
+                const double* inv_freq, double attn_factor, int direction, Storage st);
+
+// Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored):
+// loss[M] per row, and dlogits [M, Vocab] = (softmax − onehot) · scale (null: no gradient).
+void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
+                   float* dlogits, float scale);
+
+// AdamW step on fp32 parameters (train/optimizer.h semantics: decoupled weight decay,
+// bias-corrected moments).
+struct AdamWStep {
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based
+};
+void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s);
+
+// C[M, N] = alpha · op(A) op(B) + beta · C, row-major, through cuBLASLt. A and B stored as
+// `st` (bf16 operands accumulate in fp32); C is fp32.
+enum class Op : uint8_t { N, T };
+void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+          int64_t ldb, float beta, float* C, int64_t ldc, Storage st);
+
+}  // namespace k3::cuda

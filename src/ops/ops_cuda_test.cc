@@ -1,0 +1,268 @@
+// The ops' CUDA kernels (ops_cuda.h) against their CPU functions on random data (fp32 within
+// 1e-4 relative L2, bf16 storage within 5e-3), and the cross-entropy and AdamW kernels against
+// closed forms in double. Needs a GPU: label "gpu".
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "core/device.h"
+#include "core/random.h"
+#include "ops/activation.h"
+#include "ops/embedding.h"
+#include "ops/gates.h"
+#include "ops/gemm.h"
+#include "ops/norm.h"
+#include "ops/ops_cuda.h"
+#include "ops/rope.h"
+#include "ops/situ.h"
+
+namespace k3 {
+namespace {
+
+using device::Buffer;
+using device::Storage;
+
+std::vector<float> randv(Rng& rng, int64_t n, float scale = 1.0f) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = scale * rng.normal();
+  return v;
+}
+std::vector<float> bf16_round(std::vector<float> v) {
+  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+Buffer up(const std::vector<float>& v, Storage st = Storage::F32) {
+  return device::upload_values(v.data(), int64_t(v.size()), st);
+}
+std::vector<float> down(const Buffer& b, int64_t n, Storage st = Storage::F32) {
+  std::vector<float> v(static_cast<size_t>(n));
+  device::download_values(v.data(), b, n, st);
+  return v;
+}
+double rel(const std::vector<float>& x, const std::vector<float>& ref) {
+  EXPECT_EQ(x.size(), ref.size());
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < x.size() && i < ref.size(); ++i) {
+    if (!std::isfinite(x[i])) return INFINITY;
+    num += (double(x[i]) - ref[i]) * (double(x[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+std::vector<float> zeros(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); }
+size_t esize(Storage st) { return st == Storage::BF16 ? 2 : 4; }
+double tol(Storage st) { return st == Storage::BF16 ? 5e-3 : 1e-4; }
+
+class OpsCuda : public ::testing::TestWithParam<Storage> {};
+
+TEST_P(OpsCuda, LayerNormAndRmsNormForwardBackward) {
+  const Storage st = GetParam();
+  Rng rng(1);
+  for (int64_t D : {64, 768, 1000}) {
+    const int64_t M = 37;
+    // Inputs as the device stores them (bf16-rounded for bf16) so both sides see the same values.
+    auto x = randv(rng, M * D), dy = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D);
+    if (st == Storage::BF16) x = bf16_round(x), dy = bf16_round(dy);
+    std::vector<float> y = zeros(int64_t(x.size())), mean = zeros(M), rstd = zeros(M), dx = zeros(int64_t(x.size())), dw = zeros(D), db = zeros(D);
+    layernorm_forward(x.data(), w.data(), b.data(), 1e-5f, M, D, y.data(), mean.data(), rstd.data());
+    layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), M, D, dx.data(), dw.data(), db.data());
+    Buffer gx = up(x, st), gdy = up(dy, st), gw = up(w), gb = up(b), gy(x.size() * esize(st)), gm(size_t(M) * 4),
+           gr(size_t(M) * 4), gdx(x.size() * esize(st)), gdw = device::zeros_f32(D), gdb = device::zeros_f32(D);
+    cuda::layernorm_forward(gx.get(), gw.as<float>(), gb.as<float>(), 1e-5f, M, D, gy.get(), gm.as<float>(),
+                            gr.as<float>(), st);
+    cuda::layernorm_backward(gx.get(), gw.as<float>(), gm.as<float>(), gr.as<float>(), gdy.get(), M, D, gdx.get(),
+                             gdw.as<float>(), gdb.as<float>(), st);
+    EXPECT_LE(rel(down(gy, M * D, st), y), tol(st)) << "layernorm y D=" << D;
+    EXPECT_LE(rel(down(gdx, M * D, st), dx), tol(st)) << "layernorm dx D=" << D;
+    EXPECT_LE(rel(down(gdw, D), dw), tol(st)) << "layernorm dw D=" << D;
+    EXPECT_LE(rel(down(gdb, D), db), tol(st)) << "layernorm db D=" << D;
+
+    std::vector<float> ry = zeros(int64_t(x.size())), rr = zeros(M), rdx = zeros(int64_t(x.size())), rdw = zeros(D);
+    rmsnorm_forward(x.data(), w.data(), 1e-6f, M, D, ry.data(), rr.data());
+    rmsnorm_backward(x.data(), w.data(), rr.data(), dy.data(), M, D, rdx.data(), rdw.data());
+    Buffer hy(x.size() * esize(st)), hr(size_t(M) * 4), hdx(x.size() * esize(st)), hdw = device::zeros_f32(D);
+    cuda::rmsnorm_forward(gx.get(), gw.as<float>(), 1e-6f, M, D, hy.get(), hr.as<float>(), st);
+    cuda::rmsnorm_backward(gx.get(), gw.as<float>(), hr.as<float>(), gdy.get(), M, D, hdx.get(), hdw.as<float>(), st);
+    EXPECT_LE(rel(down(hy, M * D, st), ry), tol(st)) << "rmsnorm y D=" << D;
+    EXPECT_LE(rel(down(hdx, M * D, st), rdx), tol(st)) << "rmsnorm dx D=" << D;
+    EXPECT_LE(rel(down(hdw, D), rdw), tol(st)) << "rmsnorm dw D=" << D;
+  }
+}
+
+TEST_P(OpsCuda, GeluAndSituForwardBackward) {
+  const Storage st = GetParam();
+  Rng rng(2);
+  const int64_t n = 100003;
+  auto x = randv(rng, n, 3.0f), u = randv(rng, n, 10.0f), dy = randv(rng, n);
+  if (st == Storage::BF16) x = bf16_round(x), u = bf16_round(u), dy = bf16_round(dy);
+  std::vector<float> y = zeros(n), dx = zeros(n);
+  gelu_tanh_forward(x.data(), y.data(), n);
+  gelu_tanh_backward(x.data(), dy.data(), dx.data(), n);
+  Buffer gx = up(x, st), gu = up(u, st), gdy = up(dy, st), gy(size_t(n) * esize(st)), gdx(size_t(n) * esize(st)),
+         gdu(size_t(n) * esize(st));
+  cuda::gelu_tanh_forward(gx.get(), gy.get(), n, st);
+  cuda::gelu_tanh_backward(gx.get(), gdy.get(), gdx.get(), n, st);
+  EXPECT_LE(rel(down(gy, n, st), y), tol(st));
+  EXPECT_LE(rel(down(gdx, n, st), dx), tol(st));
+  for (const SituOptions o : {SituOptions{}, SituOptions::silu()}) {
+    std::vector<float> sy = zeros(n), sdg = zeros(n), sdu = zeros(n);
+    for (int64_t i = 0; i < n; ++i) {
+      sy[size_t(i)] = situ_gate(x[size_t(i)], o.beta) * situ_up(u[size_t(i)], o.beta_lin);
+      sdg[size_t(i)] = dy[size_t(i)] * situ_gate_grad(x[size_t(i)], o.beta) * situ_up(u[size_t(i)], o.beta_lin);
+      sdu[size_t(i)] = dy[size_t(i)] * situ_gate(x[size_t(i)], o.beta) * situ_up_grad(u[size_t(i)], o.beta_lin);
+    }
+    const float beta = o.beta.value_or(0.0f), bl = o.beta_lin.value_or(0.0f);
+    cuda::situ_glu_forward(gx.get(), gu.get(), gy.get(), n, beta, bl, st);
+    cuda::situ_glu_backward(gx.get(), gu.get(), gdy.get(), gdx.get(), gdu.get(), n, beta, bl, st);
+    EXPECT_LE(rel(down(gy, n, st), sy), tol(st)) << "situ beta " << beta;
+    EXPECT_LE(rel(down(gdx, n, st), sdg), tol(st)) << "situ dgate beta " << beta;
+    EXPECT_LE(rel(down(gdu, n, st), sdu), tol(st)) << "situ dup beta " << beta;
+  }
+}
+
+TEST_P(OpsCuda, EmbeddingAndRope) {
+  const Storage st = GetParam();
+  Rng rng(3);
+  const int64_t vocab = 50, D = 64, n = 40, H = 4, hd = 16;
+  auto table = randv(rng, vocab * D);
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  for (auto& i : ids) i = int64_t(rng.uniform() * vocab) % vocab;
+  Tensor tt = Tensor::from_vector(table, {vocab, D});
+  std::vector<float> y = zeros(n * D);
+  embedding_forward(tt, ids.data(), n, y.data());
+  Buffer gt = up(table), gids = device::upload_new(ids.data(), ids.size() * 8), gy(size_t(n * D) * esize(st));
+  cuda::embedding_forward(gt.as<float>(), vocab, gids.as<int64_t>(), n, D, gy.get(), st);
+  EXPECT_LE(rel(down(gy, n * D, st), st == Storage::BF16 ? bf16_round(y) : y), 1e-6);
+  // Backward: scatter-add; repeated ids accumulate.
+  auto dy = randv(rng, n * D);
+  if (st == Storage::BF16) dy = bf16_round(dy);
+  std::vector<float> dt = zeros(vocab * D);
+  embedding_backward(ids.data(), n, D, dy.data(), dt.data());
+  Buffer gdy = up(dy, st), gdt = device::zeros_f32(vocab * D);
+  cuda::embedding_backward(gids.as<int64_t>(), n, D, gdy.get(), gdt.as<float>(), st);
+  EXPECT_LE(rel(down(gdt, vocab * D), dt), 1e-5);
+  // Out-of-range ids: a clear error.
+  std::vector<int64_t> bad = {0, vocab};
+  Buffer gbad = device::upload_new(bad.data(), 16);
+  EXPECT_THROW(cuda::embedding_forward(gt.as<float>(), vocab, gbad.as<int64_t>(), 2, D, gy.get(), st), Error);
+
+  // RoPE with YaRN at large positions (angles in double), forward and inverse.
+  YarnScaling yarn;
+  yarn.factor = 32.0;
+  const RopeTable rt = make_rope(8, 10000.0, yarn);
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  for (int64_t m = 0; m < n; ++m) pos[size_t(m)] = m * 25000 + 3;
+  auto x = randv(rng, n * H * hd);
+  if (st == Storage::BF16) x = bf16_round(x);
+  for (int dir : {1, -1}) {
+    std::vector<float> ref = x;
+    rope_apply(ref.data(), n, H, hd, 4, pos.data(), rt, dir);
+    Buffer gx = up(x, st), gpos = device::upload_new(pos.data(), pos.size() * 8),
+           gf = device::upload_new(rt.inv_freq.data(), rt.inv_freq.size() * 8);
+    cuda::rope_apply(gx.get(), n, H, hd, 4, rt.dim, gpos.as<int64_t>(), gf.as<double>(), rt.attention_factor, dir, st);
+    EXPECT_LE(rel(down(gx, n * H * hd, st), ref), tol(st)) << "rope direction " << dir;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Storage, OpsCuda, ::testing::Values(Storage::F32, Storage::BF16),
+                         [](const ::testing::TestParamInfo<Storage>& p) {
+                           return std::string(p.param == Storage::BF16 ? "bf16" : "f32");
+                         });
+
+TEST(OpsCudaOnly, GatesForwardBackward) {
+  Rng rng(4);
+  const GateShape s{33, 4, 32};
+  const int64_t n = s.rows * s.H * s.K;
+  auto x = randv(rng, n, 2.0f), A = randv(rng, s.H, 0.5f), b = randv(rng, s.H * s.K), dg = randv(rng, n);
+  Buffer gx = up(x), gA = up(A), gb = up(b), gdg = up(dg), gg(size_t(n) * 4);
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<float> g = zeros(n), dx = zeros(n), dA = zeros(s.H), db = zeros(s.H * s.K);
+    Buffer gdx = device::zeros_f32(n), gdA = device::zeros_f32(s.H), gdb = device::zeros_f32(s.H * s.K);
+    if (kind == 0) {
+      gate_softplus_forward(x.data(), A.data(), b.data(), g.data(), s);
+      gate_softplus_backward(x.data(), A.data(), b.data(), dg.data(), dx.data(), dA.data(), db.data(), s);
+      cuda::gate_softplus_forward(gx.as<float>(), gA.as<float>(), gb.as<float>(), gg.as<float>(), s);
+      cuda::gate_softplus_backward(gx.as<float>(), gA.as<float>(), gb.as<float>(), gdg.as<float>(), gdx.as<float>(),
+                                   gdA.as<float>(), gdb.as<float>(), s);
+    } else {
+      gate_lowerbound_forward(x.data(), A.data(), b.data(), -5.0f, g.data(), s);
+      gate_lowerbound_backward(x.data(), A.data(), b.data(), -5.0f, dg.data(), dx.data(), dA.data(), db.data(), s);
+      cuda::gate_lowerbound_forward(gx.as<float>(), gA.as<float>(), gb.as<float>(), -5.0f, gg.as<float>(), s);
+      cuda::gate_lowerbound_backward(gx.as<float>(), gA.as<float>(), gb.as<float>(), -5.0f, gdg.as<float>(),
+                                     gdx.as<float>(), gdA.as<float>(), gdb.as<float>(), s);
+    }
+    EXPECT_LE(rel(down(gg, n), g), 1e-5) << kind;
+    EXPECT_LE(rel(down(gdx, n), dx), 1e-5) << kind;
+    EXPECT_LE(rel(down(gdA, s.H), dA), 1e-4) << kind;
+    EXPECT_LE(rel(down(gdb, s.H * s.K), db), 1e-4) << kind;
+  }
+}
+
+TEST(OpsCudaOnly, CrossEntropyMatchesClosedForm) {
+  Rng rng(5);
+  const int64_t M = 19, V = 5000;
+  auto z = randv(rng, M * V, 4.0f);
+  std::vector<int64_t> t(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) t[size_t(m)] = m == 3 ? -1 : (m * 977) % V;
+  std::vector<float> loss = zeros(M), dz = zeros(M * V);
+  const float scale = 1.0f / float(M);
+  for (int64_t m = 0; m < M; ++m) {
+    double mx = -INFINITY, s = 0.0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(z[size_t(m * V + j)]));
+    for (int64_t j = 0; j < V; ++j) s += std::exp(double(z[size_t(m * V + j)]) - mx);
+    const double lse = mx + std::log(s);
+    const int64_t tm = t[size_t(m)];
+    loss[size_t(m)] = tm < 0 ? 0.0f : float(lse - z[size_t(m * V + tm)]);
+    for (int64_t j = 0; j < V; ++j)
+      dz[size_t(m * V + j)] =
+          tm < 0 ? 0.0f : float((std::exp(double(z[size_t(m * V + j)]) - lse) - (j == tm ? 1.0 : 0.0)) * scale);
+  }
+  Buffer gz = up(z), gt = device::upload_new(t.data(), t.size() * 8), gl(size_t(M) * 4), gdz(size_t(M * V) * 4);
+  cuda::cross_entropy(gz.as<float>(), gt.as<int64_t>(), M, V, gl.as<float>(), gdz.as<float>(), scale);
+  EXPECT_LE(rel(down(gl, M), loss), 1e-5);
+  EXPECT_LE(rel(down(gdz, M * V), dz), 1e-5);
+}
+
+TEST(OpsCudaOnly, AdamWMatchesClosedForm) {
+  Rng rng(6);
+  const int64_t n = 4097;
+  auto w = randv(rng, n), g = randv(rng, n);
+  std::vector<float> m = zeros(n), v = zeros(n);
+  Buffer gw = up(w), gg = up(g), gm = device::zeros_f32(n), gv = device::zeros_f32(n);
+  const cuda::AdamWStep base{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0};
+  for (int64_t step = 1; step <= 3; ++step) {
+    cuda::AdamWStep s = base;
+    s.step = step;
+    cuda::adamw(gw.as<float>(), gg.as<float>(), gm.as<float>(), gv.as<float>(), n, s);
+    const double c1 = 1 - std::pow(0.9, double(step)), c2 = 1 - std::pow(0.95, double(step));
+    for (size_t i = 0; i < size_t(n); ++i) {
+      m[i] = 0.9f * m[i] + 0.1f * g[i];
+      v[i] = 0.95f * v[i] + 0.05f * g[i] * g[i];
+      w[i] -= float(1e-2 * (m[i] / c1 / (std::sqrt(v[i] / c2) + 1e-8) + 0.1 * w[i]));
+    }
+  }
+  EXPECT_LE(rel(down(gw, n), w), 1e-6);
+}
+
+TEST(OpsCudaOnly, GemmAllTransposesF32AndBf16) {
+  Rng rng(7);
+  const int64_t M = 67, N = 45, K = 130;
+  for (Storage st : {Storage::F32, Storage::BF16})
+    for (cuda::Op ta : {cuda::Op::N, cuda::Op::T})
+      for (cuda::Op tb : {cuda::Op::N, cuda::Op::T}) {
+        auto A = randv(rng, M * K), B = randv(rng, K * N), C0 = randv(rng, M * N);
+        if (st == Storage::BF16) A = bf16_round(A), B = bf16_round(B);
+        std::vector<float> C = C0;
+        gemm(ta == cuda::Op::T ? Trans::Yes : Trans::No, tb == cuda::Op::T ? Trans::Yes : Trans::No, M, N, K, 0.5f,
+             A.data(), 0, B.data(), 0, 2.0f, C.data(), 0);
+        Buffer gA = up(A, st), gB = up(B, st), gC = up(C0);
+        cuda::gemm(ta, tb, M, N, K, 0.5f, gA.get(), 0, gB.get(), 0, 2.0f, gC.as<float>(), 0, st);
+        EXPECT_LE(rel(down(gC, M * N), C), st == Storage::BF16 ? 1e-5 : 1e-5)
+            << "ta " << int(ta) << " tb " << int(tb) << " bf16 " << (st == Storage::BF16);
+      }
+}
+
+}  // namespace
+}  // namespace k3
