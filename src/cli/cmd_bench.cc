@@ -82,6 +82,7 @@ void register_bench(CLI::App& app) {
   bench->require_subcommand(1);
   register_bench_recall(bench);
   register_bench_memory(bench);
+  register_bench_kernels(bench);
 
   auto* bwc = bench->add_subcommand("bandwidth", "Measure this machine's read bandwidth (the CPU decode ceiling)");
   static RuntimeOptions bw_rt;

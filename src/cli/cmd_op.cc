@@ -21,10 +21,13 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "mixers/linear/delta_core.h"
 #include "ops/gates.h"
+#include "ops/ops_cuda.h"
+#include "residual/attnres_cuda.h"
 #include "residual/attnres.h"
 
 namespace k3::cli {
@@ -33,7 +36,7 @@ namespace {
 constexpr const char* kWho = "op";
 
 struct OpArgs {
-  std::string input, output, op, impl = "chunked";
+  std::string input, output, op, impl = "chunked", dtype = "f32";
   int chunk = 64;
   RuntimeOptions runtime;
 };
@@ -43,21 +46,108 @@ using Named = std::vector<std::pair<std::string, Tensor>>;
 // "r3", "grad_r3": built with append (GCC 12 warns falsely on "literal" + std::string&&).
 std::string indexed(const char* prefix, size_t j) { return std::string(prefix).append(std::to_string(j)); }
 
+// Parameters keep fp32 under --dtype bf16; activations and cotangents are rounded to bf16.
+bool is_parameter(const std::string& name) {
+  return name == "A_log" || name == "dt_bias" || name == "query" || name == "rmsw";
+}
+
+Tensor round_to_bf16(const Tensor& t) {
+  Tensor r = t.clone();
+  for (int64_t i = 0; i < r.numel(); ++i) r.f32()[i] = bf16_to_f32(f32_to_bf16(r.f32()[i]));
+  return r;
+}
+
 class Inputs {
  public:
-  Inputs(const SafeTensors& st, std::string op) : st_(st), op_(std::move(op)) {}
+  enum class Rounding : uint8_t { None, Bf16Activations };
+  Inputs(const SafeTensors& st, std::string op, Rounding rounding = Rounding::None)
+      : st_(st), op_(std::move(op)), rounding_(rounding) {}
   bool has(const std::string& name) const { return st_.has(name); }
   Tensor need(const std::string& name) const {
     if (!st_.has(name))
       throw error(kWho, st_.path(), ": op '", op_, "' needs a tensor named '", name, "', which the file lacks");
-    return st_.get_f32(name);
+    return get(name);
   }
-  Tensor maybe(const std::string& name) const { return st_.has(name) ? st_.get_f32(name) : Tensor(); }
+  Tensor maybe(const std::string& name) const { return st_.has(name) ? get(name) : Tensor(); }
 
  private:
+  Tensor get(const std::string& name) const {
+    Tensor t = st_.get_f32(name);
+    return rounding_ == Rounding::Bf16Activations && !is_parameter(name) ? round_to_bf16(t) : t;
+  }
   const SafeTensors& st_;
   std::string op_;
+  Rounding rounding_;
 };
+
+#if defined(K3_HAS_CUDA)
+device::Buffer up(const Tensor& t) { return t.defined() ? device::upload_values(t.f32(), t.numel(), device::Storage::F32) : device::Buffer(); }
+Tensor down(const device::Buffer& b, const Shape& shape) {
+  Tensor t = Tensor::empty(shape);
+  device::download_values(t.f32(), b, t.numel(), device::Storage::F32);
+  return t;
+}
+
+void run_kda_gate_cuda(const Tensor& graw, const Tensor& A_log, const Tensor& dt_bias, float lb, const Tensor& dgs,
+                       const Tensor& dgl, const GateShape& s, Named& out) {
+  const device::Buffer x = up(graw), A = up(A_log), b = up(dt_bias);
+  device::Buffer gs(graw.nbytes()), gl(graw.nbytes());
+  cuda::gate_softplus_forward(x.as<float>(), A.as<float>(), b.as<float>(), gs.as<float>(), s);
+  cuda::gate_lowerbound_forward(x.as<float>(), A.as<float>(), b.as<float>(), lb, gl.as<float>(), s);
+  out.emplace_back("g_softplus", down(gs, graw.shape()));
+  out.emplace_back("g_lowerbound", down(gl, graw.shape()));
+  if (!dgs.defined() && !dgl.defined()) return;
+  device::Buffer dx = device::zeros_f32(graw.numel()), dA = device::zeros_f32(A_log.numel()),
+                 db = device::zeros_f32(dt_bias.numel());
+  if (dgs.defined()) {
+    const device::Buffer d = up(dgs);
+    cuda::gate_softplus_backward(x.as<float>(), A.as<float>(), b.as<float>(), d.as<float>(), dx.as<float>(),
+                                 dA.as<float>(), db.as<float>(), s);
+  }
+  if (dgl.defined()) {
+    const device::Buffer d = up(dgl);
+    cuda::gate_lowerbound_backward(x.as<float>(), A.as<float>(), b.as<float>(), lb, d.as<float>(), dx.as<float>(),
+                                   dA.as<float>(), db.as<float>(), s);
+  }
+  out.emplace_back("grad_g_raw", down(dx, graw.shape()));
+  out.emplace_back("grad_A_log", down(dA, A_log.shape()));
+  out.emplace_back("grad_dt_bias", down(db, dt_bias.shape()));
+}
+
+void run_attnres_cuda(const std::vector<Tensor>& src, const Tensor& query, const Tensor& rmsw, float eps,
+                      const Tensor& d_o, const AttnResShape& s, Named& out) {
+  std::vector<device::Buffer> bufs;
+  std::vector<const float*> ptrs;
+  for (const Tensor& r : src) {
+    bufs.push_back(up(r));
+    ptrs.push_back(bufs.back().as<float>());
+  }
+  const device::Buffer q = up(query), w = up(rmsw);
+  device::Buffer o(src[0].nbytes());
+  cuda::attnres_forward(ptrs, q.as<float>(), w.as<float>(), eps, o.as<float>(), s);
+  out.emplace_back("o", down(o, src[0].shape()));
+  if (!d_o.defined()) return;
+  const device::Buffer dy = up(d_o);
+  device::Buffer dq = device::zeros_f32(query.numel()), dw = device::zeros_f32(rmsw.numel());
+  std::vector<device::Buffer> dsrc;
+  std::vector<float*> dptrs;
+  for (const Tensor& r : src) {
+    dsrc.push_back(device::zeros_f32(r.numel()));
+    dptrs.push_back(dsrc.back().as<float>());
+  }
+  cuda::attnres_backward(ptrs, q.as<float>(), w.as<float>(), eps, dy.as<float>(), dptrs, dq.as<float>(),
+                         dw.as<float>(), s);
+  out.emplace_back("grad_query", down(dq, query.shape()));
+  out.emplace_back("grad_rmsw", down(dw, rmsw.shape()));
+  for (size_t j = 0; j < dsrc.size(); ++j) out.emplace_back(indexed("grad_r", j), down(dsrc[j], src[j].shape()));
+}
+#else
+[[noreturn]] void no_cuda() { device::require_cuda(kWho); throw error(kWho, "unreachable"); }
+void run_kda_gate_cuda(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&, const Tensor&,
+                       const GateShape&, Named&) { no_cuda(); }
+void run_attnres_cuda(const std::vector<Tensor>&, const Tensor&, const Tensor&, float, const Tensor&,
+                      const AttnResShape&, Named&) { no_cuda(); }
+#endif
 
 void run_delta(const std::string& op, const nlohmann::json& meta, const Inputs& x, const OpArgs& args, Named& out) {
   using namespace k3::linear;
@@ -73,6 +163,8 @@ void run_delta(const std::string& op, const nlohmann::json& meta, const Inputs& 
   o.scale = meta.value("scale", 0.0f);
   o.eps = meta.value("eps", 1e-10f);
   o.chunk = args.chunk;
+  if (args.runtime.device == "cuda") o.device = Device::CUDA;
+  o.io_dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;
   const Impl impl = args.impl == "recurrent" ? Impl::Recurrent : Impl::Chunked;
 
   DeltaInputs in;
@@ -104,7 +196,7 @@ void run_delta(const std::string& op, const nlohmann::json& meta, const Inputs& 
   if (in.z0.defined()) out.emplace_back("grad_z0", g.dz0);
 }
 
-void run_kda_gate(const nlohmann::json& meta, const Inputs& x, Named& out) {
+void run_kda_gate(const nlohmann::json& meta, const Inputs& x, bool cuda, Named& out) {
   const Tensor graw = x.need("g_raw");     // [.., H, K]
   const Tensor A_log = x.need("A_log");    // [H]
   const Tensor dt_bias = x.need("dt_bias");  // [H·K]
@@ -117,19 +209,23 @@ void run_kda_gate(const nlohmann::json& meta, const Inputs& x, Named& out) {
   const float lb = meta.value("lower_bound", -5.0f);
   const GateShape s{graw.numel() / (H * K), H, K};
   Tensor gs = Tensor::empty(graw.shape()), gl = Tensor::empty(graw.shape());
+  const Tensor dgs = x.maybe("dg_softplus"), dgl = x.maybe("dg_lowerbound");
+  if (dgs.defined()) expect_shape(dgs, graw.shape(), "op: dg_softplus");
+  if (dgl.defined()) expect_shape(dgl, graw.shape(), "op: dg_lowerbound");
+  if (cuda) {
+    run_kda_gate_cuda(graw, A_log, dt_bias, lb, dgs, dgl, s, out);
+    return;
+  }
   gate_softplus_forward(graw.f32(), A_log.f32(), dt_bias.f32(), gs.f32(), s);
   gate_lowerbound_forward(graw.f32(), A_log.f32(), dt_bias.f32(), lb, gl.f32(), s);
   out.emplace_back("g_softplus", gs);
   out.emplace_back("g_lowerbound", gl);
-  const Tensor dgs = x.maybe("dg_softplus"), dgl = x.maybe("dg_lowerbound");
   if (!dgs.defined() && !dgl.defined()) return;
   Tensor dx = Tensor::zeros(graw.shape()), dA = Tensor::zeros(A_log.shape()), db = Tensor::zeros(dt_bias.shape());
   if (dgs.defined()) {
-    expect_shape(dgs, graw.shape(), "op: dg_softplus");
     gate_softplus_backward(graw.f32(), A_log.f32(), dt_bias.f32(), dgs.f32(), dx.f32(), dA.f32(), db.f32(), s);
   }
   if (dgl.defined()) {
-    expect_shape(dgl, graw.shape(), "op: dg_lowerbound");
     gate_lowerbound_backward(graw.f32(), A_log.f32(), dt_bias.f32(), lb, dgl.f32(), dx.f32(), dA.f32(), db.f32(), s);
   }
   out.emplace_back("grad_g_raw", dx);
@@ -137,7 +233,7 @@ void run_kda_gate(const nlohmann::json& meta, const Inputs& x, Named& out) {
   out.emplace_back("grad_dt_bias", db);
 }
 
-void run_attnres(const nlohmann::json& meta, const Inputs& x, Named& out) {
+void run_attnres(const nlohmann::json& meta, const Inputs& x, bool cuda, Named& out) {
   const Tensor query = x.need("query");  // [D]
   const Tensor rmsw = x.need("rmsw");    // [D]
   const int64_t D = query.numel();
@@ -151,14 +247,18 @@ void run_attnres(const nlohmann::json& meta, const Inputs& x, Named& out) {
       throw error(kWho, "attnres: sources must share one shape [.., D = ", D, "], got ", r.describe());
   const AttnResShape s{src[0].numel() / D, D};
   const float eps = meta.value("eps", 1e-5f);
+  const Tensor d_o = x.maybe("do");
+  if (d_o.defined()) expect_shape(d_o, src[0].shape(), "op: attnres do");
+  if (cuda) {
+    run_attnres_cuda(src, query, rmsw, eps, d_o, s, out);
+    return;
+  }
   std::vector<const float*> ptrs;
   for (const Tensor& r : src) ptrs.push_back(r.f32());
   Tensor o = Tensor::empty(src[0].shape());  // [.., D]
   attnres_forward(ptrs, query.f32(), rmsw.f32(), eps, o.f32(), s);
   out.emplace_back("o", o);
-  const Tensor d_o = x.maybe("do");
   if (!d_o.defined()) return;
-  expect_shape(d_o, src[0].shape(), "op: attnres do");
   Tensor dq = Tensor::zeros({D}), dw = Tensor::zeros({D});
   std::vector<Tensor> dsrc;
   std::vector<float*> dptrs;
@@ -173,9 +273,8 @@ void run_attnres(const nlohmann::json& meta, const Inputs& x, Named& out) {
 }
 
 void run_op(const OpArgs& args) {
-  if (args.runtime.device == "cuda")
-    throw error(kWho, "--device cuda: this k3 was built without CUDA (configure with -DK3_CUDA=ON); use --device cpu");
-  apply_runtime_options(args.runtime);
+  apply_runtime_options(args.runtime, DeviceSupport::CpuAndCuda);
+  const bool cuda = args.runtime.device == "cuda";
   const SafeTensors st = SafeTensors::open(args.input);
   nlohmann::json meta = nlohmann::json::object();
   if (auto it = st.metadata().find("fixture"); it != st.metadata().end()) {
@@ -192,22 +291,26 @@ void run_op(const OpArgs& args) {
       throw error(kWho, args.input, ": no op named (no \"fixture\" metadata with an \"op\" field); pass --op");
     op = meta["op"].get<std::string>();
   }
+  if (args.dtype == "bf16" && !cuda)
+    throw error(kWho, "--dtype bf16 is a storage option of the CUDA kernels; add --device cuda (or use --dtype f32)");
   const Inputs x(st, op);
+  const Inputs x_bf16(st, op, args.dtype == "bf16" ? Inputs::Rounding::Bf16Activations : Inputs::Rounding::None);
   Named out;
   try {
     if (op == "linear_attn" || op == "delta_rule" || op == "gated_delta_rule" || op == "kda")
       run_delta(op, meta, x, args, out);
     else if (op == "kda_gate")
-      run_kda_gate(meta, x, out);
+      run_kda_gate(meta, x_bf16, cuda, out);
     else if (op == "attnres")
-      run_attnres(meta, x, out);
+      run_attnres(meta, x, cuda, out);  // sources: the fp32 residual stream
     else
       throw error(kWho, "unknown op '", op,
                   "'; known: linear_attn, delta_rule, gated_delta_rule, kda, kda_gate, attnres");
   } catch (const nlohmann::json::exception& e) {
     throw error(kWho, args.input, ": a setting in the \"fixture\" metadata has the wrong type (", e.what(), ")");
   }
-  nlohmann::json info = {{"op", op}, {"impl", args.impl}, {"chunk", args.chunk}, {"input", args.input}};
+  nlohmann::json info = {{"op", op},         {"impl", args.impl},   {"chunk", args.chunk},
+                         {"input", args.input}, {"device", args.runtime.device}, {"dtype", args.dtype}};
   save_safetensors(args.output, out, {{"k3_op", info.dump()}});
 }
 
@@ -225,6 +328,10 @@ void register_op(CLI::App& app) {
   run->add_option("--op", args->op, "Op name, overriding the file's metadata");
   run->add_option("--impl", args->impl, "Token-mixer implementation")->check(CLI::IsMember({"chunked", "recurrent"}));
   run->add_option("--chunk", args->chunk, "Chunk length of the chunked form")->check(CLI::Range(1, 256));
+  run->add_option("--dtype", args->dtype,
+                  "Storage of the op's activations on the GPU: f32, or bf16 (q/k/v/o and the gates' inputs; "
+                  "β, log-decays, states, statistics, gradients and AttnRes's residual-stream sources stay fp32)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   add_runtime_options(run, args->runtime);
   run->callback([args] { run_op(*args); });
 }

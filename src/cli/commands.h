@@ -12,6 +12,7 @@ void register_op(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_bench_recall(CLI::App* bench);  // cmd_bench_recall.cc, called from register_bench
 void register_bench_memory(CLI::App* bench);  // k3 bench memory (cmd_bench_memory.cc)
+void register_bench_kernels(CLI::App* bench);  // k3 bench kernels (cmd_bench_kernels.cc, CUDA)
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_tokenizer(CLI::App& app);
@@ -23,6 +24,9 @@ struct RuntimeOptions {
   std::string device = "cpu";  // cpu | cuda
 };
 void add_runtime_options(CLI::App* cmd, RuntimeOptions& opts);
-void apply_runtime_options(const RuntimeOptions& opts);
+// Whether a command has a CUDA path: CpuOnly commands refuse --device cuda with a clear error;
+// CpuAndCuda ones check that a usable GPU exists.
+enum class DeviceSupport : uint8_t { CpuOnly, CpuAndCuda };
+void apply_runtime_options(const RuntimeOptions& opts, DeviceSupport support = DeviceSupport::CpuOnly);
 
 }  // namespace k3::cli

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "core/parallel.h"
 
@@ -18,9 +19,13 @@ void add_runtime_options(CLI::App* cmd, RuntimeOptions& opts) {
   cmd->add_option("--device", opts.device, "Where to run: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
-void apply_runtime_options(const RuntimeOptions& opts) {
-  if (opts.device == "cuda")
-    throw error("cli", "--device cuda: this k3 was built without the CUDA backend (configure with -DK3_CUDA=ON)");
+void apply_runtime_options(const RuntimeOptions& opts, DeviceSupport support) {
+  if (opts.device == "cuda") {
+    if (support == DeviceSupport::CpuOnly)
+      throw error("cli", "--device cuda: this command runs on the CPU only so far (the CUDA backend covers "
+                         "`k3 op run` and `k3 bench kernels`); use --device cpu");
+    device::require_cuda("cli");
+  }
   set_num_threads(opts.threads);
 }
 

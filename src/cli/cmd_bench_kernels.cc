@@ -1,0 +1,273 @@
+// `k3 bench kernels`: k3's CUDA kernels timed on this GPU, each figure beside its ceiling (copy
+// bandwidth and bf16 GEMM rate, both measured here first) and beside its anchor: the figures of
+// ../shared/docs/anchors.md, or, with --versus FILE, the same shapes timed in the same session by
+// flash-linear-attention (tools/gpu/fla_bench.py writes FILE). Median of --reps timed runs after
+// warm-up, timed with CUDA events. Without a GPU it says so and exits non-zero.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/random.h"
+
+#if defined(K3_HAS_CUDA)
+#include "mixers/linear/delta_cuda.h"
+#include "ops/ops_cuda.h"
+#endif
+
+namespace k3::cli {
+namespace {
+
+struct KernelArgs {
+  int reps = 20;
+  std::string versus, json;
+  std::vector<int64_t> seq_lens = {8192, 32768};
+  std::vector<int64_t> heads = {16};
+  std::vector<int64_t> decode_batches = {64, 256};
+};
+
+#if defined(K3_HAS_CUDA)
+template <class F>
+double median_ms(int reps, F&& f) {
+  for (int i = 0; i < 3; ++i) f();  // warm-up
+  device::synchronize();
+  std::vector<double> t;
+  device::Timer timer;
+  for (int i = 0; i < reps; ++i) {
+    timer.start();
+    f();
+    t.push_back(timer.stop_ms());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+device::Buffer random_values(Rng& rng, int64_t n, float lo, float hi, device::Storage st) {
+  std::vector<float> h(static_cast<size_t>(n));
+  for (float& x : h) x = lo + (hi - lo) * rng.uniform();
+  return device::upload_values(h.data(), n, st);
+}
+
+struct Row {
+  std::string name, figure, ceiling, anchor;
+};
+
+class Report {
+ public:
+  void add(const std::string& key, Row r, double value) {
+    rows_.push_back(std::move(r));
+    json_[key] = value;
+  }
+  void print() const {
+    std::printf("\n%-44s %-22s %-26s %s\n", "kernel", "k3", "vs ceiling", "vs anchor");
+    for (const Row& r : rows_)
+      std::printf("%-44s %-22s %-26s %s\n", r.name.c_str(), r.figure.c_str(), r.ceiling.c_str(), r.anchor.c_str());
+  }
+  nlohmann::json json_ = nlohmann::json::object();
+
+ private:
+  std::vector<Row> rows_;
+};
+
+std::string fmt(const char* f, double a) {
+  char b[96];
+  std::snprintf(b, sizeof b, f, a);
+  return b;
+}
+std::string fmt2(const char* f, double a, double b2) {
+  char b[128];
+  std::snprintf(b, sizeof b, f, a, b2);
+  return b;
+}
+
+void run_kernels(const KernelArgs& args) {
+  device::require_cuda("bench kernels");
+  std::printf("device: %s\n", device::describe());
+  nlohmann::json fla = nlohmann::json::object();
+  if (!args.versus.empty()) {
+    std::ifstream in(args.versus);
+    if (!in) throw error("bench kernels", "--versus ", args.versus, ": cannot open");
+    try {
+      fla = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw error("bench kernels", "--versus ", args.versus, ": not JSON (", e.what(), ")");
+    }
+  }
+  auto anchor_of = [&](const std::string& key, double k3_ms, double fallback_ms, const char* who) {
+    if (fla.contains(key) && fla[key].is_number()) {
+      const double a = fla[key].get<double>();
+      return fmt2("fla %.3f ms: %.2fx", a, a / k3_ms);
+    }
+    if (fallback_ms > 0) return fmt2((std::string(who) + " %.3f ms: %.2fx").c_str(), fallback_ms, fallback_ms / k3_ms);
+    return std::string("-");
+  };
+  Report rep;
+  Rng rng(1);
+
+  // Ceilings: device-to-device copy (bytes read + written) and a bf16 GEMM.
+  const size_t copy_bytes = size_t(2) << 30;
+  device::Buffer a(copy_bytes), b(copy_bytes);
+  device::zero(a.get(), copy_bytes);
+  const double copy_ms = median_ms(args.reps, [&] { device::copy(b.get(), a.get(), copy_bytes); });
+  const double copy_bw = 2.0 * double(copy_bytes) / (copy_ms * 1e-3);
+  rep.add("copy_GBps", {"device copy 2 GiB (read + write)", fmt("%.0f GB/s", copy_bw / 1e9), "ceiling", "anchor ~4300 GB/s"},
+          copy_bw / 1e9);
+  {
+    const int64_t n = 8192;
+    device::Buffer A = random_values(rng, n * n, -1, 1, device::Storage::BF16);
+    device::Buffer B = random_values(rng, n * n, -1, 1, device::Storage::BF16);
+    device::Buffer C(size_t(n * n) * 4);
+    const double ms = median_ms(std::max(3, args.reps / 4), [&] {
+      cuda::gemm(cuda::Op::N, cuda::Op::N, n, n, n, 1.0f, A.get(), 0, B.get(), 0, 0.0f, C.as<float>(), 0,
+                 device::Storage::BF16);
+    });
+    const double tf = 2.0 * double(n) * n * n / (ms * 1e-3) / 1e12;
+    rep.add("gemm_bf16_TFLOPs", {"cuBLASLt bf16 GEMM 8192^3 (fp32 out)", fmt("%.0f TFLOP/s", tf), "ceiling",
+                                 "anchor ~790 TFLOP/s"},
+            tf);
+  }
+
+  // The delta rule family, recurrent form, prefill at B = 1.
+  struct Var {
+    const char* name;
+    linear::Write w;
+    linear::Decay d;
+    double anchor_fwd_ms;  // anchors.md §1.2 at T = 8192, H = 16 (fla); 0: none
+  };
+  const Var vars[] = {{"kda", linear::Write::Delta, linear::Decay::PerChannel, 0.62},
+                      {"gdn", linear::Write::Delta, linear::Decay::Scalar, 0.0},
+                      {"deltanet", linear::Write::Delta, linear::Decay::None, 0.0}};
+  const int64_t K = 128, V = 128;
+  for (const Var& var : vars)
+    for (int64_t H : args.heads)
+      for (int64_t T : args.seq_lens) {
+        const int64_t rows = T;
+        device::Buffer q = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
+        device::Buffer k = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
+        device::Buffer v = random_values(rng, rows * H * V, -1, 1, device::Storage::BF16);
+        device::Buffer beta = random_values(rng, rows * H, 0, 1, device::Storage::F32);
+        const int64_t gn = var.d == linear::Decay::PerChannel ? rows * H * K : rows * H;
+        device::Buffer g = var.d == linear::Decay::None ? device::Buffer() : random_values(rng, gn, -5, 0, device::Storage::F32);
+        const int64_t zero = 0;
+        device::Buffer row0 = device::upload_new(&zero, 8), len = device::upload_new(&T, 8);
+        device::Buffer o(size_t(rows * H * V) * 2), ht(size_t(H * K * V) * 4);
+        linear::cuda::DeviceArgs da;
+        da.N = 1, da.H = H, da.HV = H, da.K = K, da.V = V, da.write = var.w, da.decay = var.d, da.io = DType::BF16;
+        da.row0 = row0.as<int64_t>(), da.len = len.as<int64_t>();
+        da.q = q.get(), da.k = k.get(), da.v = v.get(), da.beta = beta.as<float>(), da.g = g.as<float>();
+        da.o = o.get(), da.ht = ht.as<float>();
+        const double ms = median_ms(std::max(3, args.reps / 4), [&] { linear::cuda::forward(da); });
+        const std::string key = std::string(var.name) + "_fwd_T" + std::to_string(T) + "_H" + std::to_string(H);
+        const double tps = double(T) / (ms * 1e-3);
+        const double flops = 6.0 * double(T) * H * K * V;  // decay+u, write, read: 3 multiply-adds per element
+        rep.add(key + "_ms",
+                {std::string(var.name) + " recurrent fwd B1 T" + std::to_string(T) + " H" + std::to_string(H),
+                 fmt2("%.2f ms %.2fM tok/s", ms, tps / 1e6), fmt("%.2f TFLOP/s (fp32 SIMT)", flops / (ms * 1e-3) / 1e12),
+                 anchor_of(key, ms, T == 8192 && H == 16 ? var.anchor_fwd_ms : 0.0, "anchors fla")},
+                ms);
+        if (T == args.seq_lens.front()) {
+          device::Buffer dq = device::zeros_f32(rows * H * K), dk = device::zeros_f32(rows * H * K),
+                         dv = device::zeros_f32(rows * H * V), db = device::zeros_f32(rows * H),
+                         dg = device::zeros_f32(std::max<int64_t>(gn, 1)), dh0 = device::zeros_f32(H * K * V);
+          device::Buffer d_o = random_values(rng, rows * H * V, -1, 1, device::Storage::BF16);
+          linear::cuda::DeviceGrads gr;
+          gr.d_o = d_o.get(), gr.dq = dq.as<float>(), gr.dk = dk.as<float>(), gr.dv = dv.as<float>();
+          gr.dbeta = db.as<float>(), gr.dg = dg.as<float>(), gr.dh0 = dh0.as<float>(), gr.longest = T;
+          const double bms = median_ms(3, [&] {
+            linear::cuda::forward(da);
+            linear::cuda::backward(da, gr);
+          });
+          rep.add(std::string(var.name) + "_fwdbwd_T" + std::to_string(T) + "_H" + std::to_string(H) + "_ms",
+                  {std::string(var.name) + " recurrent fwd+bwd T" + std::to_string(T) + " H" + std::to_string(H),
+                   fmt("%.2f ms", bms), "-",
+                   anchor_of(std::string(var.name) + "_fwdbwd_T" + std::to_string(T) + "_H" + std::to_string(H), bms,
+                             var.d == linear::Decay::PerChannel && T == 8192 && H == 16 ? 2.99 : 0.0, "anchors fla")},
+                  bms);
+        }
+      }
+
+  // Decode: one token per sequence, state read and written in place (fp32).
+  for (const Var& var : vars)
+    for (int64_t N : args.decode_batches) {
+      const int64_t H = 16;
+      device::Buffer q = random_values(rng, N * H * K, -0.09f, 0.09f, device::Storage::BF16);
+      device::Buffer k = random_values(rng, N * H * K, -0.09f, 0.09f, device::Storage::BF16);
+      device::Buffer v = random_values(rng, N * H * V, -1, 1, device::Storage::BF16);
+      device::Buffer beta = random_values(rng, N * H, 0, 1, device::Storage::F32);
+      const int64_t gn = var.d == linear::Decay::PerChannel ? N * H * K : N * H;
+      device::Buffer g = var.d == linear::Decay::None ? device::Buffer() : random_values(rng, gn, -1, 0, device::Storage::F32);
+      device::Buffer S = random_values(rng, N * H * K * V, -0.1f, 0.1f, device::Storage::F32);
+      std::vector<int64_t> r0(static_cast<size_t>(N)), ln(static_cast<size_t>(N), 1);
+      for (int64_t i = 0; i < N; ++i) r0[size_t(i)] = i;
+      device::Buffer row0 = device::upload_new(r0.data(), r0.size() * 8), len = device::upload_new(ln.data(), ln.size() * 8);
+      device::Buffer o(size_t(N * H * V) * 2);
+      linear::cuda::DeviceArgs da;
+      da.N = N, da.H = H, da.HV = H, da.K = K, da.V = V, da.write = var.w, da.decay = var.d, da.io = DType::BF16;
+      da.row0 = row0.as<int64_t>(), da.len = len.as<int64_t>();
+      da.q = q.get(), da.k = k.get(), da.v = v.get(), da.beta = beta.as<float>(), da.g = g.as<float>();
+      da.h0 = S.as<float>(), da.o = o.get(), da.ht = S.as<float>();
+      const double ms = median_ms(args.reps, [&] { linear::cuda::forward(da); });
+      const double bytes = 2.0 * double(N) * H * K * V * 4;
+      const double bw = bytes / (ms * 1e-3);
+      const std::string key = std::string(var.name) + "_decode_N" + std::to_string(N);
+      std::string anchor = "-";
+      if (fla.contains(key + "_ms") && fla[key + "_ms"].is_number()) {
+        const double a2 = fla[key + "_ms"].get<double>();
+        anchor = fmt2("fla %.3f ms: %.2fx", a2, a2 / ms);
+      } else if (var.d == linear::Decay::PerChannel) {
+        anchor = fmt("anchors fla 3600 GB/s: %.2fx", bw / 3.6e12);
+      }
+      rep.add(key + "_ms",
+              {std::string(var.name) + " decode step N" + std::to_string(N) + " H16 (fp32 state)",
+               fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw), anchor},
+              ms);
+      // The same step as a decode loop: 32 steps captured in one CUDA graph, per-step time.
+      constexpr int kSteps = 32;
+      device::Graph graph;
+      graph.begin();
+      for (int i = 0; i < kSteps; ++i) linear::cuda::forward(da);
+      graph.end();
+      const double gms = median_ms(std::max(3, args.reps / 2), [&] { graph.replay(); }) / kSteps;
+      const double gbw = bytes / (gms * 1e-3);
+      rep.add(key + "_graph_ms",
+              {std::string(var.name) + " decode N" + std::to_string(N) + ", 32-step CUDA graph",
+               fmt2("%.3f ms %.0f GB/s", gms, gbw / 1e9), fmt("%.0f%% of copy", 100.0 * gbw / copy_bw), "-"},
+              gms);
+    }
+  rep.print();
+  if (!args.json.empty()) {
+    std::ofstream out(args.json);
+    out << rep.json_.dump(2) << "\n";
+    if (!out) throw error("bench kernels", "--json ", args.json, ": cannot write");
+    std::printf("\nwrote %s\n", args.json.c_str());
+  }
+}
+#else
+void run_kernels(const KernelArgs&) { device::require_cuda("bench kernels"); }
+#endif
+
+}  // namespace
+
+void register_bench_kernels(CLI::App* bench) {
+  auto* cmd = bench->add_subcommand(
+      "kernels", "CUDA kernels against the GPU's measured copy/GEMM ceilings and flash-linear-attention (needs a GPU)");
+  auto args = std::make_shared<KernelArgs>();
+  cmd->add_option("--reps", args->reps, "Timed repetitions per figure (median reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--seq-len", args->seq_lens, "Prefill lengths (B = 1)")->capture_default_str();
+  cmd->add_option("--heads", args->heads, "Head counts for prefill (K = V = 128)")->capture_default_str();
+  cmd->add_option("--decode-batch", args->decode_batches, "Batch sizes of the decode step")->capture_default_str();
+  cmd->add_option("--versus", args->versus, "JSON of the same shapes timed by fla (tools/gpu/fla_bench.py)");
+  cmd->add_option("--json", args->json, "Write k3's figures as JSON");
+  cmd->callback([args] { run_kernels(*args); });
+}
+
+}  // namespace k3::cli

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Times flash-linear-attention's kernels on the shapes `k3 bench kernels` times, in the same
+session on the same GPU, and writes {key: milliseconds} JSON for `k3 bench kernels --versus`.
+fla is installed from its PyPI wheels (flash-linear-attention, fla-core) beside k3, not vendored.
+Usage: fla_bench.py OUT.json [--seq-len 8192 32768] [--heads 16] [--decode-batch 64 256]"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+import triton
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("--seq-len", type=int, nargs="+", default=[8192, 32768])
+p.add_argument("--kinds", nargs="+", default=["kda", "deltanet"],
+               help="gdn needs Triton >= 3.7.1 or tilelang on Hopper (fla refuses Triton 3.4-3.7.0)")
+p.add_argument("--heads", type=int, nargs="+", default=[16])
+p.add_argument("--decode-batch", type=int, nargs="+", default=[64, 256])
+args = p.parse_args()
+
+from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule  # noqa: E402
+from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
+from fla.ops.kda import chunk_kda, fused_recurrent_kda  # noqa: E402
+
+dev, bf = "cuda", torch.bfloat16
+K = V = 128
+res = {}
+t_start = time.time()
+
+
+def ms(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def record(key, value):
+    # Written after every figure, so a run stopped by a time limit keeps what it measured.
+    res[key] = value
+    json.dump(res, open(args.out, "w"), indent=2)
+    print(f"{time.time() - t_start:6.1f}s {key:32s} {value:.4f}", flush=True)
+
+
+def inputs(B, T, H, kind):
+    q = torch.randn(B, T, H, K, device=dev, dtype=bf)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev, dtype=torch.float32), dim=-1).to(bf)
+    v = torch.randn(B, T, H, V, device=dev, dtype=bf)
+    beta = torch.rand(B, T, H, device=dev, dtype=bf)
+    if kind == "kda":
+        g = -5 * torch.rand(B, T, H, K, device=dev, dtype=torch.float32)
+    elif kind == "gdn":
+        g = -5 * torch.rand(B, T, H, device=dev, dtype=torch.float32)
+    else:
+        g = None
+    return q, k, v, beta, g
+
+
+def chunk(kind, q, k, v, beta, g, **kw):
+    if kind == "kda":
+        return chunk_kda(q, k, v, g, beta, **kw)
+    if kind == "gdn":
+        return chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+    return chunk_delta_rule(q, k, v, beta, **kw)
+
+
+def recurrent(kind, q, k, v, beta, g, h0):
+    if kind == "kda":
+        return fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    if kind == "gdn":
+        return fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    return fused_recurrent_delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True)
+
+
+# PyTorch's own device copy, for comparison with k3's measured ceiling.
+a = torch.empty(2 << 30, dtype=torch.uint8, device=dev)
+b = torch.empty_like(a)
+record("torch_copy_GBps", 2 * a.numel() / (ms(lambda: b.copy_(a)) * 1e-3) / 1e9)
+del a, b
+
+for kind in args.kinds:
+    for H in args.heads:
+        for T in args.seq_len:
+            key = f"{kind}_fwd_T{T}_H{H}"
+            try:
+                q, k, v, beta, g = inputs(1, T, H, kind)
+                record(key, ms(lambda: chunk(kind, q, k, v, beta, g)))
+                if T == args.seq_len[0]:
+                    tensors = [q, k, v, beta] + ([g] if g is not None else [])
+                    for t in tensors:
+                        t.requires_grad_(True)
+                    do = torch.randn_like(v)
+
+                    def fb():
+                        o = chunk(kind, q, k, v, beta, g)[0]
+                        o.backward(do)
+
+                    record(f"{kind}_fwdbwd_T{T}_H{H}", ms(fb))
+            except Exception as e:  # report, keep going
+                print(f"{key}: {type(e).__name__}: {e}", file=sys.stderr)
+    for N in args.decode_batch:
+        key = f"{kind}_decode_N{N}_ms"
+        try:
+            H = 16
+            q, k, v, beta, g = inputs(N, 1, H, kind)
+            h0 = torch.randn(N, H, K, V, device=dev, dtype=torch.float32) * 0.1
+            record(key, ms(lambda: recurrent(kind, q, k, v, beta, g, h0)))
+        except Exception as e:
+            print(f"{key}: {type(e).__name__}: {e}", file=sys.stderr)
+
+
