@@ -45,29 +45,13 @@ void expect_close(const Tensor& a, const Tensor& ref, double tol, const std::str
   if (std::getenv("K3_VERBOSE")) std::printf("%-60s %.2e\n", what.c_str(), e);
 }
 
-DeltaOptions fixture_options(const nlohmann::json& meta) {
-  const std::string op = meta.at("op");
-  DeltaOptions o;
-  if (op == "linear_attn") {
-    o.write = Write::Additive;
-    o.normalize = meta.value("normalize", false) ? Normalize::On : Normalize::Off;
-    o.eps = meta.value("eps", 1e-10f);
-  } else if (op == "gated_delta_rule") {
-    o.decay = Decay::Scalar;
-  } else if (op == "kda") {
-    o.decay = Decay::PerChannel;
-  }
-  o.scale = meta.value("scale", 0.0f);
-  o.device = Device::CUDA;
-  return o;
-}
-
 class DeltaCudaFixture : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
 
 TEST_P(DeltaCudaFixture, MatchesReference) {
   const auto& [file, io] = GetParam();
   SafeTensors st = SafeTensors::open(std::string(K3_SHARED_DIR) + "/fixtures/ops/" + file);
-  DeltaOptions opts = fixture_options(nlohmann::json::parse(st.metadata().at("fixture")));
+  DeltaOptions opts = testing::fixture_options(nlohmann::json::parse(st.metadata().at("fixture")));
+  opts.device = Device::CUDA;
   opts.io_dtype = io;
   DeltaInputs in;
   in.q = st.get_f32("q");
@@ -126,23 +110,12 @@ INSTANTIATE_TEST_SUITE_P(
       return f.substr(0, f.find('.')) + (std::get<1>(p.param) == DType::BF16 ? "_bf16" : "_f32");
     });
 
-// Random shapes against the CPU recurrent reference (fp32 storage).
-struct Shape6 {
-  int64_t B, T, H, HV, K, V;
-};
-class DeltaCudaShapes : public ::testing::TestWithParam<std::tuple<int, Shape6>> {};
-
-TEST_P(DeltaCudaShapes, MatchesCpuReference) {
-  const Variant& var = kVariants[std::get<0>(GetParam())];
-  const Shape6 s = std::get<1>(GetParam());
-  const DeltaInputs in = random_inputs(var, s.B, s.T, s.H, s.HV, s.K, s.V, s.B, 7 + s.T);
-  const DeltaCotangents cot = random_cotangents(var, s.B, s.T, s.HV, s.K, s.V, s.B, 9 + s.T);
+// CUDA against the CPU recurrent reference on the same inputs: outputs, states, every gradient.
+void expect_gpu_matches_cpu(const DeltaInputs& in, const DeltaCotangents& cot, const Variant& var,
+                            const std::string& label) {
   DeltaOptions cpu = testing::options(var), gpu = cpu;
   gpu.device = Device::CUDA;
-  const std::string label = std::string(var.name) + " T=" + std::to_string(s.T) + " K=" + std::to_string(s.K) +
-                            " V=" + std::to_string(s.V);
-  const DeltaOutputs ref = delta_forward(in, cpu, Impl::Recurrent);
-  const DeltaOutputs out = delta_forward(in, gpu, Impl::Recurrent);
+  const DeltaOutputs ref = delta_forward(in, cpu, Impl::Recurrent), out = delta_forward(in, gpu, Impl::Recurrent);
   expect_close(out.o, ref.o, 1e-4, label + " o");
   expect_close(out.ht, ref.ht, 1e-4, label + " ht");
   expect_close(out.zt, ref.zt, 1e-4, label + " zt");
@@ -155,6 +128,22 @@ TEST_P(DeltaCudaShapes, MatchesCpuReference) {
   expect_close(gg.dg, gr.dg, 1e-4, label + " dg");
   expect_close(gg.dh0, gr.dh0, 1e-4, label + " dh0");
   expect_close(gg.dz0, gr.dz0, 1e-4, label + " dz0");
+}
+
+// Random shapes against the CPU recurrent reference (fp32 storage).
+struct Shape6 {
+  int64_t B, T, H, HV, K, V;
+};
+class DeltaCudaShapes : public ::testing::TestWithParam<std::tuple<int, Shape6>> {};
+
+TEST_P(DeltaCudaShapes, MatchesCpuReference) {
+  const Variant& var = kVariants[std::get<0>(GetParam())];
+  const Shape6 s = std::get<1>(GetParam());
+  const DeltaInputs in = random_inputs(var, s.B, s.T, s.H, s.HV, s.K, s.V, s.B, 7 + s.T);
+  const DeltaCotangents cot = random_cotangents(var, s.B, s.T, s.HV, s.K, s.V, s.B, 9 + s.T);
+  expect_gpu_matches_cpu(in, cot, var,
+                         std::string(var.name) + " T=" + std::to_string(s.T) + " K=" + std::to_string(s.K) +
+                             " V=" + std::to_string(s.V));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeltaCudaShapes,
@@ -176,19 +165,7 @@ TEST(DeltaCudaVarlen, PackedMatchesCpu) {
     DeltaInputs in = random_inputs(var, 1, T, H, HV, K, V, 3, 11);
     in.cu_seqlens = {0, 1, 67, 150};
     const DeltaCotangents cot = random_cotangents(var, 1, T, HV, K, V, 3, 12);
-    DeltaOptions cpu = testing::options(var), gpu = cpu;
-    gpu.device = Device::CUDA;
-    const std::string label = std::string(var.name) + " varlen";
-    const DeltaOutputs ref = delta_forward(in, cpu, Impl::Recurrent), out = delta_forward(in, gpu, Impl::Recurrent);
-    expect_close(out.o, ref.o, 1e-4, label + " o");
-    expect_close(out.ht, ref.ht, 1e-4, label + " ht");
-    const DeltaGrads gr = delta_backward(in, cot, cpu, Impl::Recurrent);
-    const DeltaGrads gg = delta_backward(in, cot, gpu, Impl::Recurrent);
-    expect_close(gg.dq, gr.dq, 1e-4, label + " dq");
-    expect_close(gg.dk, gr.dk, 1e-4, label + " dk");
-    expect_close(gg.dv, gr.dv, 1e-4, label + " dv");
-    expect_close(gg.dg, gr.dg, 1e-4, label + " dg");
-    expect_close(gg.dh0, gr.dh0, 1e-4, label + " dh0");
+    expect_gpu_matches_cpu(in, cot, var, std::string(var.name) + " varlen");
   }
 }
 

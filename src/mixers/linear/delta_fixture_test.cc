@@ -27,32 +27,12 @@ struct Case {
 
 std::string fixture_path(const std::string& file) { return std::string(K3_SHARED_DIR) + "/fixtures/ops/" + file; }
 
-DeltaOptions options_for(const nlohmann::json& meta) {
-  const std::string op = meta.at("op");
-  DeltaOptions o;
-  if (op == "linear_attn") {
-    o.write = Write::Additive;
-    o.normalize = meta.value("normalize", false) ? Normalize::On : Normalize::Off;
-    o.eps = meta.value("eps", 1e-10f);
-  } else if (op == "delta_rule") {
-    o.write = Write::Delta;
-  } else if (op == "gated_delta_rule") {
-    o.decay = Decay::Scalar;
-  } else if (op == "kda") {
-    o.decay = Decay::PerChannel;
-  } else {
-    ADD_FAILURE() << "unexpected op " << op;
-  }
-  o.scale = meta.value("scale", 0.0f);
-  return o;
-}
-
 class DeltaFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DeltaFixture, MatchesReference) {
   SafeTensors st = SafeTensors::open(fixture_path(GetParam()));
   const nlohmann::json meta = nlohmann::json::parse(st.metadata().at("fixture"));
-  const DeltaOptions base = options_for(meta);
+  const DeltaOptions base = testing::fixture_options(meta);
   DeltaInputs in;
   in.q = st.get_f32("q");
   in.k = st.get_f32("k");

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cmath>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -96,6 +98,27 @@ inline DeltaCotangents random_cotangents(const Variant& var, int64_t B, int64_t 
   c.dht = randn(rng, {N, HV, K, V});
   if (var.normalize == Normalize::On) c.dzt = randn(rng, {N, HV, K});
   return c;
+}
+
+// Options of an ops fixture from its "fixture" metadata (fixtures/README.md); unknown ops throw.
+inline DeltaOptions fixture_options(const nlohmann::json& meta) {
+  const std::string op = meta.at("op");
+  DeltaOptions o;
+  if (op == "linear_attn") {
+    o.write = Write::Additive;
+    o.normalize = meta.value("normalize", false) ? Normalize::On : Normalize::Off;
+    o.eps = meta.value("eps", 1e-10f);
+  } else if (op == "delta_rule") {
+    o.write = Write::Delta;
+  } else if (op == "gated_delta_rule") {
+    o.decay = Decay::Scalar;
+  } else if (op == "kda") {
+    o.decay = Decay::PerChannel;
+  } else {
+    throw std::runtime_error("unexpected op " + op);
+  }
+  o.scale = meta.value("scale", 0.0f);
+  return o;
 }
 
 }  // namespace k3::linear::testing
