@@ -241,6 +241,43 @@ void run_kernels(const KernelArgs& args) {
                fmt2("%.3f ms %.0f GB/s", gms, gbw / 1e9), fmt("%.0f%% of copy", 100.0 * gbw / copy_bw), "-"},
               gms);
     }
+  // Softmax attention: causal prefill (B = 1, hd 128) and a decode step over a KV cache.
+  for (int64_t T : args.seq_lens) {
+    const int64_t H = 16, hd = 128;
+    device::Buffer q = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
+    device::Buffer k = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
+    device::Buffer v = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
+    device::Buffer y(size_t(T * H * hd) * 2), lse(size_t(T * H) * 4);
+    const cuda::AttnShape shape{1, T, T, H, hd, hd, 0, 1.0f / std::sqrt(float(hd))};
+    const double ms = median_ms(3, [&] {
+      cuda::attention_forward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), shape, device::Storage::BF16);
+    });
+    const double tf = 2.0 * double(T) * T * H * hd / (ms * 1e-3) / 1e12;  // causal: half of 4·T²·H·hd
+    const std::string key = "sdpa_fwd_T" + std::to_string(T) + "_H16";
+    std::string anchor = fmt2("anchors cuDNN %.0f TFLOP/s: %.2fx", 605.0, tf / 605.0);
+    if (fla.contains(key) && fla[key].is_number())
+      anchor = fmt2("torch SDPA %.3f ms: %.2fx", fla[key].get<double>(), fla[key].get<double>() / ms);
+    rep.add(key + "_ms",
+            {"softmax attention causal fwd T" + std::to_string(T) + " H16 hd128", fmt("%.2f ms", ms),
+             fmt("%.1f TFLOP/s (fp32 SIMT)", tf), anchor},
+            ms);
+  }
+  for (int64_t N : args.decode_batches) {
+    const int64_t H = 16, hd = 128, S = 4096;
+    device::Buffer q = random_values(rng, N * H * hd, -1, 1, device::Storage::BF16);
+    device::Buffer k = random_values(rng, N * S * H * hd, -1, 1, device::Storage::BF16);
+    device::Buffer v = random_values(rng, N * S * H * hd, -1, 1, device::Storage::BF16);
+    device::Buffer y(size_t(N * H * hd) * 2);
+    const cuda::AttnShape shape{N, 1, S, H, hd, hd, S - 1, 1.0f / std::sqrt(float(hd))};
+    const double ms = median_ms(std::max(3, args.reps / 2), [&] {
+      cuda::attention_forward(q.get(), k.get(), v.get(), y.get(), nullptr, shape, device::Storage::BF16);
+    });
+    const double bw = double(N) * S * H * hd * 2 * 2 / (ms * 1e-3);
+    rep.add("attn_decode_N" + std::to_string(N) + "_ms",
+            {"softmax decode N" + std::to_string(N) + " ctx 4096 H16 (bf16 KV)", fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9),
+             fmt("%.0f%% of copy", 100.0 * bw / copy_bw), "-"},
+            ms);
+  }
   rep.print();
   if (!args.json.empty()) {
     std::ofstream out(args.json);

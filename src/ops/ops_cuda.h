@@ -53,6 +53,23 @@ void embedding_backward(const int64_t* ids, int64_t n, int64_t D, const void* dy
 void rope_apply(void* x, int64_t M, int64_t H, int64_t hd, int64_t offset, int64_t rot, const int64_t* positions,
                 const double* inv_freq, double attn_factor, int direction, Storage st);
 
+// Causal softmax attention, flash-style (no [T, S] matrix in memory): B sequences, H heads;
+// q [B, Tq, H, hd], k [B, S, H, hd], v [B, S, H, hdv], y [B, Tq, H, hdv] contiguous, all of
+// storage `st`; query i of every sequence sees keys 0 .. pos0 + i (S ≥ pos0 + Tq: a prefill has
+// pos0 = 0, a decode step over a KV cache Tq = 1, pos0 = S − 1). lse [B, H, Tq] (fp32, natural
+// log of each row's softmax denominator) is written when non-null, for the backward pass.
+// hd, hdv ≤ 256.
+struct AttnShape {
+  int64_t B, Tq, S, H, hd, hdv, pos0;
+  float scale;
+};
+void attention_forward(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a,
+                       Storage st);
+// Gradients (fp32, accumulated: zero them first) from the forward's y and lse: recomputes the
+// probabilities tile by tile (FlashAttention-2's backward).
+void attention_backward(const void* q, const void* k, const void* v, const void* y, const float* lse,
+                        const void* dy, float* dq, float* dk, float* dv, const AttnShape& a, Storage st);
+
 // Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored):
 // loss[M] per row, and dlogits [M, Vocab] = (softmax − onehot) · scale (null: no gradient).
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,

@@ -77,6 +77,13 @@ b = torch.empty_like(a)
 record("torch_copy_GBps", 2 * a.numel() / (ms(lambda: b.copy_(a)) * 1e-3) / 1e9)
 del a, b
 
+# PyTorch's best SDPA backend (cuDNN or flash on Hopper) on k3's causal prefill shape.
+for T in args.seq_len:
+    q = torch.randn(1, 16, T, 128, device=dev, dtype=bf)
+    k_ = torch.randn_like(q)
+    v_ = torch.randn_like(q)
+    record(f"sdpa_fwd_T{T}_H16", ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k_, v_, is_causal=True)))
+
 for kind in args.kinds:
     for H in args.heads:
         for T in args.seq_len:
