@@ -212,7 +212,7 @@ void run_kernels(const KernelArgs& args) {
       da.N = N, da.H = H, da.HV = H, da.K = K, da.V = V, da.write = var.w, da.decay = var.d, da.io = DType::BF16;
       da.row0 = row0.as<int64_t>(), da.len = len.as<int64_t>();
       da.q = q.get(), da.k = k.get(), da.v = v.get(), da.beta = beta.as<float>(), da.g = g.as<float>();
-      da.h0 = S.as<float>(), da.o = o.get(), da.ht = S.as<float>();
+      da.h0 = S.as<float>(), da.o = o.get(), da.ht = S.as<float>(), da.max_len = 1;
       const double ms = median_ms(args.reps, [&] { linear::cuda::forward(da); });
       const double bytes = 2.0 * double(N) * H * K * V * 4;
       const double bw = bytes / (ms * 1e-3);
@@ -228,6 +228,15 @@ void run_kernels(const KernelArgs& args) {
               {std::string(var.name) + " decode step N" + std::to_string(N) + " H16 (fp32 state)",
                fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw), anchor},
               ms);
+      if (var.d == linear::Decay::PerChannel) {  // the general (any-T) kernel on the same step
+        da.max_len = 0;
+        const double gms = median_ms(args.reps, [&] { linear::cuda::forward(da); });
+        rep.add(key + "_general_ms",
+                {"kda step N" + std::to_string(N) + " through the any-T kernel", fmt2("%.3f ms %.0f GB/s", gms, bytes / (gms * 1e-3) / 1e9),
+                 fmt("%.0f%% of copy", 100.0 * bytes / (gms * 1e-3) / copy_bw), "-"},
+                gms);
+        da.max_len = 1;
+      }
       // The same step as a decode loop: 32 steps captured in one CUDA graph, per-step time.
       constexpr int kSteps = 32;
       device::Graph graph;

@@ -194,6 +194,105 @@ __global__ void __launch_bounds__(kThreads) bwd_kernel(const T* __restrict__ q, 
   }
 }
 
+// Decode (Tq = 1), split over the keys (flash-decoding): block (sequence·head, split) scores its
+// keys with one warp per key (lanes over dimensions, coalesced rows), keeps a running max,
+// denominator and weighted sum per warp, merges its 4 warps, and writes (m, l, acc[hdv]); a
+// second kernel merges the splits. Bound by reading the KV cache once.
+constexpr int kDecWarps = 4, kDecKeys = 256, kDecDims = kMaxHd / 32;
+
+template <class T>
+__global__ void __launch_bounds__(kDecWarps * 32) decode_split_kernel(const T* __restrict__ q, const T* __restrict__ k,
+                                                                      const T* __restrict__ v, float* __restrict__ part,
+                                                                      int nsplit, AttnShape a) {
+  __shared__ float sm[kDecWarps], sl[kDecWarps], sacc[kDecWarps][kMaxHd];
+  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t nkeys = a.pos0 + 1;  // keys visible to the single query
+  const int64_t j0 = int64_t(blockIdx.y) * kDecKeys, j1 = min64(j0 + kDecKeys, nkeys);
+  float qv[kDecDims], acc[kDecDims];
+#pragma unroll
+  for (int i = 0; i < kDecDims; ++i) {
+    const int d = lane + 32 * i;
+    qv[i] = d < a.hd ? to_f32(q[(b * a.H + h) * a.hd + d]) * a.scale : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float m = -FLT_MAX, l = 0.0f;
+  for (int64_t j = j0 + warp; j < j1; j += kDecWarps) {
+    const T* kr = k + ((b * a.S + j) * a.H + h) * a.hd;
+    const T* vr = v + ((b * a.S + j) * a.H + h) * a.hdv;
+    float sc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDecDims; ++i) {
+      const int d = lane + 32 * i;
+      if (d < a.hd) sc += qv[i] * to_f32(kr[d]);
+    }
+    sc = device::warp_sum(sc);
+    const float m_new = fmaxf(m, sc), corr = __expf(m - m_new), pj = __expf(sc - m_new);
+    l = l * corr + pj;
+#pragma unroll
+    for (int i = 0; i < kDecDims; ++i) {
+      const int d = lane + 32 * i;
+      acc[i] = acc[i] * corr + (d < a.hdv ? pj * to_f32(vr[d]) : 0.0f);
+    }
+    m = m_new;
+  }
+  if (lane == 0) sm[warp] = m, sl[warp] = l;
+#pragma unroll
+  for (int i = 0; i < kDecDims; ++i) {
+    const int d = lane + 32 * i;
+    if (d < a.hdv) sacc[warp][d] = acc[i];
+  }
+  __syncthreads();
+  float M = -FLT_MAX;
+  for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, sm[w]);
+  float* out = part + (bh * nsplit + blockIdx.y) * (a.hdv + 2);
+  for (int d = threadIdx.x; d < a.hdv; d += blockDim.x) {
+    float x = 0.0f;
+    for (int w = 0; w < kDecWarps; ++w)
+      if (sm[w] != -FLT_MAX) x += sacc[w][d] * __expf(sm[w] - M);
+    out[2 + d] = x;
+  }
+  if (threadIdx.x == 0) {
+    float L = 0.0f;
+    for (int w = 0; w < kDecWarps; ++w)
+      if (sm[w] != -FLT_MAX) L += sl[w] * __expf(sm[w] - M);
+    out[0] = M;
+    out[1] = L;
+  }
+}
+
+template <class T>
+__global__ void decode_merge_kernel(const float* __restrict__ part, int nsplit, T* __restrict__ y,
+                                    float* __restrict__ lse, AttnShape a) {
+  const int64_t bh = blockIdx.x;
+  const float* p = part + bh * nsplit * (a.hdv + 2);
+  float M = -FLT_MAX;
+  for (int s = 0; s < nsplit; ++s) M = fmaxf(M, p[s * (a.hdv + 2)]);
+  float L = 0.0f;
+  for (int s = 0; s < nsplit; ++s)
+    if (p[s * (a.hdv + 2)] != -FLT_MAX) L += p[s * (a.hdv + 2) + 1] * __expf(p[s * (a.hdv + 2)] - M);
+  for (int d = threadIdx.x; d < a.hdv; d += blockDim.x) {
+    float x = 0.0f;
+    for (int s = 0; s < nsplit; ++s)
+      if (p[s * (a.hdv + 2)] != -FLT_MAX) x += p[s * (a.hdv + 2) + 2 + d] * __expf(p[s * (a.hdv + 2)] - M);
+    y[bh * a.hdv + d] = from_f32<T>(x / L);  // [B, 1, H, hdv]: row b·H + h
+  }
+  if (lse && threadIdx.x == 0) lse[bh] = M + logf(L);  // [B, H, 1]
+}
+
+template <class T>
+void launch_decode(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a) {
+  const int nsplit = int((a.pos0 + 1 + kDecKeys - 1) / kDecKeys);
+  device::Buffer part(size_t(a.B * a.H) * size_t(nsplit) * size_t(a.hdv + 2) * sizeof(float));
+  const dim3 grid(unsigned(a.B * a.H), unsigned(nsplit));
+  decode_split_kernel<T><<<grid, kDecWarps * 32, 0, device::stream()>>>(
+      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), part.as<float>(), nsplit, a);
+  K3_CUDA_LAUNCHED();
+  decode_merge_kernel<T><<<unsigned(a.B * a.H), 128, 0, device::stream()>>>(part.as<float>(), nsplit,
+                                                                           static_cast<T*>(y), lse, a);
+  K3_CUDA_LAUNCHED();
+}
+
 void check(const AttnShape& a) {
   if (a.hd < 1 || a.hdv < 1 || a.hd > kMaxHd || a.hdv > kMaxHd)
     throw error("attention", "the CUDA kernels take head dims 1..", kMaxHd, ", got hd = ", a.hd, ", hdv = ", a.hdv);
@@ -234,6 +333,10 @@ void attention_forward(const void* q, const void* k, const void* v, void* y, flo
                        Storage st) {
   check(a);
   if (!a.B || !a.Tq || !a.H) return;
+  if (a.Tq == 1) {  // a decode step: split the keys across blocks
+    K3_DISPATCH_STORAGE(st, T, launch_decode<T>(q, k, v, y, lse, a));
+    return;
+  }
   const bool wide = a.hd > 128 || a.hdv > 128;  // two register layouts: head dims ≤ 128 and ≤ 256
   K3_DISPATCH_STORAGE(st, T, wide ? launch_fwd<T, 64>(q, k, v, y, lse, a) : launch_fwd<T, 32>(q, k, v, y, lse, a));
 }

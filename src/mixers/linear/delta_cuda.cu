@@ -386,6 +386,85 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dev p) {
   store_state(p, p.dh0 + soff, dS, warp, lane, rpw);
 }
 
+// The decode step (every sequence one token): one block per (sequence, value head); q, k and the
+// decay multipliers go to shared memory once, then each warp takes a tile of 16 value columns,
+// two lanes per column each holding half of its rows in registers: decay + u = Sᵀk, then the
+// write and o = Sᵀq (one shuffle joins the halves), with no further barriers. Small blocks and independent warps keep enough state loads in flight for
+// the bandwidth the step is bound by.
+constexpr int kDecodeWarps = 4;
+
+template <class T>
+__global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(Dev p) {
+  __shared__ float sq[kKMax], sk[kKMax], sa[kKMax];
+  const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV, h = hv / p.group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t r = p.row0[n];  // this sequence's token row
+  const int64_t soff = (int64_t(n) * p.HV + hv) * p.K * p.V;
+  for (int i = threadIdx.x; i < p.K; i += blockDim.x) {
+    sq[i] = to_f32(static_cast<const T*>(p.q)[(r * p.H + h) * p.K + i]) * p.scale;
+    sk[i] = to_f32(static_cast<const T*>(p.k)[(r * p.H + h) * p.K + i]);
+    sa[i] = p.decay == 1 ? __expf(p.g[r * p.HV + hv]) : p.decay == 2 ? __expf(p.g[(r * p.HV + hv) * p.K + i]) : 1.0f;
+  }
+  __syncthreads();
+  const float beta = p.delta_write ? p.beta[r * p.HV + hv] : 1.0f;
+  // Lanes 0-15 and 16-31 split the rows of the same 16 columns (64 registers of S per lane).
+  // Volatile reads keep q, k and a in shared memory: hoisted into registers they would triple
+  // the register footprint and halve the warps in flight.
+  const volatile float* vq = sq;
+  const volatile float* vk = sk;
+  const volatile float* va = sa;
+  const int half = lane / 16, rows = (p.K + 1) / 2, i0 = half * rows;
+  for (int j0 = (blockIdx.y * kDecodeWarps + warp) * 16; j0 < p.V; j0 += gridDim.y * kDecodeWarps * 16) {
+    const int j = j0 + (lane & 15);
+    const bool col = j < p.V;
+    float S[kKMax / 2];
+    const float* src = p.h0 ? p.h0 + soff + int64_t(i0) * p.V + j : nullptr;
+#pragma unroll
+    for (int ii = 0; ii < kKMax / 2; ++ii, src += p.V) {
+      const int i = i0 + ii;
+      S[ii] = (col && ii < rows && i < p.K && p.h0) ? *src : 0.0f;
+    }
+    float u = 0.0f;
+#pragma unroll
+    for (int ii = 0; ii < kKMax / 2; ++ii) {
+      const int i = i0 + ii;
+      if (ii < rows && i < p.K) {
+        S[ii] *= va[i];
+        u += S[ii] * vk[i];
+      }
+    }
+    u += __shfl_xor_sync(0xffffffffu, u, 16);
+    const float vj = col ? to_f32(static_cast<const T*>(p.v)[(r * p.HV + hv) * p.V + j]) : 0.0f;
+    const float delta = p.delta_write ? beta * (vj - u) : vj;
+    float o = 0.0f;
+#pragma unroll
+    for (int ii = 0; ii < kKMax / 2; ++ii) {
+      const int i = i0 + ii;
+      if (ii < rows && i < p.K) {
+        S[ii] += vk[i] * delta;
+        o += S[ii] * vq[i];
+      }
+    }
+    o += __shfl_xor_sync(0xffffffffu, o, 16);
+    if (!col) continue;
+    if (p.ht) {
+      float* dst = p.ht + soff + int64_t(i0) * p.V + j;
+#pragma unroll
+      for (int ii = 0; ii < kKMax / 2; ++ii, dst += p.V) {
+        const int i = i0 + ii;
+        if (ii < rows && i < p.K) *dst = S[ii];
+      }
+    }
+    const int64_t oi = (r * p.HV + hv) * p.V + j;
+    if (half == 0) {
+      if (p.o_f32)
+        static_cast<float*>(p.o)[oi] = o;
+      else
+        static_cast<T*>(p.o)[oi] = from_f32<T>(o);
+    }
+  }
+}
+
 Dev to_dev(const cuda::DeviceArgs& a) {
   cuda::check_supported(a.K, a.V);
   Dev d{};
@@ -437,6 +516,7 @@ Staged stage(const Problem& p, bool bf16) {
   a.row0 = st.row0.as<int64_t>(), a.len = st.len.as<int64_t>();
   a.q = st.q.get(), a.k = st.k.get(), a.v = st.v.get(), a.beta = st.beta.as<float>(), a.g = st.g.as<float>();
   a.h0 = st.h0.as<float>();
+  for (const Segment& sg : p.seqs) a.max_len = std::max(a.max_len, sg.len);
   st.args = a;
   return st;
 }
@@ -501,6 +581,16 @@ void check_supported(int64_t K, int64_t V) {
 void forward(const DeviceArgs& a) {
   using namespace detail;
   const Dev d = to_dev(a);
+  if (a.max_len == 1) {  // every sequence one token: the decode step
+    const dim3 blocks(unsigned(a.N * a.HV), unsigned((a.V + kDecodeWarps * 16 - 1) / (kDecodeWarps * 16)));
+    if (!blocks.x) return;
+    if (a.io == DType::BF16)
+      decode_kernel<__nv_bfloat16><<<blocks, kDecodeWarps * 32, 0, device::stream()>>>(d);
+    else
+      decode_kernel<float><<<blocks, kDecodeWarps * 32, 0, device::stream()>>>(d);
+    K3_CUDA_LAUNCHED();
+    return;
+  }
   const dim3 blocks(unsigned(a.N * a.HV), unsigned((a.V + kVMax - 1) / kVMax));
   if (!blocks.x) return;
   if (a.io == DType::BF16)

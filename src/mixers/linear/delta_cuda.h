@@ -19,6 +19,7 @@ struct DeviceArgs {
   DType o_dtype = DType::BF16;              // storage of o when io is BF16 (F32 keeps it fp32)
   const int64_t* row0 = nullptr;            // [N]
   const int64_t* len = nullptr;             // [N]
+  int64_t max_len = 0;                      // longest sequence if known (1 picks the decode kernel)
   const void *q = nullptr, *k = nullptr, *v = nullptr;
   const float* beta = nullptr;              // [rows, HV] (Delta)
   const float* g = nullptr;                 // [rows, HV] or [rows, HV, K]
