@@ -1,23 +1,32 @@
 // k3 logits: full forward (no cache) of input_ids [B, T] -> logits [B, T, V].
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 
 #include "cli/commands.h"
 #include "io/safetensors.h"
+#include "models/gpt2.h"
 #include "models/registry.h"
+#if defined(K3_HAS_CUDA)
+#include "models/gpt2_cuda.h"
+#endif
 
 namespace k3::cli {
 
 void register_logits(CLI::App& app) {
   auto* cmd = app.add_subcommand("logits", "Full forward pass: input_ids [B,T] (int64) -> logits [B,T,V] (float32)");
-  static std::string model_dir, input, output;
+  static std::string model_dir, input, output, dtype = "f32";
   static RuntimeOptions rt;
   cmd->add_option("--model", model_dir, "Hugging Face model folder")->required();
   cmd->add_option("--input", input, "safetensors file with 'input_ids' int64 [B, T]")->required();
   cmd->add_option("--output", output, "safetensors file to write 'logits' float32 [B, T, V]")->required();
+  cmd->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   add_runtime_options(cmd, rt);
   cmd->callback([] {
-    apply_runtime_options(rt);
+    apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
+    if (dtype == "bf16" && rt.device != "cuda") throw error("logits", "--dtype bf16 applies to --device cuda");
     SafeTensors in = SafeTensors::open(input);
     if (!in.has("input_ids")) throw error("logits", input, ": no tensor named 'input_ids'");
     Tensor ids = in.get("input_ids");
@@ -33,6 +42,19 @@ void register_logits(CLI::App& app) {
     auto model = load_model(model_dir);
     const int64_t B = ids.dim(0), T = ids.dim(1), V = model->vocab_size();
     Tensor logits = Tensor::empty({B, T, V});  // [B, T, V]
+    if (rt.device == "cuda") {
+      const auto* gpt2 = dynamic_cast<const Gpt2Model*>(model.get());
+      if (!gpt2)
+        throw error("logits", "--device cuda runs GPT-2 checkpoints so far; ", model->architecture(),
+                    " runs on the CPU (--device cpu)");
+#if defined(K3_HAS_CUDA)
+      cuda::Gpt2Runner run(*gpt2, dtype == "bf16" ? device::Storage::BF16 : device::Storage::F32);
+      const std::vector<float> out = run.logits(ids.data<int64_t>(), B, T);
+      std::copy(out.begin(), out.end(), logits.f32());
+#endif
+      save_safetensors(output, {{"logits", logits}});
+      return;
+    }
     for (int64_t b = 0; b < B; ++b)
       model->forward(ids.data<int64_t>() + b * T, T, nullptr, logits.f32() + b * T * V, Logits::All);
     save_safetensors(output, {{"logits", logits}});

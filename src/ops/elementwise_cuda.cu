@@ -141,7 +141,51 @@ __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, int64
   w[i] -= lr * float(mhat / (sqrt(vhat) + eps) + wd * w[i]);
 }
 
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+__global__ void bias_kernel(float* y, const float* b, int64_t M, int64_t N) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < M * N) y[i] += b[i % N];
+}
+template <class T>
+__global__ void cast_kernel(const float* x, T* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = from_f32<T>(x[i]);
+}
+__global__ void split_qkv_kernel(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // over M·3D
+  if (i >= M * 3 * D) return;
+  const int64_t m = i / (3 * D), c = i % (3 * D), part = c / D, d = c % D;
+  float* dst = part == 0 ? q : part == 1 ? k : v;
+  dst[m * D + d] = qkv[i];
+}
+
 }  // namespace
+
+void add_inplace(float* y, const float* x, int64_t n) {
+  if (!n) return;
+  add_kernel<<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(y, x, n);
+  K3_CUDA_LAUNCHED();
+}
+void add_bias(float* y, const float* bias, int64_t M, int64_t N) {
+  if (!M || !N) return;
+  bias_kernel<<<device::blocks_for(M * N, kThreads), kThreads, 0, device::stream()>>>(y, bias, M, N);
+  K3_CUDA_LAUNCHED();
+}
+void cast(const float* x, void* y, int64_t n, Storage st) {
+  if (!n) return;
+  K3_DISPATCH_STORAGE(st, T,
+                      cast_kernel<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
+                          x, static_cast<T*>(y), n));
+  K3_CUDA_LAUNCHED();
+}
+void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D) {
+  if (!M) return;
+  split_qkv_kernel<<<device::blocks_for(M * 3 * D, kThreads), kThreads, 0, device::stream()>>>(qkv, q, k, v, M, D);
+  K3_CUDA_LAUNCHED();
+}
 
 void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st) {
   if (!n) return;

@@ -70,6 +70,14 @@ void attention_forward(const void* q, const void* k, const void* v, void* y, flo
 void attention_backward(const void* q, const void* k, const void* v, const void* y, const float* lse,
                         const void* dy, float* dq, float* dk, float* dv, const AttnShape& a, Storage st);
 
+// Small glue kernels: y += x (n values); y[M, N] += bias[N]; fp32 → bf16/fp32 copy (casts
+// activations to a GEMM's operand storage); the q/k/v column blocks of a fused [M, 3·H·hd]
+// projection into three contiguous [M, H, hd] arrays.
+void add_inplace(float* y, const float* x, int64_t n);
+void add_bias(float* y, const float* bias, int64_t M, int64_t N);
+void cast(const float* x, void* y, int64_t n, Storage st);
+void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D);
+
 // Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored):
 // loss[M] per row, and dlogits [M, Vocab] = (softmax − onehot) · scale (null: no gradient).
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,

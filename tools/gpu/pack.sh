@@ -20,5 +20,6 @@ for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   while read -r lib; do cp -L "$lib" .gpu/lib/; done
 tar -C .gpu -cJf .gpu/bundle.tar.xz bin lib
 rm -rf .gpu/bin .gpu/lib
-mkdir -p .gpu/shared/fixtures && cp -r "$root/../shared/fixtures/ops" .gpu/shared/fixtures/
+mkdir -p .gpu/shared/fixtures/models && cp -r "$root/../shared/fixtures/ops" .gpu/shared/fixtures/ &&
+  cp -r "$root/../shared/fixtures/models/gpt2-tiny" .gpu/shared/fixtures/models/
 du -sh .gpu/*

@@ -23,5 +23,16 @@ for t in "$root"/.gpu/bin/*_cuda_test; do
 done
 echo "== k3 op run --device cuda on every fixture"
 python3 "$root/tools/gpu/compare_ops.py" "$root/.gpu/shared/fixtures/ops" "$out/ops" | tee "$out/compare_ops.txt" || status=1
+echo "== k3 logits --device cuda on gpt2-tiny (f32 and bf16 weights)"
+g="$root/.gpu/shared/fixtures/models/gpt2-tiny"
+for dt in f32 bf16; do
+  k3 logits --model "$g" --input "$g/expected.safetensors" --output "$out/gpt2_logits_$dt.safetensors" --device cuda --dtype $dt &&
+    python3 -c "
+import numpy as np, sys
+from safetensors.numpy import load_file
+a = load_file('$out/gpt2_logits_$dt.safetensors')['logits']; b = load_file('$g/expected.safetensors')['logits']
+e = np.linalg.norm(a - b) / np.linalg.norm(b); tol = 5e-3 if '$dt' == 'bf16' else 1e-4
+print(f'gpt2-tiny logits $dt: rel L2 {e:.2e} (tolerance {tol:g})'); sys.exit(0 if e <= tol else 1)" || status=1
+done
 if [ $# -gt 0 ]; then "$@" || status=1; fi
 exit $status
