@@ -19,6 +19,9 @@
 
 #if defined(K3_HAS_CUDA)
 #include "mixers/linear/delta_cuda.h"
+#include "models/gpt2.h"
+#include "models/gpt2_cuda.h"
+#include "models/registry.h"
 #include "ops/ops_cuda.h"
 #endif
 
@@ -31,6 +34,7 @@ struct KernelArgs {
   std::vector<int64_t> seq_lens = {8192, 32768};
   std::vector<int64_t> heads = {16};
   std::vector<int64_t> decode_batches = {64, 256};
+  int64_t train_batch = 8;
 };
 
 #if defined(K3_HAS_CUDA)
@@ -110,6 +114,7 @@ void run_kernels(const KernelArgs& args) {
   };
   Report rep;
   Rng rng(1);
+  double gemm_tf = 1.0;
 
   // Ceilings: device-to-device copy (bytes read + written) and a bf16 GEMM.
   const size_t copy_bytes = size_t(2) << 30;
@@ -129,6 +134,7 @@ void run_kernels(const KernelArgs& args) {
                  device::Storage::BF16);
     });
     const double tf = 2.0 * double(n) * n * n / (ms * 1e-3) / 1e12;
+    gemm_tf = tf;
     rep.add("gemm_bf16_TFLOPs", {"cuBLASLt bf16 GEMM 8192^3 (fp32 out)", fmt("%.0f TFLOP/s", tf), "ceiling",
                                  "anchor ~790 TFLOP/s"},
             tf);
@@ -287,6 +293,25 @@ void run_kernels(const KernelArgs& args) {
              fmt("%.0f%% of copy", 100.0 * bw / copy_bw), "-"},
             ms);
   }
+  // GPT-2 124M training on the GPU (fp32 weights and GEMMs, no TF32), one step of B × 1024 tokens.
+  if (args.train_batch > 0) {
+    auto model = build_model(preset_config("gpt2"), "gpt2");
+    model->init_random(1);
+    const auto* gpt2 = dynamic_cast<const Gpt2Model*>(model.get());
+    cuda::Gpt2Runner run(*gpt2, device::Storage::F32);
+    const int64_t B = args.train_batch, T = 1024;
+    std::vector<int64_t> ids(static_cast<size_t>(B * T)), tg(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(rng.uniform() * 50000) % 50257;
+    for (size_t i = 0; i < ids.size(); ++i) tg[i] = (i + 1) % size_t(T) ? ids[i + 1] : -1;
+    const double ms = median_ms(3, [&] { run.train_step(ids.data(), tg.data(), B, T, 1e-4f, {}); });
+    const double tps = double(B * T) / (ms * 1e-3);
+    const double flops = 6.0 * double(model->total_params()) * B * T + 12.0 * 12 * 768 * double(T) * B * T / 2;
+    rep.add("gpt2_train_tok_s", {"gpt2 124M train step B" + std::to_string(B) + " T1024 (fp32)",
+                                 fmt2("%.0f ms %.0fK tok/s", ms, tps / 1e3),
+                                 fmt("%.1f%% MFU of the bf16 rate", 100.0 * flops / (ms * 1e-3) / (gemm_tf * 1e12)),
+                                 "llm.c: ~60% MFU (anchors)"},
+            tps);
+  }
   rep.print();
   if (!args.json.empty()) {
     std::ofstream out(args.json);
@@ -311,6 +336,8 @@ void register_bench_kernels(CLI::App* bench) {
   cmd->add_option("--seq-len", args->seq_lens, "Prefill lengths (B = 1)")->capture_default_str();
   cmd->add_option("--heads", args->heads, "Head counts for prefill (K = V = 128)")->capture_default_str();
   cmd->add_option("--decode-batch", args->decode_batches, "Batch sizes of the decode step")->capture_default_str();
+  cmd->add_option("--train-batch", args->train_batch, "GPT-2 124M training batch (T = 1024; 0 skips)")
+      ->capture_default_str();
   cmd->add_option("--versus", args->versus, "JSON of the same shapes timed by fla (tools/gpu/fla_bench.py)");
   cmd->add_option("--json", args->json, "Write k3's figures as JSON");
   cmd->callback([args] { run_kernels(*args); });

@@ -16,6 +16,12 @@ struct Gpt2Runner::Impl {
   Gpt2Config c;
   device::Storage st;
   std::map<std::string, device::Buffer> w;  // by parameter name
+  // Training state (fp32 weights only): gradients and AdamW moments by parameter name.
+  std::map<std::string, device::Buffer> grad, m1, m2;
+  std::map<std::string, bool> decay;
+  std::map<std::string, int64_t> numel;
+  int64_t step = 0;
+  float* gr(const std::string& name) const { return grad.at(name).as<float>(); }
 
   const float* f(const std::string& name) const { return at(name).as<float>(); }
   const void* g(const std::string& name) const { return at(name).get(); }
@@ -30,14 +36,17 @@ Gpt2Runner::Gpt2Runner(const Gpt2Model& model, device::Storage weights) : impl_(
   device::require_cuda("gpt2 cuda");
   impl_->c = model.config();
   impl_->st = weights;
-  model.visit([&](const std::string& name, Node& p, ParamKind) {
+  model.visit([&](const std::string& name, Node& p, ParamKind kind) {
     const Tensor t = p.value.to(DType::F32);
     // GEMM weights (2-D, not the embeddings) take the weight storage; the rest stays fp32. The
     // tied LM head reads wte as a GEMM operand too: keep an extra copy in the weight storage.
     const bool gemm = t.ndim() == 2 && name.find(".weight") != std::string::npos && name.rfind("wte", 0) != 0 &&
                       name.rfind("wpe", 0) != 0;
     impl_->w.emplace(name, device::upload_values(t.f32(), t.numel(), gemm ? weights : device::Storage::F32));
-    if (name == "wte.weight") impl_->w.emplace("lm_head", device::upload_values(t.f32(), t.numel(), weights));
+    if (name == "wte.weight" && weights != device::Storage::F32)
+      impl_->w.emplace("lm_head", device::upload_values(t.f32(), t.numel(), weights));
+    impl_->decay[name] = kind == ParamKind::Weight;
+    impl_->numel[name] = t.numel();
   });
 }
 
@@ -94,10 +103,148 @@ std::vector<float> Gpt2Runner::logits(const int64_t* ids_host, int64_t B, int64_
     cast(h.as<float>(), cast_buf.get(), M * D, m.st);
     a = cast_buf.get();
   }
-  gemm(Op::N, Op::T, M, V, D, 1.0f, a, 0, m.g("lm_head"), 0, 0.0f, out.as<float>(), 0, m.st);  // h wteᵀ
+  gemm(Op::N, Op::T, M, V, D, 1.0f, a, 0, m.g(bf16 ? "lm_head" : "wte.weight"), 0, 0.0f, out.as<float>(), 0,
+       m.st);  // h wteᵀ
   std::vector<float> logits(static_cast<size_t>(M * V));
   device::download(logits.data(), out.get(), logits.size() * 4);
   return logits;
+}
+
+float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_host, int64_t B, int64_t T, float lr,
+                             const Adam& adam) {
+  Impl& m = *impl_;
+  const Gpt2Config& c = m.c;
+  if (m.st != device::Storage::F32) throw error("gpt2 cuda", "training keeps fp32 weights; build the runner with F32");
+  if (T < 1 || T > c.n_positions) throw error("gpt2 cuda", "T = ", T, " must be in [1, n_positions = ", c.n_positions, "]");
+  const int64_t M = B * T, D = c.n_embd, H = c.n_head, hd = D / H, F = c.n_inner.value_or(4 * D), V = c.vocab_size;
+  const int64_t L = c.n_layer;
+  const float eps = float(c.layer_norm_epsilon);
+  const auto s = device::Storage::F32;
+  using device::Buffer;
+  if (m.grad.empty())
+    for (const auto& [name, n] : m.numel) {
+      m.grad.emplace(name, Buffer(size_t(n) * 4));
+      m.m1.emplace(name, device::zeros_f32(n));
+      m.m2.emplace(name, device::zeros_f32(n));
+    }
+  for (const auto& [name, n] : m.numel) device::zero(m.grad.at(name).get(), size_t(n) * 4);
+
+  std::vector<int64_t> pos(static_cast<size_t>(M));
+  int64_t count = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    pos[size_t(i)] = i % T;
+    if (targets_host[i] >= V) throw error("gpt2 cuda", "target ", targets_host[i], " outside the vocabulary");
+    count += targets_host[i] >= 0;
+  }
+  Buffer ids = device::upload_new(ids_host, size_t(M) * 8), gpos = device::upload_new(pos.data(), pos.size() * 8),
+         tgt = device::upload_new(targets_host, size_t(M) * 8);
+  auto buf = [](int64_t n) { return Buffer(size_t(n) * 4); };
+  // Saved activations, per layer: the block input, both norms' outputs and statistics, q/k/v,
+  // the attention output and lse, the block's mid-point, the MLP's pre- and post-GELU values.
+  struct Saved {
+    Buffer x, h1, mu1, rs1, q, k, v, y, lse, xm, h2, mu2, rs2, ff, ff2;
+  };
+  std::vector<Saved> sv(static_cast<size_t>(L));
+  Buffer x = buf(M * D), tmp = buf(M * D), qkv = buf(M * 3 * D);
+  embedding_forward(m.f("wte.weight"), V, ids.as<int64_t>(), M, D, x.get(), s);
+  embedding_forward(m.f("wpe.weight"), c.n_positions, gpos.as<int64_t>(), M, D, tmp.get(), s);
+  add_inplace(x.as<float>(), tmp.as<float>(), M * D);
+  const AttnShape as{B, T, T, H, hd, hd, 0, 1.0f / std::sqrt(float(hd))};
+  auto mm = [&](const float* a, Op ta, const float* b, Op tb, int64_t rows, int64_t cols, int64_t inner, float* out,
+                float beta) { gemm(ta, tb, rows, cols, inner, 1.0f, a, 0, b, 0, beta, out, 0, s); };
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    Saved& a = sv[size_t(l)];
+    a.x = buf(M * D), a.h1 = buf(M * D), a.mu1 = buf(M), a.rs1 = buf(M), a.q = buf(M * D), a.k = buf(M * D);
+    a.v = buf(M * D), a.y = buf(M * D), a.lse = buf(B * H * T), a.xm = buf(M * D), a.h2 = buf(M * D), a.mu2 = buf(M);
+    a.rs2 = buf(M), a.ff = buf(M * F), a.ff2 = buf(M * F);
+    device::copy(a.x.get(), x.get(), size_t(M * D) * 4);
+    layernorm_forward(x.get(), m.f(p + "ln_1.weight"), m.f(p + "ln_1.bias"), eps, M, D, a.h1.get(), a.mu1.as<float>(),
+                      a.rs1.as<float>(), s);
+    mm(a.h1.as<float>(), Op::N, m.f(p + "attn.c_attn.weight"), Op::N, M, 3 * D, D, qkv.as<float>(), 0.0f);
+    add_bias(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), M, 3 * D);
+    split_qkv(qkv.as<float>(), a.q.as<float>(), a.k.as<float>(), a.v.as<float>(), M, D);
+    attention_forward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), as, s);
+    mm(a.y.as<float>(), Op::N, m.f(p + "attn.c_proj.weight"), Op::N, M, D, D, x.as<float>(), 1.0f);
+    add_bias(x.as<float>(), m.f(p + "attn.c_proj.bias"), M, D);
+    device::copy(a.xm.get(), x.get(), size_t(M * D) * 4);
+    layernorm_forward(x.get(), m.f(p + "ln_2.weight"), m.f(p + "ln_2.bias"), eps, M, D, a.h2.get(), a.mu2.as<float>(),
+                      a.rs2.as<float>(), s);
+    mm(a.h2.as<float>(), Op::N, m.f(p + "mlp.c_fc.weight"), Op::N, M, F, D, a.ff.as<float>(), 0.0f);
+    add_bias(a.ff.as<float>(), m.f(p + "mlp.c_fc.bias"), M, F);
+    gelu_tanh_forward(a.ff.get(), a.ff2.get(), M * F, s);
+    mm(a.ff2.as<float>(), Op::N, m.f(p + "mlp.c_proj.weight"), Op::N, M, D, F, x.as<float>(), 1.0f);
+    add_bias(x.as<float>(), m.f(p + "mlp.c_proj.bias"), M, D);
+  }
+  Buffer hf = buf(M * D), muf = buf(M), rsf = buf(M), logits = buf(M * V), loss = buf(M);
+  layernorm_forward(x.get(), m.f("ln_f.weight"), m.f("ln_f.bias"), eps, M, D, hf.get(), muf.as<float>(),
+                    rsf.as<float>(), s);
+  mm(hf.as<float>(), Op::N, m.f("wte.weight"), Op::T, M, V, D, logits.as<float>(), 0.0f);
+  // Loss and dlogits (in place of the logits), scaled by 1 / scored positions.
+  cross_entropy(logits.as<float>(), tgt.as<int64_t>(), M, V, loss.as<float>(), logits.as<float>(),
+                1.0f / float(std::max<int64_t>(count, 1)));
+  std::vector<float> losses(static_cast<size_t>(M));
+  device::download(losses.data(), loss.get(), losses.size() * 4);
+  double total = 0.0;
+  for (float l : losses) total += l;
+
+  // Backward. dx carries the residual stream's adjoint.
+  Buffer dh = buf(M * D), dx = buf(M * D), dff = buf(M * F), dff2 = buf(M * F), dy = buf(M * D), dqkv = buf(M * 3 * D);
+  Buffer dq = buf(M * D), dk = buf(M * D), dv = buf(M * D);
+  const float* dlogits = logits.as<float>();
+  mm(dlogits, Op::N, m.f("wte.weight"), Op::N, M, D, V, dh.as<float>(), 0.0f);          // dhf = dlogits wte
+  mm(dlogits, Op::T, hf.as<float>(), Op::N, V, D, M, m.gr("wte.weight"), 1.0f);         // dwte += dlogitsᵀ hf
+  layernorm_backward(x.get(), m.f("ln_f.weight"), muf.as<float>(), rsf.as<float>(), dh.get(), M, D, dx.get(),
+                     m.gr("ln_f.weight"), m.gr("ln_f.bias"), s);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    Saved& a = sv[size_t(l)];
+    // MLP: x_out = xm + ff2 Wp2 + bp2.
+    mm(dx.as<float>(), Op::N, m.f(p + "mlp.c_proj.weight"), Op::T, M, F, D, dff2.as<float>(), 0.0f);
+    mm(a.ff2.as<float>(), Op::T, dx.as<float>(), Op::N, F, D, M, m.gr(p + "mlp.c_proj.weight"), 1.0f);
+    bias_grad(dx.as<float>(), m.gr(p + "mlp.c_proj.bias"), M, D);
+    gelu_tanh_backward(a.ff.get(), dff2.get(), dff.get(), M * F, s);
+    mm(dff.as<float>(), Op::N, m.f(p + "mlp.c_fc.weight"), Op::T, M, D, F, dh.as<float>(), 0.0f);
+    mm(a.h2.as<float>(), Op::T, dff.as<float>(), Op::N, D, F, M, m.gr(p + "mlp.c_fc.weight"), 1.0f);
+    bias_grad(dff.as<float>(), m.gr(p + "mlp.c_fc.bias"), M, F);
+    layernorm_backward(a.xm.get(), m.f(p + "ln_2.weight"), a.mu2.as<float>(), a.rs2.as<float>(), dh.get(), M, D,
+                       tmp.get(), m.gr(p + "ln_2.weight"), m.gr(p + "ln_2.bias"), s);
+    add_inplace(dx.as<float>(), tmp.as<float>(), M * D);
+    // Attention: xm = x + y Wp + bp.
+    mm(dx.as<float>(), Op::N, m.f(p + "attn.c_proj.weight"), Op::T, M, D, D, dy.as<float>(), 0.0f);
+    mm(a.y.as<float>(), Op::T, dx.as<float>(), Op::N, D, D, M, m.gr(p + "attn.c_proj.weight"), 1.0f);
+    bias_grad(dx.as<float>(), m.gr(p + "attn.c_proj.bias"), M, D);
+    device::zero(dq.get(), dq.bytes());
+    device::zero(dk.get(), dk.bytes());
+    device::zero(dv.get(), dv.bytes());
+    attention_backward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), dy.get(), dq.as<float>(),
+                       dk.as<float>(), dv.as<float>(), as, s);
+    merge_qkv(dq.as<float>(), dk.as<float>(), dv.as<float>(), dqkv.as<float>(), M, D);
+    mm(dqkv.as<float>(), Op::N, m.f(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f);
+    mm(a.h1.as<float>(), Op::T, dqkv.as<float>(), Op::N, D, 3 * D, M, m.gr(p + "attn.c_attn.weight"), 1.0f);
+    bias_grad(dqkv.as<float>(), m.gr(p + "attn.c_attn.bias"), M, 3 * D);
+    layernorm_backward(a.x.get(), m.f(p + "ln_1.weight"), a.mu1.as<float>(), a.rs1.as<float>(), dh.get(), M, D,
+                       tmp.get(), m.gr(p + "ln_1.weight"), m.gr(p + "ln_1.bias"), s);
+    add_inplace(dx.as<float>(), tmp.as<float>(), M * D);
+  }
+  embedding_backward(ids.as<int64_t>(), M, D, dx.get(), m.gr("wte.weight"), s);
+  embedding_backward(gpos.as<int64_t>(), M, D, dx.get(), m.gr("wpe.weight"), s);
+
+  ++m.step;
+  for (const auto& [name, n] : m.numel) {
+    const AdamWStep st{lr, adam.beta1, adam.beta2, adam.eps, m.decay.at(name) ? adam.weight_decay : 0.0f, m.step};
+    adamw(m.w.at(name).as<float>(), m.gr(name), m.m1.at(name).as<float>(), m.m2.at(name).as<float>(), n, st);
+  }
+  device::synchronize();
+  return float(total / double(std::max<int64_t>(count, 1)));
+}
+
+void Gpt2Runner::copy_to(const Gpt2Model& model) const {
+  if (impl_->st != device::Storage::F32) throw error("gpt2 cuda", "copy_to needs fp32 weights");
+  model.visit([&](const std::string& name, Node& p, ParamKind) {
+    K3_CHECK(p.value.dtype() == DType::F32 && p.value.is_contiguous());
+    device::download(p.value.f32(), impl_->w.at(name).get(), p.value.nbytes());
+  });
 }
 
 }  // namespace k3::cuda

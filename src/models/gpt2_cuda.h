@@ -24,6 +24,17 @@ class Gpt2Runner {
   // ids [B, T] → logits [B, T, vocab] (host, fp32). T ≤ n_positions.
   std::vector<float> logits(const int64_t* ids, int64_t B, int64_t T);
 
+  // One training step on ids/targets [B, T] (target −1: no loss): forward keeping activations,
+  // mean cross-entropy over the scored positions, backward, AdamW with train/optimizer.h's
+  // semantics (decoupled decay on ParamKind::Weight only, bias-corrected moments). fp32 weights
+  // only. Returns the loss before the update.
+  struct Adam {
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  };
+  float train_step(const int64_t* ids, const int64_t* targets, int64_t B, int64_t T, float lr, const Adam& adam);
+  // Copies the GPU weights back into a model of the same configuration.
+  void copy_to(const Gpt2Model& model) const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

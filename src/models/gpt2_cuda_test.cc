@@ -1,16 +1,20 @@
 // GPT-2 on CUDA against transformers' outputs (fixtures/models/gpt2-tiny): logits of the full
 // forward within 1e-4 relative L2 with fp32 weights (5e-3 with bf16 GEMM weights), and the greedy
-// continuation (repeated full forwards) equal to the fixture's ids. Needs a GPU: label "gpu".
+// continuation (repeated full forwards) equal to the fixture's ids; training steps equal to the
+// CPU's. Needs a GPU: label "gpu".
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 
 #include "io/safetensors.h"
 #include "models/gpt2.h"
 #include "models/gpt2_cuda.h"
 #include "models/registry.h"
+#include "ops/autograd.h"
+#include "train/optimizer.h"
 
 namespace k3 {
 namespace {
@@ -56,6 +60,55 @@ TEST_P(Gpt2Cuda, LogitsAndGreedyIdsMatchTransformers) {
     seq.push_back(int64_t(std::max_element(last, last + V) - last));
   }
   EXPECT_EQ(seq, want);
+}
+
+// Training: five AdamW steps on the GPU against five on the CPU (autograd + train/optimizer.h's
+// AdamW) from the same gpt2-tiny weights and batch: every loss within 1e-4 relative, and the
+// weights after the steps within 1e-3 relative L2.
+TEST(Gpt2CudaTrain, StepsMatchCpu) {
+  const std::string dir = std::string(K3_SHARED_DIR) + "/fixtures/models/gpt2-tiny";
+  auto cpu = load_model(dir), gpu_model = load_model(dir);
+  auto* g2 = dynamic_cast<Gpt2Model*>(gpu_model.get());
+  ASSERT_NE(g2, nullptr);
+  cuda::Gpt2Runner run(*g2, device::Storage::F32);
+  SafeTensors ex = SafeTensors::open(dir + "/expected.safetensors");
+  const Tensor input = ex.get("input_ids");
+  const int64_t B = input.dim(0), T = input.dim(1);
+  const std::vector<int64_t> ids = ids_of(input);
+  std::vector<int64_t> targets(ids.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      targets[size_t(b * T + t)] = t + 1 < T ? ids[size_t(b * T + t + 1)] : -1;
+  AdamWOptions o;
+  o.lr = 3e-3f;
+  AdamW opt(o);
+  cuda::Gpt2Runner::Adam adam;  // the same β, ε and decay as AdamWOptions' defaults
+  adam.beta1 = o.beta1, adam.beta2 = o.beta2, adam.eps = o.eps, adam.weight_decay = o.weight_decay;
+  for (int step = 0; step < 5; ++step) {
+    zero_grad(*cpu);
+    float cpu_loss = 0.0f;
+    {
+      Recording rec;
+      Var l = cpu->loss(TokenBatch{ids.data(), B, T, nullptr}, targets);
+      cpu_loss = l->value.f32()[0];
+      backward(l);
+    }
+    opt.step(*cpu, o.lr);
+    const float gpu_loss = run.train_step(ids.data(), targets.data(), B, T, o.lr, adam);
+    EXPECT_NEAR(gpu_loss, cpu_loss, 1e-4 * std::fabs(cpu_loss)) << "step " << step;
+  }
+  run.copy_to(*g2);
+  double num = 0.0, den = 0.0;
+  std::map<std::string, Tensor> want;
+  cpu->visit([&](const std::string& name, Node& p, ParamKind) { want[name] = p.value; });
+  gpu_model->visit([&](const std::string& name, Node& p, ParamKind) {
+    const Tensor& w = want.at(name);
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      num += std::pow(double(p.value.f32()[i]) - w.f32()[i], 2);
+      den += std::pow(double(w.f32()[i]), 2);
+    }
+  });
+  EXPECT_LE(std::sqrt(num / den), 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Weights, Gpt2Cuda, ::testing::Values(device::Storage::F32, device::Storage::BF16),

@@ -112,6 +112,7 @@ __global__ void xent_kernel(const float* logits, const int64_t* targets, int64_t
   const int64_t row = blockIdx.x;
   const float* z = logits + row * vocab;
   const int64_t t = targets[row];
+  const float zt = t >= 0 ? z[t] : 0.0f;  // read before dlogits may overwrite the logits in place
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, z[j]);
   mx = device::warp_max(mx);
@@ -123,7 +124,7 @@ __global__ void xent_kernel(const float* logits, const int64_t* targets, int64_t
   float s = 0.0f;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(z[j] - mx);
   const float lse = mx + logf(block_sum(s, scratch));
-  if (threadIdx.x == 0) loss[row] = t < 0 ? 0.0f : lse - z[t];
+  if (threadIdx.x == 0) loss[row] = t < 0 ? 0.0f : lse - zt;
   if (!dlogits) return;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
     dlogits[row * vocab + j] = t < 0 ? 0.0f : (expf(z[j] - lse) - (j == t ? 1.0f : 0.0f)) * scale;
@@ -162,7 +163,34 @@ __global__ void split_qkv_kernel(const float* qkv, float* q, float* k, float* v,
   dst[m * D + d] = qkv[i];
 }
 
+__global__ void merge_qkv_kernel(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M * 3 * D) return;
+  const int64_t m = i / (3 * D), c = i % (3 * D), part = c / D, d = c % D;
+  const float* src = part == 0 ? q : part == 1 ? k : v;
+  qkv[i] = src[m * D + d];
+}
+// One thread per column, rows in a loop: coalesced across the warp, no atomics.
+__global__ void bias_grad_kernel(const float* dy, float* db, int64_t M, int64_t N) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  float s = 0.0f;
+  for (int64_t m = 0; m < M; ++m) s += dy[m * N + n];
+  db[n] += s;
+}
+
 }  // namespace
+
+void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D) {
+  if (!M) return;
+  merge_qkv_kernel<<<device::blocks_for(M * 3 * D, kThreads), kThreads, 0, device::stream()>>>(q, k, v, qkv, M, D);
+  K3_CUDA_LAUNCHED();
+}
+void bias_grad(const float* dy, float* db, int64_t M, int64_t N) {
+  if (!M || !N) return;
+  bias_grad_kernel<<<device::blocks_for(N, kThreads), kThreads, 0, device::stream()>>>(dy, db, M, N);
+  K3_CUDA_LAUNCHED();
+}
 
 void add_inplace(float* y, const float* x, int64_t n) {
   if (!n) return;

@@ -77,9 +77,12 @@ void add_inplace(float* y, const float* x, int64_t n);
 void add_bias(float* y, const float* bias, int64_t M, int64_t N);
 void cast(const float* x, void* y, int64_t n, Storage st);
 void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D);
+void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D);  // inverse
+void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
 
 // Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored):
-// loss[M] per row, and dlogits [M, Vocab] = (softmax − onehot) · scale (null: no gradient).
+// loss[M] per row, and dlogits [M, Vocab] = (softmax − onehot) · scale (null: no gradient;
+// may be `logits` itself, overwritten in place).
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
                    float* dlogits, float scale);
 
