@@ -18,6 +18,7 @@ p.add_argument("--kinds", nargs="+", default=["kda", "deltanet"],
                help="gdn needs Triton >= 3.7.1 or tilelang on Hopper (fla refuses Triton 3.4-3.7.0)")
 p.add_argument("--heads", type=int, nargs="+", default=[16])
 p.add_argument("--decode-batch", type=int, nargs="+", default=[64, 256])
+p.add_argument("--no-backward", action="store_true", help="skip fwd+bwd (its first-call autotune takes minutes)")
 args = p.parse_args()
 
 from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule  # noqa: E402
@@ -91,7 +92,7 @@ for kind in args.kinds:
             try:
                 q, k, v, beta, g = inputs(1, T, H, kind)
                 record(key, ms(lambda: chunk(kind, q, k, v, beta, g)))
-                if T == args.seq_len[0]:
+                if T == args.seq_len[0] and not args.no_backward:
                     tensors = [q, k, v, beta] + ([g] if g is not None else [])
                     for t in tensors:
                         t.requires_grad_(True)
