@@ -51,9 +51,9 @@ bool is_parameter(const std::string& name) {
   return name == "A_log" || name == "dt_bias" || name == "query" || name == "rmsw";
 }
 
-Tensor round_to_bf16(const Tensor& t) {
+Tensor rounded_to_bf16(const Tensor& t) {
   Tensor r = t.clone();
-  for (int64_t i = 0; i < r.numel(); ++i) r.f32()[i] = bf16_to_f32(f32_to_bf16(r.f32()[i]));
+  for (int64_t i = 0; i < r.numel(); ++i) r.f32()[i] = round_to_bf16(r.f32()[i]);
   return r;
 }
 
@@ -73,7 +73,7 @@ class Inputs {
  private:
   Tensor get(const std::string& name) const {
     Tensor t = st_.get_f32(name);
-    return rounding_ == Rounding::Bf16Activations && !is_parameter(name) ? round_to_bf16(t) : t;
+    return rounding_ == Rounding::Bf16Activations && !is_parameter(name) ? rounded_to_bf16(t) : t;
   }
   const SafeTensors& st_;
   std::string op_;

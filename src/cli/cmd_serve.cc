@@ -465,6 +465,10 @@ class Server {
     auto metric = [&](const char* name, const char* type, const char* help) {
       o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
     };
+    auto value = [&](const char* name, const char* type, const char* help, auto v) {  // one unlabelled sample
+      metric(name, type, help);
+      o << name << " " << v << "\n";
+    };
     {
       std::lock_guard<std::mutex> l(stats_.mu);
       metric("k3_http_requests_total", "counter", "HTTP requests by endpoint");
@@ -472,56 +476,41 @@ class Server {
       metric("k3_http_errors_total", "counter", "HTTP error responses by status");
       for (auto& [k, v] : stats_.errors) o << "k3_http_errors_total{status=\"" << k << "\"} " << v << "\n";
     }
-    metric("k3_requests_submitted_total", "counter", "Generation requests accepted into the queue");
-    o << "k3_requests_submitted_total " << m.submitted << "\n";
-    metric("k3_requests_rejected_total", "counter", "Generation requests refused (queue full, over budget)");
-    o << "k3_requests_rejected_total " << m.rejected << "\n";
+    value("k3_requests_submitted_total", "counter", "Generation requests accepted into the queue", m.submitted);
+    value("k3_requests_rejected_total", "counter", "Generation requests refused (queue full, over budget)", m.rejected);
     metric("k3_requests_finished_total", "counter", "Generation requests finished, by reason");
     for (int f = 1; f < 7; ++f)
       o << "k3_requests_finished_total{reason=\"" << serve::finish_name(Finish(f)) << "\"} " << m.finished[f] << "\n";
-    metric("k3_prompt_tokens_total", "counter", "Prompt tokens received");
-    o << "k3_prompt_tokens_total " << m.prompt_tokens << "\n";
-    metric("k3_prefill_tokens_total", "counter", "Prompt tokens computed (not served from the prefix cache)");
-    o << "k3_prefill_tokens_total " << m.prefill_tokens << "\n";
-    metric("k3_generation_tokens_total", "counter", "Tokens generated");
-    o << "k3_generation_tokens_total " << m.generated_tokens << "\n";
-    metric("k3_generation_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s");
-    o << "k3_generation_tokens_per_second " << m.tokens_per_second << "\n";
-    metric("k3_queue_depth", "gauge", "Requests waiting for admission");
-    o << "k3_queue_depth " << m.queue_depth << "\n";
-    metric("k3_active_sequences", "gauge", "Sequences in the running batch");
-    o << "k3_active_sequences " << m.active << "\n";
-    metric("k3_decode_steps_total", "counter", "Batched decode steps");
-    o << "k3_decode_steps_total " << m.decode_steps << "\n";
-    metric("k3_decode_batch_rows_total", "counter", "Sequences summed over decode steps (rows / steps = mean batch)");
-    o << "k3_decode_batch_rows_total " << m.decode_rows << "\n";
+    value("k3_prompt_tokens_total", "counter", "Prompt tokens received", m.prompt_tokens);
+    value("k3_prefill_tokens_total", "counter", "Prompt tokens computed (not served from the prefix cache)",
+          m.prefill_tokens);
+    value("k3_generation_tokens_total", "counter", "Tokens generated", m.generated_tokens);
+    value("k3_generation_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s",
+          m.tokens_per_second);
+    value("k3_queue_depth", "gauge", "Requests waiting for admission", m.queue_depth);
+    value("k3_active_sequences", "gauge", "Sequences in the running batch", m.active);
+    value("k3_decode_steps_total", "counter", "Batched decode steps", m.decode_steps);
+    value("k3_decode_batch_rows_total", "counter", "Sequences summed over decode steps (rows / steps = mean batch)",
+          m.decode_rows);
     metric("k3_time_to_first_token_seconds", "summary", "Submit to first token");
     o << "k3_time_to_first_token_seconds_sum " << m.ttft_sum_s << "\nk3_time_to_first_token_seconds_count "
       << m.ttft_count << "\n";
-    metric("k3_memory_budget_bytes", "gauge", "Context memory budget for admission");
-    o << "k3_memory_budget_bytes " << m.budget_bytes << "\n";
-    metric("k3_memory_reserved_bytes", "gauge", "Context memory reserved by admitted sequences");
-    o << "k3_memory_reserved_bytes " << m.reserved_bytes << "\n";
+    value("k3_memory_budget_bytes", "gauge", "Context memory budget for admission", m.budget_bytes);
+    value("k3_memory_reserved_bytes", "gauge", "Context memory reserved by admitted sequences", m.reserved_bytes);
     metric("k3_context_memory_bytes", "gauge", "Memory of the running sequences' contexts, by memory kind");
     for (size_t k = 0; k < 4; ++k)
       o << "k3_context_memory_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.active_bytes_by_kind[k] << "\n";
     metric("k3_prefix_cache_bytes", "gauge", "Prefix-cache snapshot memory, by memory kind");
     for (size_t k = 0; k < 4; ++k)
       o << "k3_prefix_cache_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.cache.bytes_by_kind[k] << "\n";
-    metric("k3_prefix_cache_lookups_total", "counter", "Prefix-cache lookups (prompts longer than one block)");
-    o << "k3_prefix_cache_lookups_total " << m.cache.lookups << "\n";
-    metric("k3_prefix_cache_hits_total", "counter", "Prefix-cache lookups that resumed from a snapshot");
-    o << "k3_prefix_cache_hits_total " << m.cache.hits << "\n";
-    metric("k3_prefix_cache_hit_rate", "gauge", "hits / lookups");
-    o << "k3_prefix_cache_hit_rate " << m.cache.hit_rate() << "\n";
-    metric("k3_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from snapshots");
-    o << "k3_prefix_cache_hit_tokens_total " << m.cache.hit_tokens << "\n";
-    metric("k3_prefix_cache_entries", "gauge", "Snapshots held");
-    o << "k3_prefix_cache_entries " << m.cache.entries << "\n";
-    metric("k3_prefix_cache_evictions_total", "counter", "Snapshots evicted (LRU, byte budget)");
-    o << "k3_prefix_cache_evictions_total " << m.cache.evictions << "\n";
-    metric("k3_process_resident_bytes", "gauge", "Resident set size of the server process");
-    o << "k3_process_resident_bytes " << resident_bytes() << "\n";
+    value("k3_prefix_cache_lookups_total", "counter", "Prefix-cache lookups (prompts longer than one block)",
+          m.cache.lookups);
+    value("k3_prefix_cache_hits_total", "counter", "Prefix-cache lookups that resumed from a snapshot", m.cache.hits);
+    value("k3_prefix_cache_hit_rate", "gauge", "hits / lookups", m.cache.hit_rate());
+    value("k3_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from snapshots", m.cache.hit_tokens);
+    value("k3_prefix_cache_entries", "gauge", "Snapshots held", m.cache.entries);
+    value("k3_prefix_cache_evictions_total", "counter", "Snapshots evicted (LRU, byte budget)", m.cache.evictions);
+    value("k3_process_resident_bytes", "gauge", "Resident set size of the server process", resident_bytes());
     return o.str();
   }
 

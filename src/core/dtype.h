@@ -31,6 +31,9 @@ inline uint16_t f32_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
+// The fp32 value a bf16 store would keep (what a bf16 tensor holds after f32 → bf16 → f32).
+inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 float f8e4m3_to_f32(uint8_t v);

@@ -31,7 +31,7 @@ std::vector<float> randv(Rng& rng, int64_t n, float scale = 1.0f) {
   return v;
 }
 std::vector<float> bf16_round(std::vector<float> v) {
-  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  for (float& x : v) x = round_to_bf16(x);
   return v;
 }
 Buffer up(const std::vector<float>& v, Storage st = Storage::F32) {

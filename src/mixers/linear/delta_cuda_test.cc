@@ -33,7 +33,7 @@ double tolerance(DType io) { return io == DType::BF16 ? 5e-3 : 1e-4; }
 Tensor round_bf16(const Tensor& t) {
   if (!t.defined()) return t;
   Tensor r = t.clone();
-  for (int64_t i = 0; i < r.numel(); ++i) r.f32()[i] = bf16_to_f32(f32_to_bf16(r.f32()[i]));
+  for (int64_t i = 0; i < r.numel(); ++i) r.f32()[i] = round_to_bf16(r.f32()[i]);
   return r;
 }
 
