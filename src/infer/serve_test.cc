@@ -260,6 +260,8 @@ class ServeScheduler : public ::testing::TestWithParam<std::string> {
     for (auto& t : p) t = int64_t(rng.below(uint64_t(std::min<int64_t>(model_->vocab_size(), 500))));
     return p;
   }
+  // generate() on the same model. A model runs one forward at a time (MoE keeps routing
+  // bookkeeping in the module), so tests compute references before the scheduler's thread works.
   std::vector<int64_t> reference(const GenParams& g) const {
     GenerateOptions o;
     o.max_new_tokens = g.max_tokens;
@@ -291,12 +293,14 @@ TEST_P(ServeScheduler, ConcurrentRequestsEqualGenerate) {
     g.sampling.seed = uint64_t(i);
     ps.push_back(g);
   }
+  std::vector<std::vector<int64_t>> want;
+  for (auto& g : ps) want.push_back(reference(g));
   std::vector<std::shared_ptr<Job>> jobs;
   for (auto& g : ps) jobs.push_back(s.submit(g));
   for (size_t i = 0; i < ps.size(); ++i) {
     auto got = drain(*jobs[i]);
     EXPECT_EQ(jobs[i]->finish(), Finish::Length);
-    EXPECT_EQ(got, reference(ps[i])) << "request " << i;
+    EXPECT_EQ(got, want[i]) << "request " << i;
   }
   auto m = s.metrics();
   EXPECT_GT(m.decode_rows, m.decode_steps);  // steps did run batched
@@ -318,14 +322,15 @@ TEST_P(ServeScheduler, SharedPrefixHitsTheCacheAndMatchesGenerate) {
   b.prompt.push_back(11);
   a.max_tokens = b.max_tokens = 6;
   a.sampling.temperature = b.sampling.temperature = 0.0f;  // greedy: robust to last-bit differences
+  const auto want_a = reference(a), want_b = reference(b);
   auto ja = s.submit(a);
   auto ta = drain(*ja);
   EXPECT_EQ(ja->cached_tokens(), 0);
   auto jb = s.submit(b);
   auto tb = drain(*jb);
   EXPECT_EQ(jb->cached_tokens(), 32);  // two 16-token blocks of the shared 40
-  EXPECT_EQ(ta, reference(a));
-  EXPECT_EQ(tb, reference(b));
+  EXPECT_EQ(ta, want_a);
+  EXPECT_EQ(tb, want_b);
   auto m = s.metrics();
   EXPECT_EQ(m.cache.hits, 1);
   EXPECT_GT(m.cache.bytes, 0u);
@@ -347,6 +352,7 @@ TEST_P(ServeScheduler, CancelAndTimeoutLeaveOthersIntact) {
   slow.prompt = prompt(3, 5);
   slow.max_tokens = 200;
   slow.timeout_s = 1e-4;
+  const auto want = reference(keep);
   auto jk = s.submit(keep), jd = s.submit(drop), js = s.submit(slow);
   std::vector<int64_t> first;
   jd->poll(first, std::chrono::milliseconds(2000));
@@ -357,7 +363,7 @@ TEST_P(ServeScheduler, CancelAndTimeoutLeaveOthersIntact) {
   EXPECT_EQ(jd->finish(), Finish::Cancelled);
   EXPECT_EQ(js->finish(), Finish::Timeout);
   EXPECT_EQ(jk->finish(), Finish::Length);
-  EXPECT_EQ(got, reference(keep));
+  EXPECT_EQ(got, want);
 }
 
 TEST_P(ServeScheduler, AdmissionControlQueuesUnderATightBudget) {
@@ -371,14 +377,16 @@ TEST_P(ServeScheduler, AdmissionControlQueuesUnderATightBudget) {
   }
   Scheduler s(*model_, so);
   std::vector<GenParams> ps(3);
-  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<std::vector<int64_t>> want;
   for (size_t i = 0; i < ps.size(); ++i) {
     ps[i].prompt = prompt(50 + i, 4);
     ps[i].max_tokens = 5;
     ps[i].sampling.temperature = 0;
-    jobs.push_back(s.submit(ps[i]));
+    want.push_back(reference(ps[i]));
   }
-  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(drain(*jobs[i]), reference(ps[i]));
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (auto& g : ps) jobs.push_back(s.submit(g));
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(drain(*jobs[i]), want[i]);
   EXPECT_EQ(s.metrics().decode_rows, s.metrics().decode_steps);  // never more than one at a time
   so.memory_budget = 1;
   Scheduler tiny(*model_, so);

@@ -129,12 +129,14 @@ void Scheduler::stop() {
 }
 
 void Scheduler::retire(Job& j, Finish f, const std::string& err) {
-  j.done(f, err);
   j.ctx_ = Context();  // free the memory now, not when the HTTP thread lets go
-  std::lock_guard<std::mutex> lock(mu_);
-  reserved_ -= std::min(reserved_, j.reserve_);
-  j.reserve_ = 0;
-  m_.finished[size_t(f)]++;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ -= std::min(reserved_, j.reserve_);
+    j.reserve_ = 0;
+    m_.finished[size_t(f)]++;
+  }
+  j.done(f, err);  // last: whoever wakes on it sees the memory released and the job counted
 }
 
 bool Scheduler::check_stop(Job& j) {
@@ -245,8 +247,8 @@ void Scheduler::loop() {
           ++it;
           continue;
         }
-        j.done(f);
         m_.finished[size_t(f)]++;
+        j.done(f);
         it = queue_.erase(it);
       }
       // Admission: batch slots and the memory budget (a lone request is always admitted: it
