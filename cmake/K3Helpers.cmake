@@ -58,8 +58,8 @@ endfunction()
 
 # k3_layer(NAME DEPS ... [TEST_DEPS ...]): the library of one layer folder. Every *.cc in the
 # folder (subfolders included) is a source, every *_test.cc goes into one test binary
-# NAME_test, and *_cuda.cu files join the library only when K3_CUDA is on (with *_cuda_test.cc
-# in NAME_cuda_test, labelled gpu). Adding a file needs no
+# NAME_test, and *_cuda.cu / *_cuda.cc files join the library only when K3_CUDA is on (with
+# *_cuda_test.cc in NAME_cuda_test, labelled gpu). Adding a file needs no
 # CMake edit.
 function(k3_layer name)
   cmake_parse_arguments(ARG "" "" "DEPS;TEST_DEPS" ${ARGN})
@@ -70,6 +70,10 @@ function(k3_layer name)
   foreach(f IN LISTS all_cc)
     if(f MATCHES "_cuda_test\\.cc$")
       list(APPEND gpu_tests ${f})
+    elseif(f MATCHES "_cuda\\.cc$")
+      if(K3_CUDA)  # host code that calls the layer's CUDA kernels
+        list(APPEND srcs ${f})
+      endif()
     elseif(f MATCHES "_test\\.cc$")
       list(APPEND tests ${f})
     else()

@@ -55,11 +55,13 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--stats", stats, "Print prefill/decode speed and the sequence's memory to stderr");
   add_runtime_options(cmd, rt);
   cmd->callback([] {
-    apply_runtime_options(rt);
+    apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     if (prompt.empty() && prompt_ids.empty()) throw error("generate", "give --prompt TEXT or --prompt-ids IDS");
     g.sampling.validate();
     g.stop_at_eos = ignore_eos ? StopAtEos::No : StopAtEos::Yes;
     auto model = load_model(model_dir);
+    // On CUDA the weights move to the device (fp32) and the context's memories are made there.
+    if (rt.device == "cuda") move_to(*model, Device::CUDA);
     std::vector<int64_t> ids;
     std::optional<Tokenizer> tok;
     std::optional<StreamDecoder> stream;

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/device.h"
+
 namespace k3 {
 
 std::string shape_str(const Shape& s) {
@@ -45,6 +47,38 @@ Tensor Tensor::empty(Shape shape, DType dtype) {
     if (!p) throw error("tensor", "out of memory allocating ", bytes, " bytes for ", t.describe());
     t.owner_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
     t.data_ = p;
+  }
+  return t;
+}
+
+Tensor Tensor::empty_on(Device device, Shape shape, DType dtype) {
+  if (device == Device::CPU) return empty(std::move(shape), dtype);
+  for (int64_t d : shape)
+    if (d < 0) throw error("tensor", "negative dimension in shape ", shape_str(shape));
+  Tensor t = meta(std::move(shape), dtype);
+  t.device_ = Device::CUDA;
+  if (t.nbytes() > 0) {
+    auto buf = std::make_shared<device::Buffer>(t.nbytes());
+    t.data_ = buf->get();
+    t.owner_ = std::move(buf);
+  }
+  return t;
+}
+
+Tensor Tensor::to_device(Device device) const {
+  if (device == device_) return *this;
+  K3_CHECK(has_storage(), "to_device of a tensor without storage: ", describe());
+  if (device == Device::CUDA) {
+    const Tensor c = is_contiguous() ? *this : clone();
+    Tensor t = empty_on(Device::CUDA, shape_, dtype_);
+    if (numel_) device::upload(t.data_, c.data_, nbytes());
+    return t;
+  }
+  K3_CHECK(is_contiguous(), "copy of a non-contiguous CUDA tensor to the host: ", describe());
+  Tensor t = empty(shape_, dtype_);
+  if (numel_) {
+    device::download(t.data_, data_, nbytes());
+    device::synchronize();
   }
   return t;
 }
@@ -101,6 +135,14 @@ bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape
 float* Tensor::f32() const {
   K3_CHECK(dtype_ == DType::F32, "expected F32 tensor, got ", describe());
   K3_CHECK(data_ != nullptr || numel_ == 0, "tensor has no storage: ", describe());
+  K3_CHECK(device_ == Device::CPU, "host read of ", describe(), ": this operation has no CUDA form yet");
+  return static_cast<float*>(data_);
+}
+
+float* Tensor::cuda_f32() const {
+  K3_CHECK(dtype_ == DType::F32, "expected F32 tensor, got ", describe());
+  K3_CHECK(data_ != nullptr || numel_ == 0, "tensor has no storage: ", describe());
+  K3_CHECK(device_ == Device::CUDA, "expected a CUDA tensor, got ", describe());
   return static_cast<float*>(data_);
 }
 
@@ -168,6 +210,12 @@ void for_each_offset(const Shape& shape, const Shape& strides, F&& fn) {
 
 Tensor Tensor::clone() const {
   K3_CHECK(has_storage(), "clone of a tensor without storage");
+  if (device_ == Device::CUDA) {
+    K3_CHECK(is_contiguous(), "clone of a non-contiguous CUDA tensor ", describe());
+    Tensor t = empty_on(Device::CUDA, shape_, dtype_);
+    if (numel_) device::copy(t.data_, data_, nbytes());
+    return t;
+  }
   Tensor t = empty(shape_, dtype_);
   size_t es = dtype_size(dtype_);
   if (is_contiguous()) {
@@ -184,6 +232,7 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(DType dtype) const {
+  K3_CHECK(device_ == Device::CPU || dtype == dtype_, "dtype conversion of ", describe(), " on the device");
   Tensor c = is_contiguous() ? *this : clone();
   if (dtype == dtype_) return c.clone();
   Tensor t = empty(shape_, dtype);
@@ -200,6 +249,8 @@ Tensor Tensor::to(DType dtype) const {
 
 void Tensor::copy_from(const Tensor& src) {
   K3_CHECK(src.shape_ == shape_, "copy_from: shape ", src.describe(), " into ", describe());
+  K3_CHECK(device_ == Device::CPU && src.device_ == Device::CPU, "copy_from between devices: ", src.describe(),
+           " into ", describe(), " (use to_device)");
   K3_CHECK(is_contiguous(), "copy_from into a non-contiguous tensor");
   Tensor c = src.dtype_ == dtype_ ? (src.is_contiguous() ? src : src.clone()) : src.to(dtype_);
   if (numel_) std::memcpy(data_, c.data_, nbytes());
@@ -211,7 +262,9 @@ void Tensor::fill(float value) {
   for (int64_t i = 0; i < numel_; ++i) p[i] = value;
 }
 
-std::string Tensor::describe() const { return std::string(dtype_name(dtype_)) + shape_str(shape_); }
+std::string Tensor::describe() const {
+  return std::string(device_ == Device::CUDA ? "cuda:" : "") + std::string(dtype_name(dtype_)) + shape_str(shape_);
+}
 
 void expect_shape(const Tensor& t, const Shape& expected, const std::string& what) {
   bool ok = t.ndim() == int(expected.size());

@@ -27,6 +27,8 @@ class Tensor {
 
   // Fresh, owned, 64-byte-aligned storage. `empty` leaves it uninitialised.
   static Tensor empty(Shape shape, DType dtype = DType::F32);
+  // Fresh storage on `device` (CUDA: from the caching allocator of core/device.h).
+  static Tensor empty_on(Device device, Shape shape, DType dtype = DType::F32);
   static Tensor zeros(Shape shape, DType dtype = DType::F32);
   static Tensor full(Shape shape, float value);
   // A view of external memory kept alive by `owner` (for example an mmap'd file).
@@ -52,7 +54,8 @@ class Tensor {
   T* data() const {
     return static_cast<T*>(data_);
   }
-  float* f32() const;  // checks dtype == F32 and storage present
+  float* f32() const;       // checks dtype == F32, storage present and on the host
+  float* cuda_f32() const;  // the same for a tensor on the CUDA device (a device pointer)
 
   // Views (share storage).
   Tensor reshape(Shape shape) const;            // contiguous tensors only; one dim may be -1
@@ -64,8 +67,11 @@ class Tensor {
   Tensor to(DType dtype) const;          // contiguous copy converted (float types)
   void copy_from(const Tensor& src);     // same shape; converts dtype
   void fill(float value);                // F32 only
+  // A contiguous copy on `device`, same dtype (this tensor itself if it is there already). A
+  // copy to the host waits for the device.
+  Tensor to_device(Device device) const;
 
-  std::string describe() const;  // "F32[2, 3]"
+  std::string describe() const;  // "F32[2, 3]", "cuda:F32[2, 3]"
 
  private:
   void* data_ = nullptr;

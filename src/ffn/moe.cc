@@ -123,7 +123,8 @@ std::vector<int64_t> MoE::route(const Tensor& scores) const {
   if (!router_bias) return select_experts(scores.f32(), M, E, opts.top_k, opts.n_group, opts.topk_group);
   // s' = s + b, used for selection only (§8.1 steps 2–5).
   std::vector<float> choice(static_cast<size_t>(M * E));
-  const float *ps = scores.f32(), *pb = router_bias->value.f32();
+  const Tensor bias = router_bias->value.to_device(Device::CPU);
+  const float *ps = scores.f32(), *pb = bias.f32();
   for (int64_t m = 0; m < M; ++m)
     for (int64_t e = 0; e < E; ++e) choice[size_t(m * E + e)] = ps[m * E + e] + pb[e];
   return select_experts(choice.data(), M, E, opts.top_k, opts.n_group, opts.topk_group);
@@ -138,7 +139,9 @@ Var MoE::forward(const Var& x) const {
   // Router in fp32 on the full-width x (§8.1 step 1, §8.2 step 1).
   Var logits = router(x);  // [M, E]
   Var scores = opts.score == ScoreFunction::Sigmoid ? ag::sigmoid(logits) : ag::softmax_last(logits);  // [M, E]
-  std::vector<int64_t> idx = route(scores->value);  // [M·K]
+  // Selection runs on the host (scores copied back when the model runs on CUDA): it yields the
+  // index lists that dispatch needs there anyway.
+  std::vector<int64_t> idx = route(scores->value.to_device(Device::CPU));  // [M·K]
 
   const Tensor offset = opts.combine == CombineWeights::Biased && router_bias ? router_bias->value : Tensor();
   Var w = ag::gather_cols(scores, idx, K, offset);  // [M, K]
@@ -167,7 +170,8 @@ Var MoE::forward(const Var& x) const {
   // Bookkeeping for inspection and balancing.
   last_.tokens = M;
   last_.top_k = K;
-  last_.weights.assign(w->value.f32(), w->value.f32() + M * K);
+  const Tensor wh = w->value.to_device(Device::CPU);
+  last_.weights.assign(wh.f32(), wh.f32() + M * K);
   last_.load.assign(static_cast<size_t>(E), 0);
   for (int64_t e : idx) ++last_.load[size_t(e)];
   if (recording())

@@ -4,6 +4,9 @@
 #include <cstring>
 
 #include "ops/ag_heads.h"
+#if defined(K3_HAS_CUDA)
+#include "mixers/mixers_cuda.h"
+#endif
 #include "ops/gemm.h"
 
 namespace k3 {
@@ -82,6 +85,25 @@ Var Mla::forward(const Var& x, const SeqBatch& batch) const {
 Var Mla::absorbed(const Var& x, const SeqBatch& batch) const {
   const int64_t H = o_.heads, B = batch.B, T = batch.T, R = o_.kv_lora_rank, rd = o_.qk_rope_head_dim;
   const int64_t nope = o_.qk_nope_head_dim, vd = o_.v_head_dim, qd = nope + rd, W = R + rd;
+#if defined(K3_HAS_CUDA)
+  if (x->value.device() == Device::CUDA) {
+    // Every sequence's positions continue its own cache; the new latent rows [c ; k_rope] and
+    // the absorbed attention over them run on the device (mixers_cuda.h).
+    std::vector<int64_t> pos(static_cast<size_t>(B * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = batch.memories[b]->length() + t;
+    Var q = queries(x, pos);
+    Var kv = kv_a_proj_(x);
+    Var c = kv_a_norm_(ag::slice_last(kv, 0, R));
+    Var k_rope = ag::slice_last(kv, R, R + rd);
+    if (o_.position == MlaPosition::Rope) k_rope = ag::rope(k_rope, pos, 1, 0, rope_);
+    Var rows = ag::concat_last({c, k_rope});
+    Var a = constant(gpu::latent_attention(q->value, rows->value, kv_b_proj_.weight->value,
+                                           gpu::LatentShape{B, T, H, nope, rd, vd, R, scale_}, batch.memories));
+    if (o_.gate == OutputGate::Sigmoid) a = ag::mul(a, ag::sigmoid(g_proj_(x)));
+    return o_proj_(a);
+  }
+#endif
   const float* wkv = kv_b_proj_.weight->value.f32();  // [H*(nope+v), R]
   Tensor att = Tensor::empty({B * T, H * vd});
   for (int64_t b = 0; b < B; ++b) {
@@ -130,6 +152,10 @@ Var Mla::absorbed(const Var& x, const SeqBatch& batch) const {
 }
 
 std::unique_ptr<Memory> Mla::new_memory(int64_t max_tokens) const {
+#if defined(K3_HAS_CUDA)
+  if (kv_a_proj_.weight->value.device() == Device::CUDA)
+    return gpu::latent_cache(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions));
+#endif
   return std::make_unique<LatentCache>(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions));
 }
 

@@ -2,6 +2,10 @@
 
 #include <cmath>
 
+#if defined(K3_HAS_CUDA)
+#include "mixers/mixers_cuda.h"
+#endif
+
 namespace k3 {
 
 SoftmaxAttention::SoftmaxAttention(const SoftmaxAttentionOptions& o)
@@ -24,6 +28,10 @@ Var SoftmaxAttention::forward(const Var& x, const SeqBatch& batch) const {
     return c_proj(att);
   }
   // Continue each sequence from its KV cache (inference: no graph through the cache).
+#if defined(K3_HAS_CUDA)
+  if (qkv->value.device() == Device::CUDA)
+    return c_proj(constant(gpu::cached_attention(qkv->value, B, T, H, hd_, scale, batch.memories)));
+#endif
   Tensor att = Tensor::empty({B * T, D});  // [B*T, H, hd]
   for (int64_t b = 0; b < B; ++b) {
     auto* cache = static_cast<KVCache*>(batch.memories[b]);
@@ -38,6 +46,10 @@ Var SoftmaxAttention::forward(const Var& x, const SeqBatch& batch) const {
 }
 
 std::unique_ptr<Memory> SoftmaxAttention::new_memory(int64_t max_tokens) const {
+#if defined(K3_HAS_CUDA)
+  if (c_attn.weight->value.device() == Device::CUDA)
+    return gpu::kv_cache(o_.heads, hd_, std::min(max_tokens, o_.max_positions));
+#endif
   return std::make_unique<KVCache>(o_.heads, hd_, std::min(max_tokens, o_.max_positions));
 }
 

@@ -6,10 +6,20 @@
 #include <iostream>
 #include <set>
 
+#include "core/device.h"
 #include "core/mxfp4.h"
 #include "ops/ag.h"
+#include "ops/ag_moe.h"
 
 namespace k3 {
+
+void move_to(const Model& model, Device device) {
+  if (device == Device::CUDA) device::require_cuda("model");
+  model.visit([&](const std::string& name, Node& p, ParamKind) {
+    if (!p.value.has_storage()) throw error("model", "parameter '", name, "' has no values to move to the device");
+    p.value = p.value.dtype() == DType::F32 ? p.value.to_device(device) : p.value.to(DType::F32).to_device(device);
+  });
+}
 
 int64_t Model::total_params() const {
   int64_t n = 0;
@@ -34,6 +44,16 @@ size_t Model::weight_bytes() const {
 void Model::logits(const TokenBatch& batch, float* out, Logits which) const {
   Var h = hidden(batch);  // [B*T, D]
   const int64_t D = h->value.dim(-1), V = vocab_size();
+  if (h->value.device() == Device::CUDA) {
+    if (which == Logits::Last && batch.T > 1) {
+      std::vector<int64_t> last(static_cast<size_t>(batch.B));
+      for (int64_t b = 0; b < batch.B; ++b) last[size_t(b)] = (b + 1) * batch.T - 1;
+      h = ag::gather_rows(h, last);
+    }
+    const Tensor lg = ag::linear(h, head_weight(), nullptr, WeightLayout::OutIn)->value.to_device(Device::CPU);
+    std::memcpy(out, lg.f32(), lg.nbytes());
+    return;
+  }
   if (which == Logits::Last && batch.T > 1) {
     Tensor last = Tensor::empty({batch.B, D});
     for (int64_t b = 0; b < batch.B; ++b)

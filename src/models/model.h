@@ -83,6 +83,11 @@ Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& 
 // Writes config.json + model.safetensors (HF names) into dir, each file atomically.
 void save_model(const Model& model, const std::string& dir);
 
+// Moves every parameter to `device` (fp32), so the model's forward runs there (ops/ag_cuda.h):
+// logits come back to the host, the rest stays on the device. Inference only on CUDA for now;
+// decode with Contexts needs the host.
+void move_to(const Model& model, Device device);
+
 // Gives every storage-less parameter zeros, e.g. before init_random.
 void materialize_params(const Model& model);
 

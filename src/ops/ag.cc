@@ -1,5 +1,7 @@
 #include "ops/ag.h"
 
+#include "ops/ag_cuda.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -29,6 +31,7 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
   const int64_t out = layout == WeightLayout::OutIn ? W.dim(0) : W.dim(1);
   if (last_dim(x->value) != in)
     throw error("linear", "input ", x->value.describe(), " does not match weight ", W.describe());
+  K3_AG_CUDA(x, linear(x, w, b, layout));
   const int64_t M = rows(x->value);
   Shape ys = x->value.shape();
   ys.back() = out;
@@ -42,6 +45,7 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
 }
 
 Var add(const Var& a, const Var& b) {
+  K3_AG_CUDA(a, add(a, b));
   same_shape(a, b, "add");
   Tensor y = like(a->value);
   const float *pa = a->value.f32(), *pb = b->value.f32();
@@ -58,6 +62,7 @@ Var add(const Var& a, const Var& b) {
 Var sub(const Var& a, const Var& b) { return add(a, scale(b, -1.0f)); }
 
 Var mul(const Var& a, const Var& b) {
+  K3_AG_CUDA(a, mul(a, b));
   same_shape(a, b, "mul");
   Tensor y = like(a->value);
   const float *pa = a->value.f32(), *pb = b->value.f32();
@@ -73,6 +78,7 @@ Var mul(const Var& a, const Var& b) {
 }
 
 Var scale(const Var& a, float s) {
+  K3_AG_CUDA(a, scale(a, s));
   Tensor y = like(a->value);
   const float* pa = a->value.f32();
   float* py = y.f32();
@@ -106,15 +112,18 @@ inline float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 }  // namespace
 
 Var sigmoid(const Var& a) {
+  K3_AG_CUDA(a, sigmoid(a));
   return unary(a, sigm, [](float x) { float s = sigm(x); return s * (1 - s); }, "sigmoid");
 }
 
 Var silu(const Var& a) {
+  K3_AG_CUDA(a, silu(a));
   return unary(a, [](float x) { return x * sigm(x); },
                [](float x) { float s = sigm(x); return s * (1 + x * (1 - s)); }, "silu");
 }
 
 Var gelu_tanh(const Var& a) {
+  K3_AG_CUDA(a, gelu_tanh(a));
   Tensor y = like(a->value);
   gelu_tanh_forward(a->value.f32(), y.f32(), y.numel());
   return make_node(std::move(y), {a}, [a](Node& self) {
@@ -123,6 +132,7 @@ Var gelu_tanh(const Var& a) {
 }
 
 Var layernorm(const Var& x, const Var& w, const Var& b, float eps) {
+  K3_AG_CUDA(x, layernorm(x, w, b, eps));
   const int64_t D = last_dim(x->value), M = rows(x->value);
   Tensor y = like(x->value);
   auto stats = std::make_shared<std::vector<float>>(size_t(2 * M));
@@ -136,6 +146,7 @@ Var layernorm(const Var& x, const Var& w, const Var& b, float eps) {
 }
 
 Var rmsnorm(const Var& x, const Var& w, float eps) {
+  K3_AG_CUDA(x, rmsnorm(x, w, eps));
   const int64_t D = last_dim(x->value), M = rows(x->value);
   Tensor y = like(x->value);
   auto rstd = std::make_shared<std::vector<float>>(size_t(M));
@@ -147,6 +158,7 @@ Var rmsnorm(const Var& x, const Var& w, float eps) {
 }
 
 Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx) {
+  K3_AG_CUDA(table, embedding(table, ids));
   const int64_t D = table->value.dim(1), n = int64_t(ids.size());
   Tensor y = Tensor::empty({n, D});
   embedding_forward(table->value, ids.data(), n, y.f32());
@@ -173,6 +185,7 @@ Var reshape(const Var& x, Shape shape) {
 }
 
 Var slice_last(const Var& x, int64_t begin, int64_t end) {
+  K3_AG_CUDA(x, slice_last(x, begin, end));
   const int64_t N = last_dim(x->value), M = rows(x->value), n = end - begin;
   K3_CHECK(0 <= begin && begin <= end && end <= N, "slice_last [", begin, ", ", end, ") of ", x->value.describe());
   Shape s = x->value.shape();
@@ -191,6 +204,7 @@ Var slice_last(const Var& x, int64_t begin, int64_t end) {
 
 Var concat_last(const std::vector<Var>& xs) {
   K3_CHECK(!xs.empty(), "concat of nothing");
+  K3_AG_CUDA(xs[0], concat_last(xs));
   const int64_t M = rows(xs[0]->value);
   int64_t N = 0;
   for (const auto& x : xs) {
@@ -223,6 +237,7 @@ Var concat_last(const std::vector<Var>& xs) {
 }
 
 Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float sc) {
+  K3_AG_CUDA(q, causal_attention(q, k, v, B, T, H, sc));
   const int64_t D = last_dim(q->value), hd = D / H;
   const int64_t Dv = last_dim(v->value), hdv = Dv / H;
   K3_CHECK(rows(q->value) == B * T && D % H == 0 && Dv % H == 0 && last_dim(k->value) == D,

@@ -1,5 +1,7 @@
 #include "ops/ag_conv.h"
 
+#include "ops/ag_cuda.h"
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -54,6 +56,7 @@ void short_conv_update_tail(const float* x, int64_t T, int64_t C, int64_t W, flo
 namespace ag {
 
 Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T) {
+  K3_AG_CUDA(x, short_conv(x, w, B, T));
   const Tensor& X = x->value;
   const int64_t C = X.dim(-1);
   const int64_t W = w->value.numel() / std::max<int64_t>(1, C);

@@ -1,5 +1,7 @@
 #include "ops/ag_heads.h"
 
+#include "ops/ag_cuda.h"
+
 #include <cstring>
 
 namespace k3::ag {
@@ -10,6 +12,7 @@ int64_t nrows(const Var& x) { return x->value.numel() / cols(x); }
 }  // namespace
 
 Var head_concat(const std::vector<Var>& xs, int64_t H) {
+  K3_AG_CUDA(xs.at(0), head_concat(xs, H));
   const int64_t M = nrows(xs[0]);
   std::vector<int64_t> d;
   int64_t total = 0;
@@ -42,6 +45,7 @@ Var head_concat(const std::vector<Var>& xs, int64_t H) {
 }
 
 Var head_slice(const Var& x, int64_t H, int64_t begin, int64_t end) {
+  K3_AG_CUDA(x, head_slice(x, H, begin, end));
   const int64_t M = nrows(x), hd = cols(x) / H, n = end - begin;
   K3_CHECK(cols(x) % H == 0 && 0 <= begin && begin <= end && end <= hd, "head_slice [", begin, ", ", end, ") of ",
            x->value.describe(), " H=", H);
@@ -55,6 +59,7 @@ Var head_slice(const Var& x, int64_t H, int64_t begin, int64_t end) {
 }
 
 Var broadcast_heads(const Var& x, int64_t H) {
+  K3_AG_CUDA(x, broadcast_heads(x, H));
   const int64_t M = nrows(x), d = cols(x);
   Tensor y = Tensor::empty({M, H * d});
   for (int64_t m = 0; m < M; ++m)
@@ -68,6 +73,7 @@ Var broadcast_heads(const Var& x, int64_t H) {
 }
 
 Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t offset, const RopeTable& table) {
+  K3_AG_CUDA(x, rope(x, positions, H, offset, table));
   const int64_t M = nrows(x), hd = cols(x) / H;
   K3_CHECK(int64_t(positions.size()) == M && offset + table.dim <= hd, "rope: ", x->value.describe(), " H=", H);
   Tensor y = x->value.clone();

@@ -1,5 +1,7 @@
 #include "ops/ag_moe.h"
 
+#include "ops/ag_cuda.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,6 +16,7 @@ int64_t nrows(const Tensor& t) { return t.numel() / std::max<int64_t>(1, cols(t)
 }  // namespace
 
 Var softmax_last(const Var& x) {
+  K3_AG_CUDA(x, softmax_last(x));
   const int64_t N = cols(x->value), M = nrows(x->value);
   Tensor y = Tensor::empty(x->value.shape());
   const float* px = x->value.f32();
@@ -43,6 +46,7 @@ Var softmax_last(const Var& x) {
 }
 
 Var gather_rows(const Var& x, std::vector<int64_t> rows) {
+  K3_AG_CUDA(x, gather_rows(x, rows));
   const int64_t D = cols(x->value), M = nrows(x->value), n = static_cast<int64_t>(rows.size());
   for (int64_t r : rows) K3_CHECK(r >= 0 && r < M, "gather_rows: row ", r, " of ", M);
   Tensor y = Tensor::empty({n, D});
@@ -61,6 +65,7 @@ Var gather_rows(const Var& x, std::vector<int64_t> rows) {
 }
 
 Var gather_cols(const Var& s, std::vector<int64_t> idx, int64_t K, const Tensor& offset) {
+  K3_AG_CUDA(s, gather_cols(s, idx, K, offset));
   const int64_t E = cols(s->value), M = nrows(s->value);
   K3_CHECK(static_cast<int64_t>(idx.size()) == M * K, "gather_cols: ", idx.size(), " indices for ", M, "x", K);
   K3_CHECK(!offset.defined() || offset.numel() == E, "gather_cols: offset of ", offset.numel(), " for ", E, " columns");
@@ -83,6 +88,7 @@ Var gather_cols(const Var& s, std::vector<int64_t> idx, int64_t K, const Tensor&
 }
 
 Var normalize_sum_last(const Var& w, float eps) {
+  K3_AG_CUDA(w, normalize_sum_last(w, eps));
   const int64_t N = cols(w->value), M = nrows(w->value);
   Tensor y = Tensor::empty(w->value.shape());
   const float* pw = w->value.f32();
@@ -141,6 +147,7 @@ Dispatch make_dispatch(const std::vector<int64_t>& idx, int64_t M, int64_t K, in
 }
 
 Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M) {
+  K3_AG_CUDA(w, weighted_combine(ys, d, w, M));
   K3_CHECK(static_cast<int64_t>(ys.size()) == d.active(), "weighted_combine: ", ys.size(), " outputs for ", d.active(),
            " experts");
   const int64_t K = M ? w->value.numel() / M : 0;

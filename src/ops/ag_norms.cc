@@ -1,5 +1,7 @@
 #include "ops/ag_norms.h"
 
+#include "ops/ag_cuda.h"
+
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -16,6 +18,7 @@ int64_t groups(const Var& x, int64_t d, const char* op) {
 }  // namespace
 
 Var l2norm(const Var& x, int64_t d, float eps) {
+  K3_AG_CUDA(x, l2norm(x, d, eps));
   const int64_t G = groups(x, d, "l2norm");
   Tensor y = Tensor::empty(x->value.shape());
   auto rinv = std::make_shared<std::vector<float>>(static_cast<size_t>(G));
@@ -43,6 +46,7 @@ Var l2norm(const Var& x, int64_t d, float eps) {
 }
 
 Var gated_rmsnorm(const Var& x, const Var& gate, const Var& w, int64_t d, float eps, NormGate act) {
+  K3_AG_CUDA(x, gated_rmsnorm(x, gate, w, d, eps, act));
   const int64_t G = groups(x, d, "gated_rmsnorm");
   K3_CHECK((act == NormGate::None) == !gate, "gated_rmsnorm: a gate needs an activation and vice versa");
   if (gate) K3_CHECK(gate->value.shape() == x->value.shape(), "gated_rmsnorm: gate ", gate->value.describe(), " vs x ", x->value.describe());

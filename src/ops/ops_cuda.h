@@ -100,4 +100,31 @@ enum class Op : uint8_t { N, T };
 void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
           int64_t ldb, float beta, float* C, int64_t ldc, Storage st);
 
+// Kernels of the differentiable ops' CUDA forms (ops/ag_cuda.cc; tensor_ops_cuda.cu), fp32 [rows,
+// columns] row-major unless said otherwise.
+enum class Unary : uint8_t { Scale, Sigmoid, Silu, Elu1 };  // s·x, σ(x), x·σ(x), elu(x) + 1
+void unary(const float* x, float* y, int64_t n, Unary op, float s = 1.0f);
+enum class Binary : uint8_t { Add, Mul };
+void binary(const float* a, const float* b, float* y, int64_t n, Binary op);
+// dst[m·d_row + h·d_head + j] = src[m·s_row + h·s_head + j] for m < M, h < H, j < w: column
+// slices, per-head slices and concatenations, broadcasts (s_head = 0).
+void copy_blocks(const float* src, int64_t s_row, int64_t s_head, float* dst, int64_t d_row, int64_t d_head, int64_t M,
+                 int64_t H, int64_t w);
+// y[i] = x[rows[i]] (rows on the device).
+void gather_rows(const float* x, const int64_t* rows, int64_t n, int64_t D, float* y);
+// out[rows[p]] += w[slots[p]] · ys[p] for p < n (ys [n, D]); rows distinct within one call.
+void scatter_weighted(const float* ys, const int64_t* rows, const int64_t* slots, const float* w, int64_t n, int64_t D,
+                      float* out);
+// y[m, k] = s[m, idx[m·K + k]] (+ offset[idx], when non-null).
+void gather_cols(const float* s, const int64_t* idx, const float* offset, int64_t M, int64_t E, int64_t K, float* y);
+void softmax_rows(const float* x, float* y, int64_t M, int64_t N);
+void normalize_sum_rows(const float* x, float* y, int64_t M, int64_t N, float eps);  // y = x / (Σ x + eps)
+// Causal depthwise convolution (ops/ag_conv.h) of B sequences of T rows, zero left padding.
+void short_conv(const float* x, const float* w, int64_t B, int64_t T, int64_t C, int64_t W, float* y);
+// Over G groups of d values: y = x / sqrt(Σx² + eps) (ops/ag_norms.h's l2norm), and the gated
+// RMSNorm y = x·rstd·w[j]·act(gate), act 0 none, 1 sigmoid, 2 swish (w may be null).
+void l2norm_groups(const float* x, float* y, int64_t G, int64_t d, float eps);
+void gated_rmsnorm_groups(const float* x, const float* gate, const float* w, float* y, int64_t G, int64_t d, float eps,
+                          int act);
+
 }  // namespace k3::cuda

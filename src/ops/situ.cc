@@ -1,5 +1,7 @@
 #include "ops/situ.h"
 
+#include "ops/ag_cuda.h"
+
 #include <cmath>
 
 #include "core/parallel.h"
@@ -34,6 +36,7 @@ float situ_up_grad(float u, std::optional<float> beta_lin) {
 namespace ag {
 
 Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts) {
+  K3_AG_CUDA(gate, situ_glu(gate, up, opts));
   if (gate->value.shape() != up->value.shape())
     throw error("situ", "gate ", gate->value.describe(), " and up ", up->value.describe(), " differ in shape");
   Tensor y = Tensor::empty(gate->value.shape());

@@ -1,5 +1,7 @@
 #include "residual/ag_attnres.h"
 
+#include "ops/ag_cuda.h"
+#include "residual/ag_attnres_cuda.h"
 #include "residual/attnres.h"
 
 namespace k3 {
@@ -8,6 +10,7 @@ namespace ag {
 
 Var attnres(const std::vector<Var>& sources, const Var& query, const Var& rmsw, float eps) {
   K3_CHECK(!sources.empty(), "attnres with no sources");
+  K3_AG_CUDA(sources[0], attnres(sources, query, rmsw, eps));
   const int64_t D = sources[0]->value.dim(-1), M = sources[0]->value.numel() / D;
   std::vector<const float*> src;
   for (const auto& s : sources) {

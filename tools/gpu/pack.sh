@@ -21,5 +21,5 @@ for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
 tar -C .gpu -cJf .gpu/bundle.tar.xz bin lib
 rm -rf .gpu/bin .gpu/lib
 mkdir -p .gpu/shared/fixtures/models && cp -r "$root/../shared/fixtures/ops" .gpu/shared/fixtures/ &&
-  cp -r "$root/../shared/fixtures/models/gpt2-tiny" .gpu/shared/fixtures/models/
+  cp -r "$root/../shared/fixtures/models/." .gpu/shared/fixtures/models/
 du -sh .gpu/*

@@ -1,5 +1,7 @@
 #include "mixers/linear/ag_delta.h"
 
+#include "mixers/linear/ag_delta_cuda.h"
+#include "ops/ag_cuda.h"
 #include "ops/gates.h"
 
 namespace k3::ag {
@@ -15,6 +17,7 @@ void accumulate(const Var& x, const Tensor& g) {
 
 Var delta_rule(const Var& q, const Var& k, const Var& v, const Var& beta, const Var& g, const linear::DeltaOptions& opts,
                const DeltaShape& s) {
+  K3_AG_CUDA(q, delta_rule(q, k, v, beta, g, opts, s));
   using namespace linear;
   auto inputs = [=]() {
     DeltaInputs in;
@@ -58,6 +61,7 @@ Var kda_gate(const Var& x, const Var& A_log, const Var& dt_bias, int64_t H, int6
            " K=", K);
   K3_CHECK(A_log->value.numel() >= H, "kda_gate: A_log ", A_log->value.describe(), " has fewer than ", H, " values");
   K3_CHECK(dt_bias->value.numel() == H * K, "kda_gate: dt_bias ", dt_bias->value.describe(), " for H*K = ", H * K);
+  K3_AG_CUDA(x, kda_gate(x, A_log, dt_bias, H, K, form, lower_bound));
   const GateShape gs{M, H, K};
   Tensor y = Tensor::empty(x->value.shape());
   if (form == KdaGateForm::Softplus)
@@ -77,6 +81,7 @@ Var kda_gate(const Var& x, const Var& A_log, const Var& dt_bias, int64_t H, int6
 }
 
 Var elu1(const Var& x) {
+  K3_AG_CUDA(x, elu1(x));
   Tensor y = Tensor::empty(x->value.shape());
   linear::elu1_forward(x->value.f32(), y.f32(), y.numel());
   return make_node(std::move(y), {x}, [x](Node& self) {

@@ -36,6 +36,22 @@ struct DeviceGrads {
   int64_t longest = 0;        // longest sequence (sizes the recompute scratch)
 };
 
+// DeviceArgs for one layer's options and head sizes, fp32 storage (the model-level callers);
+// the sequences, pointers and states are the caller's.
+inline DeviceArgs fp32_args(const DeltaOptions& o, int64_t H, int64_t HV, int64_t K, int64_t V) {
+  DeviceArgs a;
+  a.H = H;
+  a.HV = HV;
+  a.K = K;
+  a.V = V;
+  a.write = o.write;
+  a.decay = o.decay;
+  a.scale = o.scale;
+  a.io = DType::F32;
+  a.o_dtype = DType::F32;
+  return a;
+}
+
 // Checks the sizes the kernels support (K ≤ 128, V ≤ 160), throws k3::Error otherwise.
 void check_supported(int64_t K, int64_t V);
 void forward(const DeviceArgs& a);

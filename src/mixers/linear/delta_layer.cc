@@ -3,6 +3,9 @@
 #include <cstring>
 
 #include "ops/ag_conv.h"
+#if defined(K3_HAS_CUDA)
+#include "mixers/mixers_cuda.h"
+#endif
 
 namespace k3 {
 
@@ -155,6 +158,10 @@ Var DeltaLayer::conv(const Var& x, size_t stream, const Var& w, const SeqBatch& 
   if (!w) return x;
   if (!batch.memories) return ag::short_conv(x, w, batch.B, batch.T);
   const int64_t T = batch.T, C = x->value.dim(-1), W = o_.conv_size;
+#if defined(K3_HAS_CUDA)
+  if (x->value.device() == Device::CUDA)
+    return constant(gpu::conv_with_tails(x->value, w->value, batch.B, T, W, stream, batch.memories));
+#endif
   Tensor y = Tensor::empty(x->value.shape());
   for (int64_t b = 0; b < batch.B; ++b) {
     auto* mem = state_of(batch, b);
@@ -172,6 +179,12 @@ Var DeltaLayer::core(const Var& q, const Var& k, const Var& v, const Var& beta, 
   const int64_t B = batch.B, T = batch.T;
   if (!batch.memories) return ag::delta_rule(q, k, v, beta, g, c, ag::DeltaShape{B, T, H_, HV_, K_, V_});
   // Continue each sequence from its recurrent state (inference: no graph through the state).
+#if defined(K3_HAS_CUDA)
+  if (q->value.device() == Device::CUDA)
+    return constant(gpu::delta_with_states(q->value, k->value, v->value, beta ? beta->value : Tensor(),
+                                           g ? g->value : Tensor(), c, gpu::DeltaBatch{B, T, H_, HV_, K_, V_},
+                                           batch.memories));
+#endif
   const int64_t SS = HV_ * K_ * V_, ZS = HV_ * K_;
   Tensor S = Tensor::empty({B, HV_, K_, V_});
   Tensor z = o_.normalize ? Tensor::empty({B, HV_, K_}) : Tensor();
@@ -263,6 +276,10 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
 std::unique_ptr<Memory> DeltaLayer::new_memory(int64_t) const {
   std::vector<int64_t> channels;
   if (o_.conv_size > 1) channels = {H_ * K_, H_ * K_, HV_ * V_};
+#if defined(K3_HAS_CUDA)
+  if (q_proj_.weight->value.device() == Device::CUDA)
+    return gpu::recurrent_state(HV_, K_, V_, std::move(channels), o_.conv_size);
+#endif
   return std::make_unique<RecurrentState>(HV_, K_, V_, o_.normalize, std::move(channels), o_.conv_size);
 }
 

@@ -1,0 +1,240 @@
+// Device memories and the cached forward paths of mixers_cuda.h.
+#include <cstring>
+
+#include "core/device.h"
+#include "mixers/linear/delta_cuda.h"
+#include "mixers/mixers_cuda.h"
+#include "ops/ops_cuda.h"
+
+namespace k3::gpu {
+
+namespace {
+
+Tensor dev_zeros(Shape s) {
+  Tensor t = Tensor::empty_on(Device::CUDA, std::move(s));
+  if (t.numel()) device::zero(t.raw(), t.nbytes());
+  return t;
+}
+Tensor dev_empty(Shape s) { return Tensor::empty_on(Device::CUDA, std::move(s)); }
+void copy_into(Tensor& dst, const Tensor& src) {
+  K3_CHECK(dst.shape() == src.shape(), "device memory: restore from a different layer's memory");
+  if (src.numel()) device::copy(dst.raw(), src.raw(), src.nbytes());
+}
+
+// Tokens stored row by row ([max_tokens, width] per array), allocated up front.
+class DeviceRows : public Memory {
+ public:
+  DeviceRows(MemoryKind kind, std::vector<int64_t> widths, int64_t max_tokens) : kind_(kind), max_(max_tokens) {
+    for (int64_t w : widths) arrays_.push_back(dev_empty({max_tokens, w}));
+  }
+  MemoryKind kind() const override { return kind_; }
+  void reset() override { length_ = 0; }
+  std::unique_ptr<Memory> clone() const override {
+    auto c = std::make_unique<DeviceRows>(*this);
+    for (size_t i = 0; i < arrays_.size(); ++i) c->arrays_[i] = arrays_[i].clone();
+    return c;
+  }
+  void restore(const Memory& snapshot) override {
+    const auto* s = dynamic_cast<const DeviceRows*>(&snapshot);
+    K3_CHECK(s && s->kind_ == kind_ && s->arrays_.size() == arrays_.size(), "device memory: restore from another kind");
+    for (size_t i = 0; i < arrays_.size(); ++i) copy_into(arrays_[i], s->arrays_[i]);
+    length_ = s->length_;
+  }
+  size_t bytes() const override {
+    size_t b = 0;
+    for (const Tensor& a : arrays_) b += a.nbytes();
+    return b;
+  }
+  int64_t length() const override { return length_; }
+  void extend_zeros(int64_t n) override {
+    reserve(n);
+    for (Tensor& a : arrays_) {
+      const int64_t w = a.dim(1);
+      if (n) device::zero(a.cuda_f32() + length_ * w, size_t(n * w) * 4);
+    }
+    length_ += n;
+  }
+  void reserve(int64_t n) const {
+    if (length_ + n > max_)
+      throw error(std::string(memory_kind_name(kind_)), "context of ", length_ + n, " tokens exceeds the limit of ", max_);
+  }
+  // Appends n rows to array i from device rows src (leading dimension ld); call advance after.
+  void append(size_t i, const float* src, int64_t ld, int64_t n) {
+    Tensor& a = arrays_[i];
+    const int64_t w = a.dim(1);
+    k3::cuda::copy_blocks(src, ld, 0, a.cuda_f32() + length_ * w, w, 0, n, 1, w);
+  }
+  void advance(int64_t n) { length_ += n; }
+  const float* data(size_t i) const { return arrays_[i].cuda_f32(); }
+
+ private:
+  MemoryKind kind_;
+  int64_t max_, length_ = 0;
+  std::vector<Tensor> arrays_;
+};
+
+// A recurrent state [HV, K, V] plus one conv tail [W−1, C] per convolved stream.
+class DeviceState : public Memory {
+ public:
+  DeviceState(int64_t HV, int64_t K, int64_t V, const std::vector<int64_t>& channels, int64_t conv_size)
+      : conv_size_(conv_size) {
+    S_ = dev_zeros({HV, K, V});
+    if (conv_size > 1)
+      for (int64_t c : channels) tails_.push_back(dev_zeros({conv_size - 1, c}));
+  }
+  MemoryKind kind() const override { return MemoryKind::RecurrentState; }
+  void reset() override {
+    device::zero(S_.raw(), S_.nbytes());
+    for (Tensor& t : tails_) device::zero(t.raw(), t.nbytes());
+    length_ = 0;
+  }
+  std::unique_ptr<Memory> clone() const override {
+    auto c = std::make_unique<DeviceState>(*this);
+    c->S_ = S_.clone();
+    for (size_t i = 0; i < tails_.size(); ++i) c->tails_[i] = tails_[i].clone();
+    return c;
+  }
+  void restore(const Memory& snapshot) override {
+    const auto* s = dynamic_cast<const DeviceState*>(&snapshot);
+    K3_CHECK(s && s->tails_.size() == tails_.size(), "device state: restore from a different layer's memory");
+    copy_into(S_, s->S_);
+    for (size_t i = 0; i < tails_.size(); ++i) copy_into(tails_[i], s->tails_[i]);
+    length_ = s->length_;
+  }
+  size_t bytes() const override {
+    size_t b = S_.nbytes();
+    for (const Tensor& t : tails_) b += t.nbytes();
+    return b;
+  }
+  int64_t length() const override { return length_; }
+  void extend_zeros(int64_t n) override { length_ += n; }
+  float* state() { return S_.cuda_f32(); }
+  float* tail(size_t stream) { return tails_.at(stream).cuda_f32(); }
+  int64_t conv_size() const { return conv_size_; }
+  void advance(int64_t n) { length_ += n; }
+
+ private:
+  int64_t conv_size_, length_ = 0;
+  Tensor S_;
+  std::vector<Tensor> tails_;
+};
+
+template <class M>
+M* device_memory(Memory* m, const char* who) {
+  auto* d = dynamic_cast<M*>(m);
+  if (!d) throw error(who, "a host memory given to a model on CUDA (make contexts after move_to)");
+  return d;
+}
+
+}  // namespace
+
+std::unique_ptr<Memory> kv_cache(int64_t heads, int64_t head_dim, int64_t max_tokens) {
+  return std::make_unique<DeviceRows>(MemoryKind::KVCache, std::vector<int64_t>{heads * head_dim, heads * head_dim},
+                                      max_tokens);
+}
+
+std::unique_ptr<Memory> latent_cache(int64_t width, int64_t max_tokens) {
+  return std::make_unique<DeviceRows>(MemoryKind::LatentCache, std::vector<int64_t>{width}, max_tokens);
+}
+
+std::unique_ptr<Memory> recurrent_state(int64_t HV, int64_t K, int64_t V, std::vector<int64_t> conv_channels,
+                                        int64_t conv_size) {
+  return std::make_unique<DeviceState>(HV, K, V, conv_channels, conv_size);
+}
+
+bool is_device_memory(const Memory* m) {
+  return dynamic_cast<const DeviceRows*>(m) || dynamic_cast<const DeviceState*>(m);
+}
+
+Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
+                        Memory* const* memories) {
+  const int64_t D = H * hd;
+  Tensor att = dev_empty({B * T, D});
+  Tensor q = dev_empty({T, D});
+  for (int64_t b = 0; b < B; ++b) {
+    auto* cache = device_memory<DeviceRows>(memories[b], "attention");
+    const float* base = qkv.cuda_f32() + b * T * 3 * D;
+    cache->reserve(T);
+    k3::cuda::copy_blocks(base, 3 * D, 0, q.cuda_f32(), D, 0, T, 1, D);
+    cache->append(0, base + D, 3 * D, T);
+    cache->append(1, base + 2 * D, 3 * D, T);
+    cache->advance(T);
+    const int64_t S = cache->length();
+    const k3::cuda::AttnShape a{1, T, S, H, hd, hd, S - T, scale};
+    k3::cuda::attention_forward(q.cuda_f32(), cache->data(0), cache->data(1), att.cuda_f32() + b * T * D, nullptr, a,
+                                device::Storage::F32);
+  }
+  return att;
+}
+
+Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b, const LatentShape& s,
+                        Memory* const* memories) {
+  const int64_t H = s.H, T = s.T, R = s.R, W = R + s.rope, qd = s.nope + s.rope, wrow = s.nope + s.v;
+  Tensor att = dev_empty({s.B * T, H * s.v});
+  Tensor qt = dev_empty({T, H, W}), ob = dev_empty({T, H, R});
+  const float* wkv = kv_b.cuda_f32();  // [H·(nope+v), R]
+  for (int64_t b = 0; b < s.B; ++b) {
+    auto* cache = device_memory<DeviceRows>(memories[b], "mla");
+    cache->reserve(T);
+    const int64_t p0 = cache->length();
+    cache->append(0, rows.cuda_f32() + b * T * W, W, T);
+    cache->advance(T);
+    const float* qb = q.cuda_f32() + b * T * H * qd;
+    for (int64_t h = 0; h < H; ++h)  // q̃ = W_UKᵀ q_nope per head
+      k3::cuda::gemm(k3::cuda::Op::N, k3::cuda::Op::N, T, R, s.nope, 1.0f, qb + h * qd, H * qd, wkv + h * wrow * R, R,
+                     0.0f, qt.cuda_f32() + h * W, H * W, device::Storage::F32);
+    k3::cuda::copy_blocks(qb + s.nope, H * qd, qd, qt.cuda_f32() + R, H * W, W, T, H, s.rope);
+    k3::cuda::latent_attention(qt.cuda_f32(), cache->data(0), ob.cuda_f32(), T, H, W, R, p0, s.scale);
+    for (int64_t h = 0; h < H; ++h)  // o_h = W_UV ō
+      k3::cuda::gemm(k3::cuda::Op::N, k3::cuda::Op::T, T, s.v, R, 1.0f, ob.cuda_f32() + h * R, H * R,
+                     wkv + (h * wrow + s.nope) * R, R, 0.0f, att.cuda_f32() + b * T * H * s.v + h * s.v, H * s.v,
+                     device::Storage::F32);
+  }
+  return att;
+}
+
+Tensor conv_with_tails(const Tensor& x, const Tensor& w, int64_t B, int64_t T, int64_t W, size_t stream,
+                       Memory* const* memories) {
+  const int64_t C = x.dim(-1);
+  Tensor y = dev_empty(x.shape());
+  for (int64_t b = 0; b < B; ++b) {
+    auto* st = device_memory<DeviceState>(memories[b], "short_conv");
+    const float* xb = x.cuda_f32() + b * T * C;
+    k3::cuda::conv_with_tail(xb, w.cuda_f32(), st->tail(stream), T, C, W, y.cuda_f32() + b * T * C);
+    k3::cuda::conv_tail_update(xb, T, C, W, st->tail(stream));
+  }
+  return y;
+}
+
+Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
+                         const linear::DeltaOptions& opts, const DeltaBatch& s, Memory* const* memories) {
+  if (opts.normalize == linear::Normalize::On)
+    throw error("delta_rule", "the normalised linear attention has no CUDA decode yet");
+  linear::cuda::check_supported(s.K, s.V);
+  Tensor o = dev_empty({s.B * s.T, s.HV * s.V});
+  const std::vector<int64_t> row0 = {0}, len = {s.T};
+  const device::Buffer d_row0 = device::upload_new(row0.data(), 8), d_len = device::upload_new(len.data(), 8);
+  for (int64_t b = 0; b < s.B; ++b) {
+    auto* st = device_memory<DeviceState>(memories[b], "delta_rule");
+    linear::cuda::DeviceArgs a = linear::cuda::fp32_args(opts, s.H, s.HV, s.K, s.V);
+    a.N = 1;
+    a.row0 = d_row0.as<int64_t>();
+    a.len = d_len.as<int64_t>();
+    a.max_len = s.T;
+    const int64_t r = b * s.T;
+    a.q = q.cuda_f32() + r * s.H * s.K;
+    a.k = k.cuda_f32() + r * s.H * s.K;
+    a.v = v.cuda_f32() + r * s.HV * s.V;
+    if (opts.write == linear::Write::Delta) a.beta = beta.cuda_f32() + r * s.HV;
+    if (opts.decay == linear::Decay::Scalar) a.g = g.cuda_f32() + r * s.HV;
+    if (opts.decay == linear::Decay::PerChannel) a.g = g.cuda_f32() + r * s.HV * s.K;
+    a.h0 = st->state();
+    a.ht = st->state();  // in place
+    a.o = o.cuda_f32() + r * s.HV * s.V;
+    linear::cuda::forward(a);
+    st->advance(s.T);
+  }
+  return o;
+}
+
+}  // namespace k3::gpu

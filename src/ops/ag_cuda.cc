@@ -1,0 +1,295 @@
+// The CUDA forms of the differentiable ops (ag_cuda.h): shape checks as in the CPU bodies, then
+// the kernels of ops_cuda.h on k3's stream. Host index lists (token ids, positions, expert rows)
+// are uploaded per call; they are small beside the activations.
+#include "ops/ag_cuda.h"
+
+#include <cmath>
+
+#include "core/device.h"
+#include "ops/ag_conv.h"
+#include "ops/ops_cuda.h"
+
+namespace k3::ag::gpu {
+
+namespace {
+int64_t last_dim(const Tensor& t) { return t.ndim() ? t.dim(-1) : 1; }
+int64_t rows(const Tensor& t) { return t.numel() / std::max<int64_t>(1, last_dim(t)); }
+float* out(const Tensor& t) { return t.cuda_f32(); }
+
+device::Buffer upload_ids(const std::vector<int64_t>& v) { return device::upload_new(v.data(), v.size() * 8); }
+
+Var node(Tensor y, std::vector<Var> parents, const char* op) {
+  forward_only(op, parents);
+  return constant(std::move(y));
+}
+
+Var map(const Var& a, cuda::Unary f, float s, const char* op) {
+  Tensor y = empty(a->value.shape());
+  cuda::unary(in(a, op), out(y), y.numel(), f, s);
+  return node(std::move(y), {a}, op);
+}
+
+Var zip(const Var& a, const Var& b, cuda::Binary f, const char* op) {
+  if (a->value.shape() != b->value.shape())
+    throw error(op, "shapes differ: ", a->value.describe(), " vs ", b->value.describe());
+  Tensor y = empty(a->value.shape());
+  cuda::binary(in(a, op), in(b, op), out(y), y.numel(), f);
+  return node(std::move(y), {a, b}, op);
+}
+}  // namespace
+
+bool on_cuda(const Var& x) { return x && x->value.device() == Device::CUDA; }
+
+void forward_only(const char* op, const std::vector<Var>& inputs) {
+  if (!recording()) return;
+  for (const Var& v : inputs)
+    if (needs_grad(v))
+      throw error(op, "training through this op on CUDA is not supported yet (its CUDA form is forward-only)");
+}
+
+Tensor empty(Shape shape) { return Tensor::empty_on(Device::CUDA, std::move(shape)); }
+
+const float* in(const Var& x, const char* op) {
+  if (!x) throw error(op, "missing input");
+  if (x->value.device() != Device::CUDA)
+    throw error(op, "input ", x->value.describe(), " is on the host while the op runs on CUDA");
+  if (!x->value.is_contiguous()) throw error(op, "non-contiguous CUDA input ", x->value.describe());
+  return x->value.cuda_f32();
+}
+
+Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
+  const Tensor& W = w->value;
+  const int64_t in_f = layout == WeightLayout::OutIn ? W.dim(1) : W.dim(0);
+  const int64_t out_f = layout == WeightLayout::OutIn ? W.dim(0) : W.dim(1);
+  const int64_t M = rows(x->value);  // shapes checked by ag::linear
+  Shape ys = x->value.shape();
+  ys.back() = out_f;
+  Tensor y = empty(ys);
+  const bool out_in = layout == WeightLayout::OutIn;
+  cuda::gemm(cuda::Op::N, out_in ? cuda::Op::T : cuda::Op::N, M, out_f, in_f, 1.0f, in(x, "linear"), in_f,
+             in(w, "linear"), out_in ? in_f : out_f, 0.0f, out(y), out_f, device::Storage::F32);
+  if (b) cuda::add_bias(out(y), in(b, "linear"), M, out_f);
+  return node(std::move(y), {x, w, b}, "linear");
+}
+
+Var add(const Var& a, const Var& b) { return zip(a, b, cuda::Binary::Add, "add"); }
+Var mul(const Var& a, const Var& b) { return zip(a, b, cuda::Binary::Mul, "mul"); }
+Var scale(const Var& a, float s) { return map(a, cuda::Unary::Scale, s, "scale"); }
+Var sigmoid(const Var& a) { return map(a, cuda::Unary::Sigmoid, 1.0f, "sigmoid"); }
+Var silu(const Var& a) { return map(a, cuda::Unary::Silu, 1.0f, "silu"); }
+Var elu1(const Var& a) { return map(a, cuda::Unary::Elu1, 1.0f, "elu1"); }
+
+Var gelu_tanh(const Var& a) {
+  Tensor y = empty(a->value.shape());
+  cuda::gelu_tanh_forward(in(a, "gelu"), out(y), y.numel(), device::Storage::F32);
+  return node(std::move(y), {a}, "gelu");
+}
+
+Var layernorm(const Var& x, const Var& w, const Var& b, float eps) {
+  Tensor y = empty(x->value.shape());
+  cuda::layernorm_forward(in(x, "layernorm"), in(w, "layernorm"), b ? in(b, "layernorm") : nullptr, eps,
+                          rows(x->value), last_dim(x->value), out(y), nullptr, nullptr, device::Storage::F32);
+  return node(std::move(y), {x, w, b}, "layernorm");
+}
+
+Var rmsnorm(const Var& x, const Var& w, float eps) {
+  const int64_t D = last_dim(x->value);
+  if (!w) return gpu::gated_rmsnorm(x, nullptr, nullptr, D, eps, NormGate::None);
+  Tensor y = empty(x->value.shape());
+  cuda::rmsnorm_forward(in(x, "rmsnorm"), in(w, "rmsnorm"), eps, rows(x->value), D, out(y), nullptr,
+                        device::Storage::F32);
+  return node(std::move(y), {x, w}, "rmsnorm");
+}
+
+Var embedding(const Var& table, const std::vector<int64_t>& ids) {
+  const int64_t D = table->value.dim(1), n = int64_t(ids.size());
+  Tensor y = empty({n, D});
+  const device::Buffer d_ids = upload_ids(ids);
+  cuda::embedding_forward(in(table, "embedding"), table->value.dim(0), d_ids.as<int64_t>(), n, D, out(y),
+                          device::Storage::F32);
+  return node(std::move(y), {table}, "embedding");
+}
+
+Var slice_last(const Var& x, int64_t begin, int64_t end) {
+  const int64_t N = last_dim(x->value), M = rows(x->value), n = end - begin;
+  K3_CHECK(0 <= begin && begin <= end && end <= N, "slice_last [", begin, ", ", end, ") of ", x->value.describe());
+  Shape s = x->value.shape();
+  s.back() = n;
+  Tensor y = empty(s);
+  cuda::copy_blocks(in(x, "slice") + begin, N, 0, out(y), n, 0, M, 1, n);
+  return node(std::move(y), {x}, "slice");
+}
+
+Var concat_last(const std::vector<Var>& xs) {
+  K3_CHECK(!xs.empty(), "concat of nothing");
+  const int64_t M = rows(xs[0]->value);
+  int64_t N = 0;
+  for (const auto& x : xs) {
+    K3_CHECK(rows(x->value) == M, "concat_last: row counts differ");
+    N += last_dim(x->value);
+  }
+  Shape s = xs[0]->value.shape();
+  s.back() = N;
+  Tensor y = empty(s);
+  int64_t off = 0;
+  for (const auto& x : xs) {
+    const int64_t n = last_dim(x->value);
+    cuda::copy_blocks(in(x, "concat"), n, 0, out(y) + off, N, 0, M, 1, n);
+    off += n;
+  }
+  return node(std::move(y), xs, "concat");
+}
+
+Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float sc) {
+  const int64_t D = last_dim(q->value), hd = D / H;
+  const int64_t Dv = last_dim(v->value), hdv = Dv / H;
+  K3_CHECK(rows(q->value) == B * T && D % H == 0 && Dv % H == 0 && last_dim(k->value) == D,
+           "causal_attention: q ", q->value.describe(), " k ", k->value.describe(), " v ", v->value.describe(),
+           " for B=", B, " T=", T, " H=", H);
+  Tensor y = empty({B * T, Dv});
+  const cuda::AttnShape a{B, T, T, H, hd, hdv, 0, sc};
+  cuda::attention_forward(in(q, "attention"), in(k, "attention"), in(v, "attention"), out(y), nullptr, a,
+                          device::Storage::F32);
+  return node(std::move(y), {q, k, v}, "attention");
+}
+
+Var head_slice(const Var& x, int64_t H, int64_t begin, int64_t end) {
+  const int64_t cols = last_dim(x->value), M = rows(x->value), hd = cols / H, n = end - begin;
+  K3_CHECK(cols % H == 0 && 0 <= begin && begin <= end && end <= hd, "head_slice [", begin, ", ", end, ") of ",
+           x->value.describe(), " H=", H);
+  Tensor y = empty({M, H * n});
+  cuda::copy_blocks(in(x, "head_slice") + begin, cols, hd, out(y), H * n, n, M, H, n);
+  return node(std::move(y), {x}, "head_slice");
+}
+
+Var head_concat(const std::vector<Var>& xs, int64_t H) {
+  const int64_t M = rows(xs[0]->value);
+  int64_t total = 0;
+  for (const auto& x : xs) {
+    K3_CHECK(rows(x->value) == M && last_dim(x->value) % H == 0, "head_concat: ", x->value.describe(), " with H=", H);
+    total += last_dim(x->value) / H;
+  }
+  Tensor y = empty({M, H * total});
+  int64_t off = 0;
+  for (const auto& x : xs) {
+    const int64_t d = last_dim(x->value) / H;
+    cuda::copy_blocks(in(x, "head_concat"), H * d, d, out(y) + off, H * total, total, M, H, d);
+    off += d;
+  }
+  return node(std::move(y), xs, "head_concat");
+}
+
+Var broadcast_heads(const Var& x, int64_t H) {
+  const int64_t M = rows(x->value), d = last_dim(x->value);
+  Tensor y = empty({M, H * d});
+  cuda::copy_blocks(in(x, "broadcast_heads"), d, 0, out(y), H * d, d, M, H, d);
+  return node(std::move(y), {x}, "broadcast_heads");
+}
+
+Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t offset, const RopeTable& table) {
+  const int64_t M = rows(x->value), hd = last_dim(x->value) / H;
+  K3_CHECK(int64_t(positions.size()) == M && offset + table.dim <= hd, "rope: ", x->value.describe(), " H=", H);
+  Tensor y = x->value.clone();
+  const device::Buffer pos = upload_ids(positions);
+  const device::Buffer inv = device::upload_new(table.inv_freq.data(), table.inv_freq.size() * sizeof(double));
+  cuda::rope_apply(out(y), M, H, hd, offset, table.dim, pos.as<int64_t>(), inv.as<double>(), table.attention_factor,
+                   +1, device::Storage::F32);
+  return node(std::move(y), {x}, "rope");
+}
+
+Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T) {
+  const int64_t C = last_dim(x->value), W = w->value.numel() / std::max<int64_t>(1, C);
+  K3_CHECK(rows(x->value) == B * T && w->value.numel() == C * W, "short_conv: x ", x->value.describe(), " w ",
+           w->value.describe(), " B=", B, " T=", T);
+  Tensor y = empty(x->value.shape());
+  cuda::short_conv(in(x, "short_conv"), in(w, "short_conv"), B, T, C, W, out(y));
+  return node(std::move(y), {x, w}, "short_conv");
+}
+
+Var softmax_last(const Var& x) {
+  Tensor y = empty(x->value.shape());
+  cuda::softmax_rows(in(x, "softmax"), out(y), rows(x->value), last_dim(x->value));
+  return node(std::move(y), {x}, "softmax");
+}
+
+Var gather_rows(const Var& x, const std::vector<int64_t>& r) {
+  const int64_t D = last_dim(x->value), M = rows(x->value);
+  for (int64_t i : r)
+    if (i < 0 || i >= M) throw error("gather_rows", "row ", i, " outside [0, ", M, ")");
+  Tensor y = empty({int64_t(r.size()), D});
+  const device::Buffer d_rows = upload_ids(r);
+  cuda::gather_rows(in(x, "gather_rows"), d_rows.as<int64_t>(), int64_t(r.size()), D, out(y));
+  return node(std::move(y), {x}, "gather_rows");
+}
+
+Var gather_cols(const Var& s, const std::vector<int64_t>& idx, int64_t K, const Tensor& offset) {
+  const int64_t E = last_dim(s->value), M = rows(s->value);
+  K3_CHECK(int64_t(idx.size()) == M * K, "gather_cols: ", idx.size(), " indices for ", M, " rows × ", K);
+  for (int64_t e : idx)
+    if (e < 0 || e >= E) throw error("gather_cols", "column ", e, " outside [0, ", E, ")");
+  const bool has_offset = offset.defined() && offset.numel() > 0;
+  K3_CHECK(!has_offset || (offset.device() == Device::CUDA && offset.numel() == E), "gather_cols: offset ",
+           offset.describe(), " for ", E, " columns on CUDA");
+  Tensor y = empty({M, K});
+  const device::Buffer d_idx = upload_ids(idx);
+  cuda::gather_cols(in(s, "gather_cols"), d_idx.as<int64_t>(), has_offset ? offset.cuda_f32() : nullptr, M, E, K,
+                    out(y));
+  return node(std::move(y), {s}, "gather_cols");
+}
+
+Var normalize_sum_last(const Var& w, float eps) {
+  Tensor y = empty(w->value.shape());
+  cuda::normalize_sum_rows(in(w, "normalize_sum"), out(y), rows(w->value), last_dim(w->value), eps);
+  return node(std::move(y), {w}, "normalize_sum");
+}
+
+Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M) {
+  K3_CHECK(static_cast<int64_t>(ys.size()) == d.active(), "weighted_combine: ", ys.size(), " outputs for ", d.active(),
+           " experts");
+  const int64_t N = ys.empty() ? 0 : last_dim(ys[0]->value);
+  for (size_t j = 0; j < ys.size(); ++j)
+    K3_CHECK(last_dim(ys[j]->value) == N && rows(ys[j]->value) == d.offsets[j + 1] - d.offsets[j],
+             "weighted_combine: expert output ", ys[j]->value.describe());
+  Tensor o = empty({M, N});
+  if (o.numel()) device::zero(o.raw(), o.nbytes());
+  const device::Buffer d_rows = upload_ids(d.rows), d_slots = upload_ids(d.slots);
+  for (size_t j = 0; j < ys.size(); ++j) {
+    const int64_t p0 = d.offsets[j], n = d.offsets[j + 1] - p0;
+    // One expert per launch: its rows are distinct, so the additions need no atomics.
+    cuda::scatter_weighted(in(ys[j], "weighted_combine"), d_rows.as<int64_t>() + p0, d_slots.as<int64_t>() + p0,
+                           in(w, "weighted_combine"), n, N, out(o));
+  }
+  std::vector<Var> parents = ys;
+  parents.push_back(w);
+  return node(std::move(o), std::move(parents), "weighted_combine");
+}
+
+Var l2norm(const Var& x, int64_t d, float eps) {
+  K3_CHECK(d > 0 && x->value.numel() % d == 0, "l2norm: ", x->value.describe(), " is not made of heads of ", d);
+  Tensor y = empty(x->value.shape());
+  cuda::l2norm_groups(in(x, "l2norm"), out(y), x->value.numel() / d, d, eps);
+  return node(std::move(y), {x}, "l2norm");
+}
+
+Var gated_rmsnorm(const Var& x, const Var& gate, const Var& w, int64_t d, float eps, NormGate act) {
+  K3_CHECK(d > 0 && x->value.numel() % d == 0, "gated_rmsnorm: ", x->value.describe(), " is not made of heads of ", d);
+  K3_CHECK((act == NormGate::None) == !gate, "gated_rmsnorm: a gate needs an activation and vice versa");
+  if (gate) K3_CHECK(gate->value.shape() == x->value.shape(), "gated_rmsnorm: gate ", gate->value.describe());
+  if (w) K3_CHECK(w->value.numel() == d, "gated_rmsnorm: weight ", w->value.describe(), " for heads of ", d);
+  Tensor y = empty(x->value.shape());
+  const int a = act == NormGate::Sigmoid ? 1 : act == NormGate::Swish ? 2 : 0;
+  cuda::gated_rmsnorm_groups(in(x, "gated_rmsnorm"), gate ? in(gate, "gated_rmsnorm") : nullptr,
+                             w ? in(w, "gated_rmsnorm") : nullptr, out(y), x->value.numel() / d, d, eps, a);
+  return node(std::move(y), {x, gate, w}, "gated_rmsnorm");
+}
+
+Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts) {
+  if (gate->value.shape() != up->value.shape())
+    throw error("situ", "gate ", gate->value.describe(), " and up ", up->value.describe(), " differ in shape");
+  Tensor y = empty(gate->value.shape());
+  cuda::situ_glu_forward(in(gate, "situ"), in(up, "situ"), out(y), y.numel(), opts.beta.value_or(0.0f),
+                         opts.beta_lin.value_or(0.0f), device::Storage::F32);
+  return node(std::move(y), {gate, up}, "situ_glu");
+}
+
+}  // namespace k3::ag::gpu

@@ -1,0 +1,68 @@
+// CUDA forms of the differentiable ops (ag.h, ag_heads.h, ag_conv.h, ag_moe.h, ag_norms.h,
+// situ.h) for Vars whose values live on the device (Tensor::to_device). Each op's .cc dispatches
+// here when its first input is a CUDA tensor (K3_AG_CUDA below), so every model composed of these
+// ops runs its forward on the GPU unchanged. fp32 values; kernels in ops_cuda.h.
+//
+// Forward only for now: under Recording, an input that needs a gradient makes the op throw
+// (training on CUDA goes through the dedicated runners, models/gpt2_cuda.h).
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "ops/ag.h"
+#include "ops/ag_heads.h"
+#include "ops/ag_moe.h"
+#include "ops/ag_norms.h"
+#include "ops/situ.h"
+
+namespace k3::ag::gpu {
+
+bool on_cuda(const Var& x);
+// Throws "[op] ..." when recording would need a backward through these inputs.
+void forward_only(const char* op, const std::vector<Var>& inputs);
+// A constant Var with a fresh CUDA tensor of `shape`.
+Tensor empty(Shape shape);
+const float* in(const Var& x, const char* op);  // device pointer of a contiguous fp32 CUDA input
+
+Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout);
+Var add(const Var& a, const Var& b);
+Var mul(const Var& a, const Var& b);
+Var scale(const Var& a, float s);
+Var sigmoid(const Var& a);
+Var silu(const Var& a);
+Var elu1(const Var& a);
+Var gelu_tanh(const Var& a);
+Var layernorm(const Var& x, const Var& w, const Var& b, float eps);
+Var rmsnorm(const Var& x, const Var& w, float eps);
+Var embedding(const Var& table, const std::vector<int64_t>& ids);
+Var slice_last(const Var& x, int64_t begin, int64_t end);
+Var concat_last(const std::vector<Var>& xs);
+Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float scale);
+Var head_slice(const Var& x, int64_t H, int64_t begin, int64_t end);
+Var head_concat(const std::vector<Var>& xs, int64_t H);
+Var broadcast_heads(const Var& x, int64_t H);
+Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t offset, const RopeTable& table);
+Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T);
+Var softmax_last(const Var& x);
+Var gather_rows(const Var& x, const std::vector<int64_t>& rows);
+Var gather_cols(const Var& s, const std::vector<int64_t>& idx, int64_t K, const Tensor& offset);
+Var normalize_sum_last(const Var& w, float eps);
+Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M);
+Var l2norm(const Var& x, int64_t d, float eps);
+Var gated_rmsnorm(const Var& x, const Var& gate, const Var& w, int64_t d, float eps, NormGate act);
+Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts);
+
+}  // namespace k3::ag::gpu
+
+// In an op's CPU body: hands the call to its CUDA form when `x` lives on the device.
+#if defined(K3_HAS_CUDA)
+#define K3_AG_CUDA(x, call)                             \
+  do {                                                  \
+    if (::k3::ag::gpu::on_cuda(x)) return ::k3::ag::gpu::call; \
+  } while (0)
+#else
+#define K3_AG_CUDA(x, call) \
+  do {                      \
+  } while (0)
+#endif
