@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/format.h"
+#include "core/device.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "models/registry.h"
@@ -28,6 +29,17 @@ double seconds_since(clock_type::time_point t) {
 }
 
 // Read bandwidth in bytes/s: best of several passes summing a buffer much larger than the caches.
+// The GPU's device-to-device copy rate, bytes read + written per second (the decode ceiling there).
+double measure_device_bandwidth() {
+  const size_t n = size_t(1) << 30;
+  device::Buffer a(n), b(n);
+  device::copy(b.get(), a.get(), n);  // warm-up
+  device::Timer t;
+  t.start();
+  for (int i = 0; i < 5; ++i) device::copy(b.get(), a.get(), n);
+  return 2.0 * double(n) * 5 / (t.stop_ms() * 1e-3);
+}
+
 double measure_read_bandwidth(size_t bytes) {
   size_t n = bytes / sizeof(float);
   std::vector<float> buf(n);
@@ -151,17 +163,24 @@ void register_bench(CLI::App& app) {
   auto* dec = bench->add_subcommand(
       "decode", "Decode tokens/s against context length, beside the bandwidth roofline; --versus compares two models");
   static std::string preset = "gpt2", versus, contexts = "128,1024";
-  static int64_t steps = 16;
+  static int64_t steps = 16, batch = 1;
   static RuntimeOptions rt;
+  dec->add_option("--batch", batch, "Sequences decoded together, each at the context (tok/s counts all)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   dec->add_option("--preset", preset, "Model preset (random weights at the real shape)")->capture_default_str();
   dec->add_option("--versus", versus, "A second preset to time at the same contexts (e.g. --preset k3-small-attn --versus k3-small)");
   dec->add_option("--context", contexts, "Comma-separated context lengths")->capture_default_str();
   dec->add_option("--steps", steps, "Decode steps timed per context")->capture_default_str()->check(CLI::Range(2, 100000));
   add_runtime_options(dec, rt);
   dec->callback([] {
-    apply_runtime_options(rt);
-    const double bw = measure_read_bandwidth(size_t(512) << 20);
-    std::printf("measured read bandwidth: %.2f GB/s (%d threads)\n", bw / 1e9, num_threads());
+    apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
+    const bool gpu = rt.device == "cuda";
+    const double bw = gpu ? measure_device_bandwidth() : measure_read_bandwidth(size_t(512) << 20);
+    if (gpu)
+      std::printf("%s; measured device copy: %.0f GB/s (read + write)\n", device::describe(), bw / 1e9);
+    else
+      std::printf("measured read bandwidth: %.2f GB/s (%d threads)\n", bw / 1e9, num_threads());
     const std::vector<int64_t> ctxs = parse_list(contexts);
     std::vector<std::string> names = {preset};
     if (!versus.empty()) names.push_back(versus);
@@ -169,6 +188,7 @@ void register_bench(CLI::App& app) {
     for (size_t k = 0; k < names.size(); ++k) {
       auto model = build_model(preset_config(names[k]), names[k]);
       model->init_random(1);
+      if (gpu) move_to(*model, Device::CUDA);  // weights and the contexts' memories on the device
       const int64_t V = model->vocab_size();
       // Bytes a decode step must read: every weight except position-table rows not used.
       double weight_bytes = 0;
@@ -183,7 +203,7 @@ void register_bench(CLI::App& app) {
       std::printf("\n%s: %s params, %s of fp32 weights per token; memory %s/context token + %s fixed\n", names[k].c_str(),
                   with_commas(model->total_params()).c_str(), human_bytes(weight_bytes).c_str(),
                   human_bytes(per_token).c_str(), human_bytes(fixed).c_str());
-      std::printf("%8s %12s %14s %12s %10s\n", "context", "tok/s", "roofline tok/s", "of roofline", "ms/token");
+      std::printf("%8s %12s %14s %12s %10s\n", "context", "tok/s", "roofline tok/s", "of roofline", "ms/step");
       for (int64_t c : ctxs) {
         if (c + steps > model->max_positions()) {
           std::printf("%8lld %12s   (beyond the model's %lld positions)\n", (long long)c, "-", (long long)model->max_positions());
@@ -192,21 +212,32 @@ void register_bench(CLI::App& app) {
         }
         // The context is filled with zero tokens (the memories allocate and read exactly what a
         // real prefill leaves behind), then `steps` tokens are decoded.
-        Context cx = model->new_context(c + steps);
-        for (auto& m : cx.layers) m->extend_zeros(c);
-        cx.position = c;
-        std::vector<float> logits(static_cast<size_t>(V));
-        int64_t next = 1;
-        model->forward(&next, 1, &cx, logits.data(), Logits::Last);  // warm-up
+        std::vector<Context> cx;
+        std::vector<Context*> cp;
+        for (int64_t b = 0; b < batch; ++b) {
+          cx.push_back(model->new_context(c + steps));
+          for (auto& m : cx.back().layers) m->extend_zeros(c);
+          cx.back().position = c;
+        }
+        for (auto& x : cx) cp.push_back(&x);
+        std::vector<float> logits(static_cast<size_t>(batch * V));
+        std::vector<int64_t> next(static_cast<size_t>(batch), 1);
+        auto step = [&] { model->logits(TokenBatch{next.data(), batch, 1, cp.data()}, logits.data(), Logits::Last); };
+        step();  // warm-up
         auto t = clock_type::now();
         for (int64_t s = 1; s < steps; ++s) {
-          next = int64_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-          model->forward(&next, 1, &cx, logits.data(), Logits::Last);
+          for (int64_t b = 0; b < batch; ++b) {
+            const float* row = logits.data() + b * V;
+            next[size_t(b)] = int64_t(std::max_element(row, row + V) - row);
+          }
+          step();
         }
-        const double sec = seconds_since(t) / double(steps - 1);
-        const double roof = bw / (weight_bytes + fixed * 2 + per_token * double(c));  // state read + written
-        tps[k].push_back(1.0 / sec);
-        std::printf("%8lld %12.1f %14.1f %11.0f%% %10.2f\n", (long long)c, 1.0 / sec, roof, 100.0 / sec / roof, sec * 1e3);
+        const double sec = seconds_since(t) / double(steps - 1);  // logits come back each step: synchronised
+        // State read + written, KV read, per sequence; tokens per second over the batch.
+        const double roof = double(batch) * bw / (weight_bytes + double(batch) * (fixed * 2 + per_token * double(c)));
+        const double tok_s = double(batch) / sec;
+        tps[k].push_back(tok_s);
+        std::printf("%8lld %12.1f %14.1f %11.0f%% %10.2f\n", (long long)c, tok_s, roof, 100.0 * tok_s / roof, sec * 1e3);
       }
     }
     if (names.size() == 2) {
@@ -214,7 +245,8 @@ void register_bench(CLI::App& app) {
       for (size_t i = 0; i < ctxs.size(); ++i)
         if (tps[0][i] > 0 && tps[1][i] > 0) std::printf("%8lld %13.2fx\n", (long long)ctxs[i], tps[1][i] / tps[0][i]);
     }
-    std::printf("\nroofline = read bandwidth / (weight bytes + state bytes read and written + KV bytes at the context)\n");
+    std::printf("\nroofline = %s / (weight bytes + state bytes read and written + KV bytes at the context)\n",
+                gpu ? "device copy rate" : "read bandwidth");
   });
 }
 

@@ -1,4 +1,5 @@
 // Device memories and the cached forward paths of mixers_cuda.h.
+#include <algorithm>
 #include <cstring>
 
 #include "core/device.h"
@@ -170,26 +171,34 @@ Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int6
 Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b, const LatentShape& s,
                         Memory* const* memories) {
   const int64_t H = s.H, T = s.T, R = s.R, W = R + s.rope, qd = s.nope + s.rope, wrow = s.nope + s.v;
-  Tensor att = dev_empty({s.B * T, H * s.v});
-  Tensor qt = dev_empty({T, H, W}), ob = dev_empty({T, H, R});
+  const int64_t M = s.B * T;
+  Tensor att = dev_empty({M, H * s.v});
+  Tensor qt = dev_empty({M, H, W}), ob = dev_empty({M, H, R});
   const float* wkv = kv_b.cuda_f32();  // [H·(nope+v), R]
-  for (int64_t b = 0; b < s.B; ++b) {
+  // q̃ = [W_UKᵀ q_nope ; q_rope] per head, for all rows at once.
+  for (int64_t h = 0; h < H; ++h)
+    k3::cuda::gemm(k3::cuda::Op::N, k3::cuda::Op::N, M, R, s.nope, 1.0f, q.cuda_f32() + h * qd, H * qd,
+                   wkv + h * wrow * R, R, 0.0f, qt.cuda_f32() + h * W, H * W, device::Storage::F32);
+  k3::cuda::copy_blocks(q.cuda_f32() + s.nope, H * qd, qd, qt.cuda_f32() + R, H * W, W, M, H, s.rope);
+  std::vector<const float*> lats(static_cast<size_t>(s.B));
+  std::vector<int64_t> p0s(static_cast<size_t>(s.B));
+  int64_t longest = 0;
+  for (int64_t b = 0; b < s.B; ++b) {  // the new rows into each sequence's cache
     auto* cache = device_memory<DeviceRows>(memories[b], "mla");
     cache->reserve(T);
-    const int64_t p0 = cache->length();
+    p0s[size_t(b)] = cache->length();
     cache->append(0, rows.cuda_f32() + b * T * W, W, T);
     cache->advance(T);
-    const float* qb = q.cuda_f32() + b * T * H * qd;
-    for (int64_t h = 0; h < H; ++h)  // q̃ = W_UKᵀ q_nope per head
-      k3::cuda::gemm(k3::cuda::Op::N, k3::cuda::Op::N, T, R, s.nope, 1.0f, qb + h * qd, H * qd, wkv + h * wrow * R, R,
-                     0.0f, qt.cuda_f32() + h * W, H * W, device::Storage::F32);
-    k3::cuda::copy_blocks(qb + s.nope, H * qd, qd, qt.cuda_f32() + R, H * W, W, T, H, s.rope);
-    k3::cuda::latent_attention(qt.cuda_f32(), cache->data(0), ob.cuda_f32(), T, H, W, R, p0, s.scale);
-    for (int64_t h = 0; h < H; ++h)  // o_h = W_UV ō
-      k3::cuda::gemm(k3::cuda::Op::N, k3::cuda::Op::T, T, s.v, R, 1.0f, ob.cuda_f32() + h * R, H * R,
-                     wkv + (h * wrow + s.nope) * R, R, 0.0f, att.cuda_f32() + b * T * H * s.v + h * s.v, H * s.v,
-                     device::Storage::F32);
+    lats[size_t(b)] = cache->data(0);
+    longest = std::max(longest, cache->length());
   }
+  const device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(float*));
+  const device::Buffer d_p0s = device::upload_new(p0s.data(), p0s.size() * 8);
+  k3::cuda::latent_attention(qt.cuda_f32(), d_lats.as<const float*>(), d_p0s.as<int64_t>(), longest, ob.cuda_f32(),
+                             s.B, T, H, W, R, s.scale);
+  for (int64_t h = 0; h < H; ++h)  // o_h = W_UV ō
+    k3::cuda::gemm(k3::cuda::Op::N, k3::cuda::Op::T, M, s.v, R, 1.0f, ob.cuda_f32() + h * R, H * R,
+                   wkv + (h * wrow + s.nope) * R, R, 0.0f, att.cuda_f32() + h * s.v, H * s.v, device::Storage::F32);
   return att;
 }
 
@@ -197,12 +206,10 @@ Tensor conv_with_tails(const Tensor& x, const Tensor& w, int64_t B, int64_t T, i
                        Memory* const* memories) {
   const int64_t C = x.dim(-1);
   Tensor y = dev_empty(x.shape());
-  for (int64_t b = 0; b < B; ++b) {
-    auto* st = device_memory<DeviceState>(memories[b], "short_conv");
-    const float* xb = x.cuda_f32() + b * T * C;
-    k3::cuda::conv_with_tail(xb, w.cuda_f32(), st->tail(stream), T, C, W, y.cuda_f32() + b * T * C);
-    k3::cuda::conv_tail_update(xb, T, C, W, st->tail(stream));
-  }
+  std::vector<float*> tails(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) tails[size_t(b)] = device_memory<DeviceState>(memories[b], "short_conv")->tail(stream);
+  const device::Buffer d_tails = device::upload_new(tails.data(), tails.size() * sizeof(float*));
+  k3::cuda::conv_with_tails(x.cuda_f32(), w.cuda_f32(), d_tails.as<float*>(), B, T, C, W, y.cuda_f32());
   return y;
 }
 
@@ -211,29 +218,37 @@ Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, cons
   if (opts.normalize == linear::Normalize::On)
     throw error("delta_rule", "the normalised linear attention has no CUDA decode yet");
   linear::cuda::check_supported(s.K, s.V);
-  Tensor o = dev_empty({s.B * s.T, s.HV * s.V});
-  const std::vector<int64_t> row0 = {0}, len = {s.T};
-  const device::Buffer d_row0 = device::upload_new(row0.data(), 8), d_len = device::upload_new(len.data(), 8);
+  // The sequences' states gathered into one [B, HV, K, V] array, one kernel over all of them,
+  // then scattered back.
+  const int64_t SS = s.HV * s.K * s.V;
+  std::vector<float*> states(static_cast<size_t>(s.B));
+  std::vector<int64_t> row0(static_cast<size_t>(s.B)), len(static_cast<size_t>(s.B), s.T);
   for (int64_t b = 0; b < s.B; ++b) {
-    auto* st = device_memory<DeviceState>(memories[b], "delta_rule");
-    linear::cuda::DeviceArgs a = linear::cuda::fp32_args(opts, s.H, s.HV, s.K, s.V);
-    a.N = 1;
-    a.row0 = d_row0.as<int64_t>();
-    a.len = d_len.as<int64_t>();
-    a.max_len = s.T;
-    const int64_t r = b * s.T;
-    a.q = q.cuda_f32() + r * s.H * s.K;
-    a.k = k.cuda_f32() + r * s.H * s.K;
-    a.v = v.cuda_f32() + r * s.HV * s.V;
-    if (opts.write == linear::Write::Delta) a.beta = beta.cuda_f32() + r * s.HV;
-    if (opts.decay == linear::Decay::Scalar) a.g = g.cuda_f32() + r * s.HV;
-    if (opts.decay == linear::Decay::PerChannel) a.g = g.cuda_f32() + r * s.HV * s.K;
-    a.h0 = st->state();
-    a.ht = st->state();  // in place
-    a.o = o.cuda_f32() + r * s.HV * s.V;
-    linear::cuda::forward(a);
-    st->advance(s.T);
+    states[size_t(b)] = device_memory<DeviceState>(memories[b], "delta_rule")->state();
+    row0[size_t(b)] = b * s.T;
   }
+  const device::Buffer d_states = device::upload_new(states.data(), states.size() * sizeof(float*));
+  const device::Buffer d_row0 = device::upload_new(row0.data(), row0.size() * 8);
+  const device::Buffer d_len = device::upload_new(len.data(), len.size() * 8);
+  Tensor S = dev_empty({s.B, SS});
+  k3::cuda::gather_blocks(d_states.as<const float*>(), s.B, SS, S.cuda_f32());
+  Tensor o = dev_empty({s.B * s.T, s.HV * s.V});
+  linear::cuda::DeviceArgs a = linear::cuda::fp32_args(opts, s.H, s.HV, s.K, s.V);
+  a.N = s.B;
+  a.row0 = d_row0.as<int64_t>();
+  a.len = d_len.as<int64_t>();
+  a.max_len = s.T;
+  a.q = q.cuda_f32();
+  a.k = k.cuda_f32();
+  a.v = v.cuda_f32();
+  if (opts.write == linear::Write::Delta) a.beta = beta.cuda_f32();
+  if (opts.decay != linear::Decay::None) a.g = g.cuda_f32();
+  a.h0 = S.cuda_f32();
+  a.ht = S.cuda_f32();  // in place
+  a.o = o.cuda_f32();
+  linear::cuda::forward(a);
+  k3::cuda::scatter_blocks(S.cuda_f32(), s.B, SS, d_states.as<float*>());
+  for (int64_t b = 0; b < s.B; ++b) device_memory<DeviceState>(memories[b], "delta_rule")->advance(s.T);
   return o;
 }
 

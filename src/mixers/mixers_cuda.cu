@@ -1,5 +1,6 @@
 // Kernels of the mixers' device memories (mixers_cuda.h): the short convolution continuing a conv
 // tail, the tail update, and attention of absorbed MLA queries over a latent cache.
+#include <algorithm>
 #include <cmath>
 
 #include "core/cuda_util.cuh"
@@ -14,104 +15,178 @@ using device::warp_sum;
 constexpr int kThreads = 256;
 constexpr int kMaxConv = 16;
 
-// y[t, c] = Σ_i w[c, i] · [tail ; x][t + i, c] (tail holds the W − 1 rows before x).
-__global__ void conv_tail_kernel(const float* x, const float* w, const float* tail, int64_t T, int64_t C, int64_t W,
-                                 float* y) {
+// y[b, t, c] = Σ_i w[c, i] · [tail_b ; x_b][t + i, c] (tail_b holds the W − 1 rows before x_b).
+__global__ void conv_tail_kernel(const float* x, const float* w, const float* const* tails, int64_t T, int64_t C,
+                                 int64_t W, int64_t n, float* y) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= T * C) return;
-  const int64_t c = i % C, t = i / C, P = W - 1;
+  if (i >= n) return;
+  const int64_t c = i % C, bt = i / C, b = bt / T, t = bt % T, P = W - 1;
+  const float* tail = tails[b];
   float acc = 0.0f;
   for (int64_t k = 0; k < W; ++k) {
     const int64_t s = t - P + k;
-    acc += w[c * W + k] * (s >= 0 ? x[s * C + c] : tail[(P + s) * C + c]);
+    acc += w[c * W + k] * (s >= 0 ? x[(bt - t + s) * C + c] : tail[(P + s) * C + c]);
   }
   y[i] = acc;
 }
 
-// tail ← the last W − 1 rows of [tail ; x], one thread per channel.
-__global__ void tail_update_kernel(const float* x, int64_t T, int64_t C, int64_t W, float* tail) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const int64_t P = W - 1;
+// tail_b ← the last W − 1 rows of [tail_b ; x_b], one thread per (sequence, channel).
+__global__ void tail_update_kernel(const float* x, float* const* tails, int64_t T, int64_t C, int64_t W, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t c = i % C, b = i / C, P = W - 1;
+  float* tail = tails[b];
+  const float* xb = x + b * T * C;
   float rows[kMaxConv];
   for (int64_t r = 0; r < P; ++r) {
     const int64_t s = T - P + r;  // row of [tail ; x] counted from x's start
-    rows[r] = s >= 0 ? x[s * C + c] : tail[(P + s) * C + c];
+    rows[r] = s >= 0 ? xb[s * C + c] : tail[(P + s) * C + c];
   }
   for (int64_t r = 0; r < P; ++r) tail[r * C + c] = rows[r];
 }
 
-// One block of 4 warps per (token, head): each warp walks every 4th latent row with its own
-// online softmax, lanes holding R/32 accumulator columns; the warps merge at the end.
-constexpr int kLatentWarps = 4;
+// Absorbed MLA attention over B sequences' latent caches, split over the rows (flash-decoding).
+// Block (b·T + t, split) walks its chunk of the rows token t of sequence b sees, 32 rows at a
+// time staged in shared memory (padded rows: no bank conflicts); one warp per head, lane s
+// scoring row s, so each row costs one dot product and the softmax bookkeeping is per 32 rows.
+// Lanes own R/32 accumulator columns. Partial (m, l, acc) per split go to scratch;
+// latent_combine_kernel merges them.
 constexpr int kMaxRank = 512;
-__global__ void latent_attention_kernel(const float* qt, const float* lat, float* ob, int64_t H, int64_t W, int64_t R,
-                                        int64_t p0, float scale) {
-  const int64_t t = blockIdx.x / H, h = blockIdx.x % H;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float* q = qt + (t * H + h) * W;
-  const int64_t n = p0 + t + 1;  // rows this token sees
+constexpr int kMaxHeads = 32;
+constexpr int kRows = 32;
+__global__ void latent_split_kernel(const float* qt, const float* const* lats, const int64_t* p0s, int64_t T,
+                                    int64_t H, int64_t W, int64_t R, float scale, int64_t chunk, int splits,
+                                    float* part_ml, float* part_acc) {
+  extern __shared__ float smem[];  // tile [kRows, W + 1], then q [H, W]
+  float* tile = smem;
+  float* qs = smem + kRows * (W + 1);
+  const int64_t bt = blockIdx.x, b = bt / T, t = bt % T, split = blockIdx.y;
+  const int lane = threadIdx.x & 31, h = threadIdx.x >> 5;
+  const float* lat = lats[b];
+  const int64_t n = p0s[b] + t + 1, s0 = split * chunk, s1 = min(n, s0 + chunk);
+  for (int64_t i = threadIdx.x; i < H * W; i += blockDim.x) qs[i] = qt[bt * H * W + i] * scale;
   constexpr int kPer = kMaxRank / 32;
+  const int per = int((R + 31) / 32);
   float acc[kPer];
+#pragma unroll
   for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  for (int64_t s = warp; s < n; s += kLatentWarps) {
-    const float* row = lat + s * W;
-    float d = 0.0f;
-    for (int64_t j = lane; j < W; j += 32) d += q[j] * row[j];
-    d = warp_sum(d) * scale;
-    const float m2 = fmaxf(m, d);
-    const float corr = expf(m - m2), p = expf(d - m2);
-    l = l * corr + p;
-    for (int j = 0; j < kPer; ++j) {
-      const int64_t r = lane + 32 * j;
-      if (r < R) acc[j] = acc[j] * corr + p * row[r];
+  const float* q = qs + h * W;
+  for (int64_t base = s0; base < s1; base += kRows) {
+    const int64_t rows = min(int64_t(kRows), s1 - base);
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < rows * W; i += blockDim.x) tile[(i / W) * (W + 1) + i % W] = lat[base * W + i];
+    __syncthreads();
+    float d = -INFINITY;
+    if (lane < rows) {
+      const float* row = tile + lane * (W + 1);
+      d = 0.0f;
+      for (int64_t j = 0; j < W; ++j) d += q[j] * row[j];
+    }
+    const float m2 = fmaxf(m, device::warp_max(d));
+    const float p = lane < rows ? expf(d - m2) : 0.0f, corr = expf(m - m2);
+    l = l * corr + warp_sum(p);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) acc[j] *= corr;
+    for (int r = 0; r < int(rows); ++r) {
+      const float pr = __shfl_sync(0xffffffffu, p, r);
+      const float* row = tile + r * (W + 1);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        if (j < per && lane + 32 * j < R) acc[j] += pr * row[lane + 32 * j];
     }
     m = m2;
   }
-  __shared__ float sm[kLatentWarps], sl[kLatentWarps];
-  __shared__ float sacc[kLatentWarps][kMaxRank];
+  const int64_t slot = (bt * splits + split) * H + h;
   if (lane == 0) {
-    sm[warp] = m;
-    sl[warp] = l;
+    part_ml[2 * slot] = m;
+    part_ml[2 * slot + 1] = l;
   }
+#pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const int64_t r = lane + 32 * j;
-    if (r < R) sacc[warp][r] = acc[j];
+    const int64_t c = lane + 32 * j;
+    if (j < per && c < R) part_acc[slot * R + c] = acc[j];
   }
-  __syncthreads();
+}
+
+// One block per (row bt, head h): ob = Σ_split e^(m_i − M) acc_i / Σ_split e^(m_i − M) l_i.
+__global__ void latent_combine_kernel(const float* part_ml, const float* part_acc, int64_t H, int64_t R, int splits,
+                                      float* ob) {
+  const int64_t bt = blockIdx.x / H, h = blockIdx.x % H;
+  auto at = [&](int i) { return (bt * splits + i) * H + h; };
   float M = -INFINITY;
-  for (int w = 0; w < kLatentWarps; ++w) M = fmaxf(M, sm[w]);
+  for (int i = 0; i < splits; ++i) M = fmaxf(M, part_ml[2 * at(i)]);
   float L = 0.0f;
-  for (int w = 0; w < kLatentWarps; ++w) L += sm[w] == -INFINITY ? 0.0f : sl[w] * expf(sm[w] - M);
-  for (int64_t r = threadIdx.x; r < R; r += blockDim.x) {
-    float o = 0.0f;
-    for (int w = 0; w < kLatentWarps; ++w)
-      if (sm[w] != -INFINITY) o += sacc[w][r] * expf(sm[w] - M);
-    ob[(t * H + h) * R + r] = o / L;
+  for (int i = 0; i < splits; ++i) {
+    const float mi = part_ml[2 * at(i)];
+    if (mi != -INFINITY) L += part_ml[2 * at(i) + 1] * expf(mi - M);
   }
+  for (int64_t c = threadIdx.x; c < R; c += blockDim.x) {
+    float o = 0.0f;
+    for (int i = 0; i < splits; ++i) {
+      const float mi = part_ml[2 * at(i)];
+      if (mi != -INFINITY) o += part_acc[at(i) * R + c] * expf(mi - M);
+    }
+    ob[(bt * H + h) * R + c] = o / L;
+  }
+}
+
+// dst[b·n + i] = src[b][i] (gather), or the reverse (scatter), over B blocks of n floats.
+__global__ void blocks_kernel(const float* const* srcs, const float* src, float* const* dsts, float* dst, int64_t n,
+                              int64_t total) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t b = i / n, k = i % n;
+  if (srcs)
+    dst[i] = srcs[b][k];
+  else
+    dsts[b][k] = src[i];
 }
 
 }  // namespace
 
-void conv_with_tail(const float* x, const float* w, const float* tail, int64_t T, int64_t C, int64_t W, float* y) {
-  if (!T || !C) return;
-  conv_tail_kernel<<<blocks_for(T * C, kThreads), kThreads, 0, device::stream()>>>(x, w, tail, T, C, W, y);
+void gather_blocks(const float* const* srcs, int64_t B, int64_t n, float* dst) {
+  if (!B || !n) return;
+  blocks_kernel<<<blocks_for(B * n, kThreads), kThreads, 0, device::stream()>>>(srcs, nullptr, nullptr, dst, n, B * n);
   K3_CUDA_LAUNCHED();
 }
 
-void conv_tail_update(const float* x, int64_t T, int64_t C, int64_t W, float* tail) {
-  if (!T || !C || W <= 1) return;
+void scatter_blocks(const float* src, int64_t B, int64_t n, float* const* dsts) {
+  if (!B || !n) return;
+  blocks_kernel<<<blocks_for(B * n, kThreads), kThreads, 0, device::stream()>>>(nullptr, src, dsts, nullptr, n, B * n);
+  K3_CUDA_LAUNCHED();
+}
+
+void conv_with_tails(const float* x, const float* w, float* const* tails, int64_t B, int64_t T, int64_t C, int64_t W,
+                     float* y) {
+  if (!B || !T || !C) return;
   if (W - 1 > kMaxConv) throw error("short_conv", "conv size ", W, " exceeds the CUDA kernel's ", kMaxConv + 1);
-  tail_update_kernel<<<blocks_for(C, kThreads), kThreads, 0, device::stream()>>>(x, T, C, W, tail);
+  const int64_t n = B * T * C, m = B * C;
+  conv_tail_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(x, w, tails, T, C, W, n, y);
+  K3_CUDA_LAUNCHED();
+  if (W <= 1) return;
+  tail_update_kernel<<<blocks_for(m, kThreads), kThreads, 0, device::stream()>>>(x, tails, T, C, W, m);
   K3_CUDA_LAUNCHED();
 }
 
-void latent_attention(const float* qt, const float* lat, float* ob, int64_t T, int64_t H, int64_t W, int64_t R,
-                      int64_t p0, float scale) {
+void latent_attention(const float* qt, const float* const* lats, const int64_t* p0s, int64_t longest, float* ob,
+                      int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale) {
   if (R > kMaxRank) throw error("mla", "kv_lora_rank ", R, " exceeds the CUDA decode kernel's ", kMaxRank);
-  if (!T || !H) return;
-  latent_attention_kernel<<<unsigned(T * H), 32 * kLatentWarps, 0, device::stream()>>>(qt, lat, ob, H, W, R, p0, scale);
+  if (H > kMaxHeads) throw error("mla", H, " heads exceed the CUDA decode kernel's ", kMaxHeads);
+  if (!B || !T || !H) return;
+  // About 4 blocks per SM over all (sequence, token) rows, chunks of at least 128 latent rows.
+  const int64_t rows = B * T;
+  int splits = int(std::max<int64_t>(1, std::min<int64_t>((528 + rows - 1) / rows, (longest + 127) / 128)));
+  const int64_t chunk = (longest + splits - 1) / splits;
+  splits = int((longest + chunk - 1) / chunk);
+  device::Buffer ml(size_t(rows * splits * H * 2) * 4), acc(size_t(rows * splits * H * R) * 4);
+  const size_t smem = size_t(kRows * (W + 1) + H * W) * 4;
+  if (smem > 48 * 1024) throw error("mla", "latent width ", W, " with ", H, " heads exceeds the kernel's shared memory");
+  latent_split_kernel<<<dim3(unsigned(rows), unsigned(splits)), unsigned(32 * H), smem, device::stream()>>>(
+      qt, lats, p0s, T, H, W, R, scale, chunk, splits, ml.as<float>(), acc.as<float>());
+  K3_CUDA_LAUNCHED();
+  latent_combine_kernel<<<unsigned(rows * H), 128, 0, device::stream()>>>(ml.as<float>(), acc.as<float>(), H, R,
+                                                                          splits, ob);
   K3_CUDA_LAUNCHED();
 }
 

@@ -15,14 +15,21 @@
 namespace k3 {
 
 namespace cuda {
-// Kernels (mixers_cuda.cu), device pointers. y[T, C] = the causal depthwise convolution of x
-// continuing `tail` [W−1, C]; then tail ← the last W−1 rows of [tail ; x].
-void conv_with_tail(const float* x, const float* w, const float* tail, int64_t T, int64_t C, int64_t W, float* y);
-void conv_tail_update(const float* x, int64_t T, int64_t C, int64_t W, float* tail);
-// Absorbed MLA attention: for token t (position p0 + t) and head h, softmax over latent rows
-// s ≤ p0 + t of scale·(qt[t, h] · lat[s]) (rows of width W), then ob[t, h] = Σ p_s lat[s, :R].
-void latent_attention(const float* qt, const float* lat, float* ob, int64_t T, int64_t H, int64_t W, int64_t R,
-                      int64_t p0, float scale);
+// Kernels (mixers_cuda.cu), device pointers. y[B·T, C] = the causal depthwise convolution of B
+// sequences x_b [T, C] each continuing its tail (tails: B device pointers to [W−1, C]); then
+// every tail ← the last W−1 rows of [tail ; x_b].
+void conv_with_tails(const float* x, const float* w, float* const* tails, int64_t B, int64_t T, int64_t C, int64_t W,
+                     float* y);
+// Absorbed MLA attention over B sequences of T new tokens: for token t of sequence b (position
+// p0s[b] + t) and head h, softmax over latent rows s ≤ p0s[b] + t of scale·(qt[b, t, h] ·
+// lats[b][s]) (rows of width W), then ob[b, t, h] = Σ p_s lats[b][s, :R]. lats and p0s are device
+// arrays of B entries; longest = max p0s + T.
+void latent_attention(const float* qt, const float* const* lats, const int64_t* p0s, int64_t longest, float* ob,
+                      int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale);
+// B blocks of n floats between separate allocations (device pointer arrays) and one
+// contiguous [B, n] array.
+void gather_blocks(const float* const* srcs, int64_t B, int64_t n, float* dst);
+void scatter_blocks(const float* src, int64_t B, int64_t n, float* const* dsts);
 }  // namespace cuda
 
 namespace gpu {

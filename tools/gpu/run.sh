@@ -34,5 +34,5 @@ a = load_file('$out/gpt2_logits_$dt.safetensors')['logits']; b = load_file('$g/e
 e = np.linalg.norm(a - b) / np.linalg.norm(b); tol = 5e-3 if '$dt' == 'bf16' else 1e-4
 print(f'gpt2-tiny logits $dt: rel L2 {e:.2e} (tolerance {tol:g})'); sys.exit(0 if e <= tol else 1)" || status=1
 done
-if [ $# -gt 0 ]; then "$@" || status=1; fi
+if [ $# -gt 0 ]; then (cd "$root" && "$@") || status=1; fi
 exit $status

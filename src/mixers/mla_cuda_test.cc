@@ -1,0 +1,87 @@
+// MLA on the GPU (weights moved to the device, mixers_cuda.h's latent cache and split latent
+// attention) against the CPU layer: the expanded prefill, and the absorbed decode continuing a
+// context long enough that the latent rows are split across many blocks; batched sequences at
+// different lengths. Needs a GPU: label "gpu".
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/random.h"
+#include "mixers/mla.h"
+
+namespace k3 {
+namespace {
+
+void init(const Mixer& m, uint64_t seed) {
+  Rng rng(seed);
+  m.visit("", [&](const std::string&, Node& p, ParamKind k) {
+    p.value = Tensor::empty(p.value.shape());
+    for (int64_t i = 0; i < p.value.numel(); ++i)
+      p.value.f32()[i] = k == ParamKind::Norm ? 1.0f + 0.1f * rng.normal() : 0.2f * rng.normal();
+  });
+}
+void to_device(const Mixer& m, Device d) {
+  m.visit("", [&](const std::string&, Node& p, ParamKind) { p.value = p.value.to_device(d); });
+}
+Tensor random_rows(int64_t rows, int64_t cols, uint64_t seed) {
+  Rng rng(seed);
+  Tensor t = Tensor::empty({rows, cols});
+  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = rng.normal();
+  return t;
+}
+double rel(const Tensor& a, const Tensor& b) {
+  double n = 0, d = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    n += std::pow(double(a.f32()[i]) - b.f32()[i], 2);
+    d += std::pow(double(b.f32()[i]), 2);
+  }
+  return std::sqrt(n / d);
+}
+
+class MlaCuda : public ::testing::TestWithParam<MlaPosition> {};
+
+TEST_P(MlaCuda, PrefillAndLongAbsorbedDecodeMatchTheCpu) {
+  MlaOptions o;
+  o.d_model = 64;
+  o.heads = 4;
+  o.q_lora_rank = 24;
+  o.kv_lora_rank = 48;
+  o.qk_nope_head_dim = 16;
+  o.qk_rope_head_dim = 8;
+  o.v_head_dim = 12;
+  o.position = GetParam();
+  o.gate = OutputGate::Sigmoid;
+  Mla m(o);
+  init(m, 5);
+  // Two sequences: 700 and 300 tokens of prefill through their caches, then 3 decode steps.
+  const std::vector<int64_t> lens = {700, 300};
+  std::vector<Tensor> cpu_out, gpu_out;
+  for (Device d : {Device::CPU, Device::CUDA}) {
+    to_device(m, d);
+    std::vector<std::unique_ptr<Memory>> mems;
+    for (size_t b = 0; b < lens.size(); ++b) {
+      mems.push_back(m.new_memory(1024));
+      Memory* one[1] = {mems.back().get()};
+      Tensor x = random_rows(lens[b], 64, 100 + b).to_device(d);
+      Var y = m.forward(constant(x), SeqBatch{1, lens[b], one});
+      (d == Device::CPU ? cpu_out : gpu_out).push_back(y->value.to_device(Device::CPU));
+    }
+    Memory* both[2] = {mems[0].get(), mems[1].get()};
+    for (int step = 0; step < 3; ++step) {
+      Tensor x = random_rows(2, 64, 900 + uint64_t(step)).to_device(d);
+      Var y = m.forward(constant(x), SeqBatch{2, 1, both});
+      (d == Device::CPU ? cpu_out : gpu_out).push_back(y->value.to_device(Device::CPU));
+    }
+    // The expanded (no-cache) prefill as well.
+    Tensor x = random_rows(2 * 40, 64, 7).to_device(d);
+    (d == Device::CPU ? cpu_out : gpu_out).push_back(m.forward(constant(x), SeqBatch{2, 40, nullptr})->value.to_device(Device::CPU));
+  }
+  to_device(m, Device::CPU);
+  ASSERT_EQ(cpu_out.size(), gpu_out.size());
+  for (size_t i = 0; i < cpu_out.size(); ++i) EXPECT_LT(rel(gpu_out[i], cpu_out[i]), 1e-4) << "output " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Positions, MlaCuda, ::testing::Values(MlaPosition::NoPE, MlaPosition::Rope));
+
+}  // namespace
+}  // namespace k3
