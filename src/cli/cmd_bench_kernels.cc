@@ -19,6 +19,7 @@
 
 #if defined(K3_HAS_CUDA)
 #include "mixers/linear/delta_cuda.h"
+#include "mixers/mixers_cuda.h"
 #include "models/gpt2.h"
 #include "models/gpt2_cuda.h"
 #include "models/registry.h"
@@ -293,6 +294,34 @@ void run_kernels(const KernelArgs& args) {
              fmt("%.0f%% of copy", 100.0 * bw / copy_bw), "-"},
             ms);
   }
+  // MLA absorbed decode: one token per sequence over an fp32 latent cache, DeepSeek-V3/K3 latent
+  // shape (kv_lora 512 + rope 64, 16 heads here) and k3-small's (48 + 16, 6 heads) at 128K.
+  struct LatentCase {
+    const char* name;
+    int64_t H, R, rope, S;
+  };
+  for (const LatentCase& lc : {LatentCase{"mla576 H16 ctx4096", 16, 512, 64, 4096}, LatentCase{"mla64 H6 ctx128K", 6, 48, 16, 131072}})
+    for (int64_t N : args.decode_batches) {
+      const int64_t W = lc.R + lc.rope;
+      if (double(N) * lc.S * W * 4 > 40e9) continue;
+      device::Buffer qt = random_values(rng, N * lc.H * W, -1, 1, device::Storage::F32);
+      device::Buffer lat = random_values(rng, N * lc.S * W, -1, 1, device::Storage::F32);
+      device::Buffer ob(size_t(N * lc.H * lc.R) * 4);
+      std::vector<const float*> lats;
+      std::vector<int64_t> p0(static_cast<size_t>(N), lc.S - 1);
+      for (int64_t i = 0; i < N; ++i) lats.push_back(lat.as<float>() + i * lc.S * W);
+      device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(float*));
+      device::Buffer d_p0 = device::upload_new(p0.data(), p0.size() * 8);
+      const double ms = median_ms(std::max(3, args.reps / 2), [&] {
+        cuda::latent_attention(qt.as<float>(), d_lats.as<const float*>(), d_p0.as<int64_t>(), lc.S, ob.as<float>(),
+                                   N, 1, lc.H, W, lc.R, 0.05f);
+      });
+      const double bw = double(N) * lc.S * W * 4 / (ms * 1e-3);
+      rep.add(std::string("mla_decode_") + (lc.R == 512 ? "576" : "64") + "_N" + std::to_string(N) + "_ms",
+              {std::string("MLA absorbed decode N") + std::to_string(N) + " " + lc.name + " (fp32 latent)",
+               fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw), "target 80% of copy"},
+              ms);
+    }
   // GPT-2 124M training on the GPU (fp32 weights and GEMMs, no TF32), one step of B × 1024 tokens.
   if (args.train_batch > 0) {
     auto model = build_model(preset_config("gpt2"), "gpt2");

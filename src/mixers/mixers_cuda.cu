@@ -54,8 +54,9 @@ __global__ void tail_update_kernel(const float* x, float* const* tails, int64_t 
 constexpr int kMaxRank = 512;
 constexpr int kMaxHeads = 32;
 constexpr int kRows = 32;
+template <int kPer>  // accumulator columns per lane: R ≤ 32·kPer
 __global__ void latent_split_kernel(const float* qt, const float* const* lats, const int64_t* p0s, int64_t T,
-                                    int64_t H, int64_t W, int64_t R, float scale, int64_t chunk, int splits,
+                                    int64_t H, int W, int64_t R, float scale, int64_t chunk, int splits,
                                     float* part_ml, float* part_acc) {
   extern __shared__ float smem[];  // tile [kRows, W + 1], then q [H, W]
   float* tile = smem;
@@ -65,8 +66,6 @@ __global__ void latent_split_kernel(const float* qt, const float* const* lats, c
   const float* lat = lats[b];
   const int64_t n = p0s[b] + t + 1, s0 = split * chunk, s1 = min(n, s0 + chunk);
   for (int64_t i = threadIdx.x; i < H * W; i += blockDim.x) qs[i] = qt[bt * H * W + i] * scale;
-  constexpr int kPer = kMaxRank / 32;
-  const int per = int((R + 31) / 32);
   float acc[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
@@ -75,7 +74,8 @@ __global__ void latent_split_kernel(const float* qt, const float* const* lats, c
   for (int64_t base = s0; base < s1; base += kRows) {
     const int64_t rows = min(int64_t(kRows), s1 - base);
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < rows * W; i += blockDim.x) tile[(i / W) * (W + 1) + i % W] = lat[base * W + i];
+    const float* src = lat + base * W;
+    for (int i = threadIdx.x; i < int(rows) * W; i += blockDim.x) tile[(i / W) * (W + 1) + i % W] = src[i];
     __syncthreads();
     float d = -INFINITY;
     if (lane < rows) {
@@ -93,7 +93,7 @@ __global__ void latent_split_kernel(const float* qt, const float* const* lats, c
       const float* row = tile + r * (W + 1);
 #pragma unroll
       for (int j = 0; j < kPer; ++j)
-        if (j < per && lane + 32 * j < R) acc[j] += pr * row[lane + 32 * j];
+        if (lane + 32 * j < R) acc[j] += pr * row[lane + 32 * j];
     }
     m = m2;
   }
@@ -105,7 +105,7 @@ __global__ void latent_split_kernel(const float* qt, const float* const* lats, c
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int64_t c = lane + 32 * j;
-    if (j < per && c < R) part_acc[slot * R + c] = acc[j];
+    if (c < R) part_acc[slot * R + c] = acc[j];
   }
 }
 
@@ -181,9 +181,20 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
   splits = int((longest + chunk - 1) / chunk);
   device::Buffer ml(size_t(rows * splits * H * 2) * 4), acc(size_t(rows * splits * H * R) * 4);
   const size_t smem = size_t(kRows * (W + 1) + H * W) * 4;
-  if (smem > 48 * 1024) throw error("mla", "latent width ", W, " with ", H, " heads exceeds the kernel's shared memory");
-  latent_split_kernel<<<dim3(unsigned(rows), unsigned(splits)), unsigned(32 * H), smem, device::stream()>>>(
-      qt, lats, p0s, T, H, W, R, scale, chunk, splits, ml.as<float>(), acc.as<float>());
+  constexpr size_t kMaxSmem = 200 * 1024;  // opted into below (Hopper allows 227 KiB per block)
+  if (smem > kMaxSmem) throw error("mla", "latent width ", W, " with ", H, " heads exceeds the kernel's shared memory");
+  static const bool opted = [] {
+    for (auto* f : {latent_split_kernel<1>, latent_split_kernel<2>, latent_split_kernel<4>, latent_split_kernel<8>,
+                    latent_split_kernel<16>})
+      K3_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
+    return true;
+  }();
+  (void)opted;
+  const int per = int((R + 31) / 32);
+  auto* kernel = per <= 1 ? latent_split_kernel<1> : per <= 2 ? latent_split_kernel<2> : per <= 4 ? latent_split_kernel<4>
+               : per <= 8 ? latent_split_kernel<8> : latent_split_kernel<16>;
+  kernel<<<dim3(unsigned(rows), unsigned(splits)), unsigned(32 * H), smem, device::stream()>>>(
+      qt, lats, p0s, T, H, int(W), R, scale, chunk, splits, ml.as<float>(), acc.as<float>());
   K3_CUDA_LAUNCHED();
   latent_combine_kernel<<<unsigned(rows * H), 128, 0, device::stream()>>>(ml.as<float>(), acc.as<float>(), H, R,
                                                                           splits, ob);
