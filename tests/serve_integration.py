@@ -4,7 +4,11 @@ loopback: streaming and non-streaming completions and chat, outputs equal to `k3
 same seed, concurrent requests, prefix-cache hits, client disconnects, a few hundred malformed
 requests (the server stays healthy), /metrics.
 
-Usage: serve_integration.py K3_BINARY FIXTURE_MODEL_DIR KJV_TEXT
+A second server (Kimi K3 tiny: MLA latent cache + KDA states, a 4096-token context) serves the
+checks that need long generations: a non-streaming client that disconnects is cancelled early.
+
+Usage: serve_integration.py K3_BINARY FIXTURE_MODEL_DIR KJV_TEXT (the Kimi K3 fixture is found
+beside FIXTURE_MODEL_DIR)
 Exits 77 (CTest: skipped) only when python3's `openai` package is missing.
 """
 import http.client
@@ -13,6 +17,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -64,6 +69,64 @@ def same_text(got, want_bytes):
         return got.encode("utf-8", "replace").replace("\ufffd".encode(), b"") != b"" or got != ""
 
 
+def metrics(base):
+    """/metrics as {sample name with labels: value}."""
+    text = subprocess.run(["curl", "-s", base + "/metrics"], capture_output=True, text=True).stdout
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def start_server(model, *args):
+    """(process, base URL) of `k3 serve` on a free loopback port."""
+    srv = subprocess.Popen([K3, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0", "--threads", "1",
+                            *args], stdout=subprocess.PIPE, text=True)
+    line = srv.stdout.readline()
+    check("listening on http://127.0.0.1:" in line, "server started: " + line.strip())
+    return srv, "http://127.0.0.1:" + line.strip().rsplit(":", 1)[1]
+
+
+def stop_server(srv):
+    srv.send_signal(signal.SIGTERM)
+    try:
+        rc = srv.wait(timeout=30)
+        check(rc == 0, f"server exits cleanly on SIGTERM (rc {rc})")
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        check(False, "server exits on SIGTERM")
+
+
+def long_context_checks(model):
+    srv, base = start_server(model, "--ctx", "4096", "--max-batch", "4")
+    try:
+        port = int(base.rsplit(":", 1)[1])
+        cancelled = 'k3_requests_finished_total{reason="cancelled"}'
+        # A non-streaming client that sends a long request and hangs up: the request is cancelled
+        # within moments, far short of max_tokens (a few seconds of work), and the server carries on.
+        m0 = metrics(base)
+        body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4000, "ignore_eos": True}).encode()
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.3)
+        sock.close()
+        t0 = time.time()
+        m1 = m0
+        while time.time() - t0 < 20 and m1[cancelled] == m0[cancelled]:
+            time.sleep(0.05)
+            m1 = metrics(base)
+        made = m1["k3_generation_tokens_total"] - m0["k3_generation_tokens_total"]
+        check(m1[cancelled] == m0[cancelled] + 1 and made < 1000,
+              f"non-streaming client disconnect cancels the request ({made:.0f} of 4000 tokens made)")
+        h = subprocess.run(["curl", "-s", base + "/health"], capture_output=True, text=True).stdout
+        check(json.loads(h)["status"] == "ok", "healthy after the disconnect")
+    finally:
+        stop_server(srv)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="k3-serve-test-")
     model = os.path.join(tmp, "gpt2-tiny")
@@ -75,13 +138,9 @@ def main():
     subprocess.run([K3, "tokenizer", "train", os.path.join(tmp, "corpus.txt"), "--vocab-size", "512", "-o",
                     os.path.join(model, "tokenizer.json")], check=True, capture_output=True)
 
-    srv = subprocess.Popen([K3, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0", "--max-batch", "4",
-                            "--cache-block", "16", "--threads", "1"], stdout=subprocess.PIPE, text=True)
+    srv, base = start_server(model, "--max-batch", "4", "--cache-block", "16")
     try:
-        line = srv.stdout.readline()
-        check("listening on http://127.0.0.1:" in line, "server started: " + line.strip())
-        port = int(line.strip().rsplit(":", 1)[1])
-        base = f"http://127.0.0.1:{port}"
+        port = int(base.rsplit(":", 1)[1])
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
         name = "gpt2-tiny"
 
@@ -97,6 +156,17 @@ def main():
                                       extra_body={"ignore_eos": True})
         check(r.choices[0].model_extra["token_ids"] == want, f"non-streaming ids == k3 generate ({want})")
         check(r.usage.completion_tokens == 12 and r.usage.prompt_tokens == 5, "usage counts")
+
+        # The non-streaming answer is one plain JSON body (the disconnect watch changes nothing on the wire).
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 3}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        check(resp.status == 200 and resp.getheader("Content-Type") == "application/json"
+              and resp.getheader("Content-Length") == str(len(raw)) and json.loads(raw)["object"] == "text_completion",
+              "non-streaming response: 200, application/json, Content-Length")
 
         # Streaming, same request.
         got = []
@@ -230,13 +300,12 @@ def main():
                     'k3_context_memory_bytes{kind="kv-cache"}', 'k3_prefix_cache_bytes{kind="kv-cache"}']:
             check(key in m, "metrics has " + key)
     finally:
-        srv.send_signal(signal.SIGTERM)
-        try:
-            rc = srv.wait(timeout=30)
-            check(rc == 0, f"server exits cleanly on SIGTERM (rc {rc})")
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            check(False, "server exits on SIGTERM")
+        stop_server(srv)
+    try:
+        k3_model = os.path.join(tmp, "kimi-k3-tiny")
+        shutil.copytree(os.path.join(os.path.dirname(os.path.normpath(FIXTURE)), "kimi-k3-tiny"), k3_model)
+        long_context_checks(k3_model)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:
         print(f"{len(failures)} check(s) failed")

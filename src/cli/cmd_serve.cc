@@ -2,6 +2,8 @@
 // scheduler and the state-aware prefix cache of src/infer/serve/. This file is only the HTTP
 // glue: routes, server-sent events, error bodies, /metrics text.
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -133,6 +135,38 @@ size_t resident_bytes() {
   size_t pages = 0, rss = 0;
   f >> pages >> rss;
   return rss * size_t(sysconf(_SC_PAGESIZE));
+}
+
+// The socket a request arrived on, so that a non-streaming handler can notice its client leave.
+// cpp-httplib 0.11 has no is_connection_closed and hands the handler no socket, but the request
+// carries the peer's address, and the connection's socket stays open until the handler returns:
+// the one socket of this process connected to that peer is it. -1 if none is found.
+int connection_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(e.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    sockaddr_storage a{};
+    socklen_t n = sizeof(a);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) continue;
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&a), n, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+      continue;
+    if (req.remote_addr == host && std::to_string(req.remote_port) == port) return fd;
+  }
+  return -1;
+}
+
+// True once the peer has closed or reset the connection (an HTTP/1.1 client never half-closes
+// while it waits for the response). Reads nothing: a pipelined next request stays queued.
+bool peer_closed(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 // cpp-httplib 0.11 listens with a backlog of 5, so bursts of new connections from many clients
@@ -341,17 +375,21 @@ class Server {
     };
 
     if (!pr.stream) {
+      // The answer is one plain JSON body (a late error keeps its 500); meanwhile the connection
+      // is watched so that a client that leaves cancels its request (streams notice it on write).
+      const int sock = connection_socket(req);
       std::vector<int64_t> ids;
       std::string out;
       for (;;) {
         std::vector<int64_t> fresh;
-        bool done = job->poll(fresh, std::chrono::milliseconds(200));
+        bool done = job->poll(fresh, std::chrono::milliseconds(50));
         for (int64_t t : fresh) {
           ids.push_back(t);
           out += text->push(t);
           if (text->stop_hit) job->cancel(Finish::Stop);
         }
         if (done) break;
+        if (sock >= 0 && peer_closed(sock)) job->cancel();
       }
       out += text->finish();
       Finish f = text->stop_hit ? Finish::Stop : job->finish();
