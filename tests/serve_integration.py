@@ -123,6 +123,13 @@ def long_context_checks(model):
               f"non-streaming client disconnect cancels the request ({made:.0f} of 4000 tokens made)")
         h = subprocess.run(["curl", "-s", base + "/health"], capture_output=True, text=True).stdout
         check(json.loads(h)["status"] == "ok", "healthy after the disconnect")
+        # Memory pages: the Kimi K3 model grows a latent cache (pages) and keeps KDA states (fixed);
+        # idle, every page is free and nothing is held.
+        m = metrics(base)
+        check(m.get('k3_memory_pages{kind="latent-cache",state="used"}') == 0
+              and m.get('k3_memory_pages{kind="latent-cache",state="free"}', 0) > 0
+              and 'k3_memory_pages{kind="recurrent-state",state="free"}' not in m
+              and m["k3_memory_reserved_bytes"] == 0, "idle server: latent-cache pages all free, none held")
     finally:
         stop_server(srv)
 
@@ -297,7 +304,8 @@ def main():
 
         m = subprocess.run(["curl", "-s", base + "/metrics"], capture_output=True, text=True).stdout
         for key in ["k3_generation_tokens_per_second", "k3_queue_depth", "k3_prefix_cache_hit_rate",
-                    'k3_context_memory_bytes{kind="kv-cache"}', 'k3_prefix_cache_bytes{kind="kv-cache"}']:
+                    'k3_context_memory_bytes{kind="kv-cache"}', 'k3_prefix_cache_bytes{kind="kv-cache"}',
+                    'k3_memory_pages{kind="kv-cache",state="free"}', "k3_preemptions_total"]:
             check(key in m, "metrics has " + key)
     finally:
         stop_server(srv)

@@ -179,7 +179,7 @@ class HttpServer : public httplib::Server {
 struct ServeOptions {
   std::string model_dir, host = "127.0.0.1", served_name, chat_template_file;
   int port = 8080;
-  int64_t max_batch = 8, ctx = 0, max_queue = 256, cache_block = 64;
+  int64_t max_batch = 8, ctx = 0, max_queue = 256, cache_block = 64, page_tokens = 16;
   double memory_mb = 1024, cache_mb = 256, timeout_s = 600;
   int http_threads = 0;
 };
@@ -261,6 +261,7 @@ class Server {
     so.max_batch = o.max_batch;
     so.context = lim_.max_context;
     so.memory_budget = size_t(o.memory_mb * 1048576.0);
+    so.page_tokens = o.page_tokens;
     so.max_queue = o.max_queue;
     so.cache_block = o.cache_block;
     so.cache_budget = size_t(o.cache_mb * 1048576.0);
@@ -533,8 +534,24 @@ class Server {
     metric("k3_time_to_first_token_seconds", "summary", "Submit to first token");
     o << "k3_time_to_first_token_seconds_sum " << m.ttft_sum_s << "\nk3_time_to_first_token_seconds_count "
       << m.ttft_count << "\n";
-    value("k3_memory_budget_bytes", "gauge", "Context memory budget for admission", m.budget_bytes);
-    value("k3_memory_reserved_bytes", "gauge", "Context memory reserved by admitted sequences", m.reserved_bytes);
+    value("k3_preemptions_total", "counter", "Sequences sent back to the queue when pages ran out", m.preemptions);
+    value("k3_recomputed_tokens_total", "counter", "Tokens run again to rebuild preempted sequences", m.recomputed_tokens);
+    value("k3_memory_budget_bytes", "gauge", "Context memory budget for admission", m.memory.budget);
+    value("k3_memory_reserved_bytes", "gauge", "Context memory held by admitted sequences (pages + fixed memories)",
+          m.memory.used);
+    metric("k3_memory_kind_reserved_bytes", "gauge", "Context memory held by admitted sequences, by memory kind");
+    for (size_t k = 0; k < 4; ++k)
+      o << "k3_memory_kind_reserved_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.memory.bytes_used[k]
+        << "\n";
+    value("k3_memory_page_tokens", "gauge", "Tokens per page of a growing memory (KV cache, latent cache)",
+          m.memory.page_tokens);
+    metric("k3_memory_pages", "gauge", "Pages of each growing memory kind: held by admitted sequences, and free");
+    for (size_t k = 0; k < 4; ++k) {
+      if (m.memory.page_bytes[k] == 0) continue;
+      const std::string kind(memory_kind_name(MemoryKind(k)));
+      o << "k3_memory_pages{kind=\"" << kind << "\",state=\"used\"} " << m.memory.pages_used[k] << "\n";
+      o << "k3_memory_pages{kind=\"" << kind << "\",state=\"free\"} " << m.memory.pages_free[k] << "\n";
+    }
     metric("k3_context_memory_bytes", "gauge", "Memory of the running sequences' contexts, by memory kind");
     for (size_t k = 0; k < 4; ++k)
       o << "k3_context_memory_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.active_bytes_by_kind[k] << "\n";
@@ -575,6 +592,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-batch", o.max_batch, "Sequences decoded together")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--ctx", o.ctx, "Tokens per sequence, prompt + completion (0: the model's, at most 2048)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--memory-mb", o.memory_mb, "Budget for running sequences' context memory (admission control)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--page-tokens", o.page_tokens, "Tokens per page of KV / latent cache taken from the budget")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--cache-mb", o.cache_mb, "Prefix-cache budget (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--cache-block", o.cache_block, "Snapshot the context every this many prompt tokens (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-queue", o.max_queue, "Requests allowed to wait; more get 503")->capture_default_str()->check(CLI::PositiveNumber);

@@ -8,6 +8,7 @@
 
 #include "core/random.h"
 #include "infer/generate.h"
+#include "infer/serve/memory_manager.h"
 #include "infer/serve/prefix_cache.h"
 #include "infer/serve/request.h"
 #include "infer/serve/scheduler.h"
@@ -245,6 +246,73 @@ TEST(ServePrefixCache, DeepestMatchingSnapshotAndLru) {
   EXPECT_LE(st.bytes, 3u * 1024 + 300);
 }
 
+// ---- memory manager ----
+
+TEST(ServeMemoryManager, PagesAndReservationsInClosedForm) {
+  // Two attention layers (512 B of K+V per token each), one MLA layer (160 B per token), one
+  // delta layer (a 4096 B state and 768 B of conv tails).
+  const std::vector<LayerMemory> layers = {{0, {MemoryKind::KVCache, 512, 0}},
+                                           {1, {MemoryKind::KVCache, 512, 0}},
+                                           {2, {MemoryKind::LatentCache, 160, 0}},
+                                           {3, {MemoryKind::RecurrentState, 0, 4096}},
+                                           {3, {MemoryKind::ConvTail, 0, 768}}};
+  const size_t kv_page = 16 * 1024, latent_page = 16 * 160, page = kv_page + latent_page, fixed = 4096 + 768;
+  MemoryManager mm(layers, 2 * fixed + 5 * page + 100, 16);
+  EXPECT_EQ(mm.page_bytes(MemoryKind::KVCache), kv_page);
+  EXPECT_EQ(mm.page_bytes(MemoryKind::LatentCache), latent_page);
+  EXPECT_EQ(mm.page_bytes(MemoryKind::RecurrentState), 0u);
+  EXPECT_EQ(mm.fixed_bytes(MemoryKind::ConvTail), 768u);
+  EXPECT_EQ(mm.bytes_for(0), fixed);
+  EXPECT_EQ(mm.bytes_for(1), fixed + page);
+  EXPECT_EQ(mm.bytes_for(16), fixed + page);
+  EXPECT_EQ(mm.bytes_for(17), fixed + 2 * page);
+  EXPECT_EQ(mm.bytes_for(100), fixed + 7 * page);
+
+  MemoryManager::Account a, b, c;
+  EXPECT_TRUE(mm.admit(a, 20));   // 2 pages
+  EXPECT_TRUE(mm.admit(b, 40));   // 3 pages
+  EXPECT_FALSE(mm.admit(c, 1));   // a third fixed set + 1 page: 100 bytes free
+  EXPECT_FALSE(c.admitted);
+  EXPECT_TRUE(mm.grow(a, 32));    // still 2 pages
+  EXPECT_FALSE(mm.grow(a, 33));   // a third page does not fit
+  EXPECT_EQ(a.pages, 2);
+  auto st = mm.stats();
+  EXPECT_EQ(st.sequences, 2);
+  EXPECT_EQ(st.used, 2 * fixed + 5 * page);
+  EXPECT_EQ(st.pages_used[size_t(MemoryKind::KVCache)], 5);
+  EXPECT_EQ(st.pages_used[size_t(MemoryKind::LatentCache)], 5);
+  EXPECT_EQ(st.pages_used[size_t(MemoryKind::RecurrentState)], 0);
+  EXPECT_EQ(st.pages_free[size_t(MemoryKind::KVCache)], 0);
+  EXPECT_EQ(st.bytes_used[size_t(MemoryKind::KVCache)], 5 * kv_page);
+  EXPECT_EQ(st.bytes_used[size_t(MemoryKind::RecurrentState)], 2u * 4096);
+  EXPECT_EQ(st.bytes_used[size_t(MemoryKind::ConvTail)], 2u * 768);
+  mm.release(b);
+  st = mm.stats();
+  EXPECT_EQ(st.pages_free[size_t(MemoryKind::LatentCache)], 3);  // (fixed + 3 pages + 100) / page
+  EXPECT_TRUE(mm.grow(a, 33));
+  EXPECT_EQ(a.pages, 3);
+  mm.release(a);
+  mm.release(a);  // a no-op
+  st = mm.stats();
+  EXPECT_EQ(st.used, 0u);
+  EXPECT_EQ(st.sequences, 0);
+  EXPECT_EQ(st.pages_free[size_t(MemoryKind::KVCache)], int64_t((2 * fixed + 5 * page + 100) / page));
+}
+
+// The accounting, derived from the mixers' specs, equals what real contexts allocate when the
+// token count is a power of two and a whole number of pages (caches grow by doubling).
+TEST(ServeMemoryManager, SpecsMatchRealContexts) {
+  for (const char* preset : {"gpt2-tiny", "kda-tiny", "k3-tiny"}) {
+    auto model = build_model(preset_config(preset), preset);
+    MemoryManager mm(model->memory_layers(), size_t(1) << 30, 16);
+    for (int64_t T : {0, 16, 64}) {
+      Context ctx = model->new_context(128);
+      for (auto& m : ctx.layers) m->extend_zeros(T);
+      EXPECT_EQ(mm.bytes_for(T), ctx.bytes()) << preset << " T=" << T;
+    }
+  }
+}
+
 // ---- scheduler ----
 
 class ServeScheduler : public ::testing::TestWithParam<std::string> {
@@ -391,6 +459,41 @@ TEST_P(ServeScheduler, AdmissionControlQueuesUnderATightBudget) {
   so.memory_budget = 1;
   Scheduler tiny(*model_, so);
   EXPECT_THROW(tiny.submit(ps[0]), Error);
+}
+
+// Pages run out mid-decode: sequences are preempted and recomputed, and every output still
+// equals generate() with the same seed (sampled, so the samplers' streams must carry over).
+TEST_P(ServeScheduler, PreemptionKeepsOutputsEqualGenerate) {
+  SchedulerOptions so;
+  so.max_batch = 3;
+  so.context = 256;
+  so.cache_block = 0;
+  so.page_tokens = 16;
+  MemoryManager pages(model_->memory_layers(), 0, so.page_tokens);
+  if (pages.page_set_bytes() == 0) GTEST_SKIP() << "no memory grows with the context";
+  // Each sequence needs 13 pages by its end; three together get 20.
+  so.memory_budget = 3 * pages.fixed_set_bytes() + 20 * pages.page_set_bytes();
+  Scheduler s(*model_, so);
+  std::vector<GenParams> ps(3);
+  std::vector<std::vector<int64_t>> want;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ps[i].prompt = prompt(70 + i, 5 + 3 * i);
+    ps[i].max_tokens = 200 - int64_t(3 * i);
+    ps[i].sampling.temperature = 0.8f;
+    ps[i].sampling.seed = 11 + i;
+    want.push_back(reference(ps[i]));
+  }
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (auto& g : ps) jobs.push_back(s.submit(g));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(drain(*jobs[i]), want[i]) << "request " << i;
+    EXPECT_EQ(jobs[i]->finish(), Finish::Length);
+  }
+  auto m = s.metrics();
+  EXPECT_GT(m.preemptions, 0);
+  EXPECT_GT(m.recomputed_tokens, 0);
+  EXPECT_EQ(m.memory.used, 0u);
+  EXPECT_EQ(m.finished[size_t(Finish::Length)], 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ServeScheduler, ::testing::Values("gpt2-tiny", "kda-tiny", "k3-tiny"));

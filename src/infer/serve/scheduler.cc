@@ -68,44 +68,29 @@ void Job::done(Finish f, const std::string& err) {
 // ---- Scheduler ----
 
 Scheduler::Scheduler(const Model& model, SchedulerOptions opts)
-    : model_(model), o_(opts), cache_(opts.cache_block, opts.cache_budget), V_(model.vocab_size()) {
+    : model_(model),
+      o_(opts),
+      cache_(opts.cache_block, opts.cache_budget),
+      V_(model.vocab_size()),
+      mm_(model.memory_layers(), opts.memory_budget, opts.page_tokens) {
   if (o_.max_batch < 1) throw error("serve", "max_batch must be >= 1");
   if (o_.context < 2) throw error("serve", "the context must be >= 2 tokens");
-  // Memory per sequence: fixed part (recurrent states, conv tails) + per token (KV / latent
-  // caches), measured on a probe context.
-  const int64_t P = std::min<int64_t>(256, o_.context / 2);
-  Context a = model_.new_context(o_.context), b = model_.new_context(o_.context);
-  for (auto& m : a.layers) m->extend_zeros(P);
-  for (auto& m : b.layers) m->extend_zeros(2 * P);
-  const size_t ba = a.bytes(), bb = b.bytes();
-  bytes_per_token_ = bb > ba ? double(bb - ba) / double(P) : 0.0;
-  fixed_bytes_ = size_t(std::max(0.0, double(ba) - bytes_per_token_ * double(P)));
-  m_.budget_bytes = o_.memory_budget;
   thread_ = std::thread([this] { loop(); });
 }
 
 Scheduler::~Scheduler() { stop(); }
 
-size_t Scheduler::estimate_bytes(int64_t tokens) const {
-  // Caches grow by doubling: reserve the next power of two.
-  int64_t cap = 16;
-  while (cap < tokens) cap *= 2;
-  cap = std::min(cap, std::max(tokens, o_.context));
-  return fixed_bytes_ + size_t(bytes_per_token_ * double(cap));
-}
-
 std::shared_ptr<Job> Scheduler::submit(GenParams p) {
   auto j = std::make_shared<Job>();
-  const int64_t total = int64_t(p.prompt.size()) + p.max_tokens;
-  j->reserve_ = estimate_bytes(total);
+  const size_t need = estimate_bytes(int64_t(p.prompt.size()) + p.max_tokens);
   j->submitted_ = clock::now();
   j->deadline_ = j->submitted_ + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(p.timeout_s));
   j->params_ = std::move(p);
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) throw error("serve", "the server is shutting down");
-  if (j->reserve_ > o_.memory_budget) {
+  if (need > o_.memory_budget) {
     m_.rejected++;
-    throw error("serve", "the request needs about ", j->reserve_, " bytes of context memory, more than the budget of ",
+    throw error("serve", "the request needs ", need, " bytes of context memory, more than the budget of ",
                 o_.memory_budget);
   }
   if (int64_t(queue_.size()) >= o_.max_queue) {
@@ -132,8 +117,7 @@ void Scheduler::retire(Job& j, Finish f, const std::string& err) {
   j.ctx_ = Context();  // free the memory now, not when the HTTP thread lets go
   {
     std::lock_guard<std::mutex> lock(mu_);
-    reserved_ -= std::min(reserved_, j.reserve_);
-    j.reserve_ = 0;
+    mm_.release(j.mem_);
     m_.finished[size_t(f)]++;
   }
   j.done(f, err);  // last: whoever wakes on it sees the memory released and the job counted
@@ -162,16 +146,23 @@ void Scheduler::count_tokens(int64_t n) {
 void Scheduler::prefill(Job& j) {
   const std::vector<int64_t>& p = j.params_.prompt;
   const int64_t n = int64_t(p.size());
-  j.sampler_ = std::make_unique<Sampler>(j.params_.sampling);
-  j.history_ = p;
-  if (j.params_.max_tokens == 0) {
-    retire(j, Finish::Length);
-    return;
+  const bool resume = !j.history_.empty();  // preempted: rebuild its context
+  if (!resume) {
+    j.sampler_ = std::make_unique<Sampler>(j.params_.sampling);
+    j.history_ = p;
+    if (j.params_.max_tokens == 0) {
+      retire(j, Finish::Length);
+      return;
+    }
   }
   // Resume from the deepest cached snapshot that leaves at least one token to run.
   int64_t pos = cache_.enabled() ? cache_.lookup(p, n - 1, &j.ctx_) : 0;
   if (pos == 0) j.ctx_ = model_.new_context(o_.context);
-  j.cached_tokens_ = pos;
+  if (!resume) j.cached_tokens_ = pos;
+  auto computed = [&](int64_t tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    (resume ? m_.recomputed_tokens : m_.prefill_tokens) += tokens;
+  };
   std::vector<float> logits(static_cast<size_t>(V_));
   const int64_t blk = cache_.enabled() ? cache_.block() : 0;
   while (pos < n) {
@@ -179,13 +170,20 @@ void Scheduler::prefill(Job& j) {
     int64_t end = n;
     if (blk > 0 && (pos / blk + 1) * blk <= n) end = (pos / blk + 1) * blk;
     model_.forward(p.data() + pos, end - pos, &j.ctx_, logits.data(), Logits::Last);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      m_.prefill_tokens += end - pos;
-    }
+    computed(end - pos);
     pos = end;
     if (blk > 0 && pos % blk == 0) cache_.insert(p, pos, j.ctx_);
     if (pos < n && check_stop(j)) return;
+  }
+  if (resume) {
+    // Replay the generated tokens as the decode steps that first absorbed them (one token each),
+    // all but the last, which the next decode step feeds. The sampler already drew them all.
+    for (size_t t = size_t(n); t + 1 < j.history_.size(); ++t) {
+      if (check_stop(j)) return;
+      model_.forward(&j.history_[t], 1, &j.ctx_, logits.data(), Logits::Last);
+      computed(1);
+    }
+    return;
   }
   int64_t next = j.sampler_->sample(logits.data(), V_, j.history_);
   j.history_.push_back(next);
@@ -201,6 +199,29 @@ void Scheduler::prefill(Job& j) {
   j.next_ = next;
   if (j.params_.stop_at_eos && model_.eos_token_id && next == *model_.eos_token_id) retire(j, Finish::Eos);
   else if (j.generated_ >= j.params_.max_tokens) retire(j, Finish::Length);
+}
+
+void Scheduler::make_room(std::vector<std::shared_ptr<Job>>& active) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < active.size();) {
+    Job& j = *active[i];
+    // This step feeds history_.back(): the context then holds the whole history.
+    if (mm_.grow(j.mem_, int64_t(j.history_.size()))) {
+      ++i;
+      continue;
+    }
+    // Out of pages: the most recently admitted sequence that still needs pages (active is in
+    // admission order; j is one) goes back to the front of the queue, older ones keep their
+    // progress. One that holds the pages of its whole run never needs more: it is spared.
+    auto v = active.end() - 1;
+    while (mm_.pages_for((*v)->prompt_tokens() + (*v)->params_.max_tokens) <= (*v)->mem_.pages) --v;
+    std::shared_ptr<Job> victim = *v;
+    active.erase(v);
+    mm_.release(victim->mem_);
+    victim->ctx_ = Context();
+    m_.preemptions++;
+    queue_.push_front(std::move(victim));
+  }
 }
 
 void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
@@ -255,8 +276,11 @@ void Scheduler::loop() {
       // fitted the budget at submit).
       while (!queue_.empty() && int64_t(active.size() + admitted.size()) < o_.max_batch) {
         auto& j = queue_.front();
-        if (reserved_ + j->reserve_ > o_.memory_budget && !(active.empty() && admitted.empty())) break;
-        reserved_ += j->reserve_;
+        // A new sequence takes the pages of its prompt. A preempted one comes back only with the
+        // pages of its whole run, so it is never preempted twice (no thrashing: each replay of a
+        // history is paid at most once per request).
+        const int64_t tokens = j->history_.empty() ? j->prompt_tokens() : j->prompt_tokens() + j->params_.max_tokens;
+        if (!mm_.admit(j->mem_, tokens)) break;
         admitted.push_back(j);
         queue_.pop_front();
       }
@@ -272,6 +296,7 @@ void Scheduler::loop() {
     }
     // Leave out what finished, was cancelled or timed out.
     std::erase_if(active, [&](const std::shared_ptr<Job>& j) { return j->finish() != Finish::None || check_stop(*j); });
+    make_room(active);
     if (!active.empty()) {
       try {
         decode(active);
@@ -302,7 +327,7 @@ SchedulerMetrics Scheduler::metrics() const {
   std::lock_guard<std::mutex> lock(mu_);
   SchedulerMetrics m = m_;
   m.queue_depth = int64_t(queue_.size());
-  m.reserved_bytes = reserved_;
+  m.memory = mm_.stats();
   if (!recent_.empty()) {
     double span = std::max(1.0, std::chrono::duration<double>(clock::now() - recent_.front().first).count());
     int64_t n = 0;
