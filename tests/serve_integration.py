@@ -11,13 +11,16 @@ Usage: serve_integration.py K3_BINARY FIXTURE_MODEL_DIR KJV_TEXT (the Kimi K3 fi
 beside FIXTURE_MODEL_DIR)
 Exits 77 (CTest: skipped) only when python3's `openai` package is missing.
 """
+import array
 import http.client
 import json
+import math
 import os
 import random
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -59,6 +62,30 @@ def generate_text(model, prompt, n, seed, temperature):
     p = prompt.encode()
     assert body.startswith(p)
     return ids, body[len(p):]  # generate ends its text with a newline
+
+
+def log_softmax_rows(model, ids, tmp):
+    """log-softmax of `k3 logits` over ids (the whole sequence), row t predicting ids[t + 1]."""
+    header = json.dumps({"input_ids": {"dtype": "I64", "shape": [1, len(ids)], "data_offsets": [0, 8 * len(ids)]}})
+    header += " " * (-len(header) % 8)
+    src, dst = os.path.join(tmp, "ids.safetensors"), os.path.join(tmp, "logits.safetensors")
+    with open(src, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header.encode() + struct.pack(f"<{len(ids)}q", *ids))
+    subprocess.run([K3, "logits", "--model", model, "--input", src, "--output", dst, "--threads", "1"], check=True,
+                   capture_output=True)
+    with open(dst, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        meta = json.loads(f.read(n))["logits"]
+        data = f.read()[meta["data_offsets"][0]:meta["data_offsets"][1]]
+    V = meta["shape"][2]
+    flat = array.array("f", data)
+    rows = []
+    for t in range(len(ids)):
+        row = flat[t * V:(t + 1) * V]
+        mx = max(row)
+        lse = mx + math.log(sum(math.exp(x - mx) for x in row))
+        rows.append([x - lse for x in row])
+    return rows
 
 
 def same_text(got, want_bytes):
@@ -197,6 +224,46 @@ def main():
             extra_body={"ignore_eos": True}))
         check(s == r.choices[0].text, "streamed text == non-streamed text")
 
+        # n choices: choice i samples with seed + i, each equal to k3 generate with that seed.
+        r = client.completions.create(model=name, prompt=prompt, max_tokens=6, temperature=0.9, seed=20, n=3,
+                                      extra_body={"ignore_eos": True})
+        got = {c.index: c.model_extra["token_ids"] for c in r.choices}
+        check(got == {i: generate_ids(model, prompt, 6, 20 + i, 0.9) for i in range(3)},
+              "n=3: choice i == k3 generate --seed 20+i")
+        check(r.usage.completion_tokens == 18, "n=3: usage sums the choices")
+        streamed = {}
+        for ch in client.completions.create(model=name, prompt=prompt, max_tokens=6, temperature=0.9, seed=20, n=3,
+                                            stream=True, extra_body={"ignore_eos": True}):
+            for c in ch.choices:
+                streamed.setdefault(c.index, []).extend(c.model_extra.get("token_ids", []))
+        check(streamed == got, "n=3 streamed == non-streamed")
+
+        # echo + logprobs: the prompt leads the text, and every token's logprob (prompt tokens after
+        # the first, then the new ones) is the log-softmax of `k3 logits` over the whole sequence.
+        r = client.completions.create(model=name, prompt=tp, max_tokens=5, temperature=0.8, seed=2, echo=True,
+                                      logprobs=3, extra_body={"ignore_eos": True})
+        c = r.choices[0]
+        check(c.text.startswith(tp), f"echo: the text starts with the prompt ({c.text[:40]!r})")
+        lp = c.logprobs
+        n_prompt = r.usage.prompt_tokens
+        new_ids = c.model_extra["token_ids"]
+        prompt_ids = [int(x) for x in subprocess.run(
+            [K3, "generate", "--model", model, "--prompt", tp, "--max-new-tokens", "0", "--print-ids"],
+            capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1].split()]
+        seq = prompt_ids + new_ids
+        rows = log_softmax_rows(model, seq, tmp)
+        ok = len(lp.token_logprobs) == len(seq) and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        worst = 0.0
+        for t in range(1, len(seq) if ok else 0):
+            ref = rows[t - 1]
+            best = sorted(ref, reverse=True)[:3]
+            worst = max(worst, abs(lp.token_logprobs[t] - ref[seq[t]]),
+                        *(abs(a - b) for a, b in zip(sorted(lp.top_logprobs[t].values(), reverse=True), best)))
+            ok = ok and len(lp.top_logprobs[t]) <= 3
+        check(ok and worst < 2e-3 and len(prompt_ids) == n_prompt,
+              f"echo + logprobs == log-softmax of k3 logits ({len(seq)} tokens, max error {worst:.1e})")
+        check(lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset), "logprobs text_offset")
+
         # Chat, both ways.
         msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who made the light?"}]
         c = client.chat.completions.create(model=name, messages=msgs, max_tokens=8, temperature=0, seed=1)
@@ -205,6 +272,12 @@ def main():
         sc = "".join((ch.choices[0].delta.content or "") for ch in client.chat.completions.create(
             model=name, messages=msgs, max_tokens=8, temperature=0, seed=1, stream=True) if ch.choices)
         check(sc == c.choices[0].message.content, "streamed chat == non-streamed chat")
+        c = client.chat.completions.create(model=name, messages=msgs, max_tokens=4, temperature=0, logprobs=True,
+                                           top_logprobs=2, extra_body={"ignore_eos": True})
+        content = c.choices[0].logprobs.content
+        check(len(content) == 4 and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in content)
+              and all(e.logprob == e.top_logprobs[0].logprob for e in content),  # greedy: the chosen is the best
+              "chat logprobs: 4 tokens, 2 alternatives each, greedy picks the most likely")
 
         # curl, streaming.
         body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 5, "stream": True, "seed": 2})

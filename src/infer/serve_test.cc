@@ -63,6 +63,29 @@ TEST(ServeRequest, ParsesCompletionWithIdsAndSampling) {
   EXPECT_EQ(r2.max_tokens, 16);
 }
 
+TEST(ServeRequest, ChoicesLogprobsAndEcho) {
+  auto r = parse_request(Endpoint::Completions, R"({"prompt":[1,2],"n":3,"logprobs":2,"echo":true})", limits(), nullptr);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.logprobs, 2);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(parse_request(Endpoint::Completions, R"({"prompt":[1],"logprobs":0})", limits(), nullptr).logprobs, 0);
+  EXPECT_EQ(parse_request(Endpoint::Completions, R"({"prompt":[1],"logprobs":null})", limits(), nullptr).logprobs, -1);
+  EXPECT_EQ(parse_request(Endpoint::Completions, R"({"prompt":[1],"logprobs":false})", limits(), nullptr).logprobs, -1);
+  // echo with a text prompt keeps the text as given.
+  Tokenizer tok = byte_tokenizer();
+  EXPECT_EQ(parse_request(Endpoint::Completions, R"({"prompt":"hi there","echo":true})", limits(), &tok).prompt_text,
+            "hi there");
+  // Chat: logprobs is a boolean, top_logprobs the alternatives.
+  const std::string msgs = R"("messages":[{"role":"user","content":"yo"}])";
+  EXPECT_EQ(parse_request(Endpoint::ChatCompletions, "{" + msgs + R"(,"logprobs":true,"top_logprobs":4})", limits(), &tok)
+                .logprobs, 4);
+  EXPECT_EQ(parse_request(Endpoint::ChatCompletions, "{" + msgs + R"(,"logprobs":true})", limits(), &tok).logprobs, 0);
+  EXPECT_EQ(parse_request(Endpoint::ChatCompletions, "{" + msgs + "}", limits(), &tok).logprobs, -1);
+  EXPECT_EQ(parse_error(Endpoint::ChatCompletions, "{" + msgs + R"(,"top_logprobs":2})", &tok).param, "top_logprobs");
+  EXPECT_EQ(parse_error(Endpoint::ChatCompletions, "{" + msgs + R"(,"logprobs":2})", &tok).param, "logprobs");
+  EXPECT_EQ(parse_error(Endpoint::ChatCompletions, "{" + msgs + R"(,"echo":true})", &tok).param, "echo");
+}
+
 TEST(ServeRequest, TextPromptsAndChatTemplate) {
   Tokenizer tok = byte_tokenizer();
   auto r = parse_request(Endpoint::Completions, R"({"prompt":"hi"})", limits(), &tok);
@@ -104,11 +127,14 @@ TEST(ServeRequest, RejectsBadRequestsWithOpenAiErrors) {
       {R"({"prompt":[1],"top_p":1.5})", "top_p"},
       {R"({"prompt":[1],"seed":-3})", "seed"},
       {R"({"prompt":[1],"stream":"yes"})", "stream"},
-      {R"({"prompt":[1],"n":2})", "n"},
+      {R"({"prompt":[1],"n":17})", "n"},
+      {R"({"prompt":[1],"n":2,"best_of":3})", "best_of"},
+      {R"({"prompt":[1],"logprobs":21})", "logprobs"},
+      {R"({"prompt":[1],"logprobs":true})", "logprobs"},
+      {R"({"prompt":[1],"echo":1})", "echo"},
       {R"({"prompt":[1],"stop":[1]})", "stop"},
       {R"({"prompt":[1],"stop":["a","b","c","d","e"]})", "stop"},
       {R"({"prompt":[1],"model":5})", "model"},
-      {R"({"prompt":[1],"logprobs":3})", "logprobs"},
       {R"({"prompt":[1],"timeout":0})", "timeout"},
   };
   for (const auto& c : cases) {
@@ -494,6 +520,58 @@ TEST_P(ServeScheduler, PreemptionKeepsOutputsEqualGenerate) {
   EXPECT_GT(m.recomputed_tokens, 0);
   EXPECT_EQ(m.memory.used, 0u);
   EXPECT_EQ(m.finished[size_t(Finish::Length)], 3);
+}
+
+// Logprobs of new and prompt tokens equal the log-softmax of Model::logits over the whole
+// sequence, computed here in double; asking for them leaves the sampled tokens unchanged.
+TEST_P(ServeScheduler, LogprobsEqualLogSoftmaxOfTheModelsLogits) {
+  SchedulerOptions so;
+  so.context = 128;
+  so.cache_block = 16;
+  GenParams g;
+  g.prompt = prompt(31, 20);  // longer than a cache block: the scored prefill runs in chunks
+  g.max_tokens = 6;
+  g.sampling.temperature = 0.8f;
+  g.sampling.seed = 9;
+  g.logprobs = 3;
+  g.prompt_logprobs = true;
+  const auto want = reference(g);
+  Scheduler s(*model_, so);
+  auto job = s.submit(g);
+  std::vector<int64_t> got;
+  std::vector<TokenLogprob> lps;
+  for (int i = 0; i < 6000 && !job->poll(got, std::chrono::milliseconds(10), &lps);) ++i;
+  s.stop();  // the model is free again for the reference forward
+  ASSERT_EQ(got, want);
+  ASSERT_EQ(lps.size(), got.size());
+  const auto prompt_lps = job->prompt_logprobs();
+  ASSERT_EQ(prompt_lps.size(), g.prompt.size() - 1);
+
+  std::vector<int64_t> seq = g.prompt;
+  seq.insert(seq.end(), got.begin(), got.end());
+  const int64_t T = int64_t(seq.size()) - 1, V = model_->vocab_size();
+  std::vector<float> logits(size_t(T * V));
+  model_->logits(TokenBatch{seq.data(), 1, T, nullptr}, logits.data(), Logits::All);
+  auto check = [&](const TokenLogprob& lp, int64_t row, const std::string& where) {
+    const float* l = logits.data() + row * V;
+    double mx = l[0], sum = 0;
+    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, double(l[v]));
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v]) - mx);
+    auto ref = [&](int64_t v) { return double(l[v]) - mx - std::log(sum); };
+    EXPECT_EQ(lp.token, seq[size_t(row + 1)]) << where;
+    EXPECT_NEAR(lp.logprob, ref(lp.token), 2e-3) << where;
+    std::vector<double> all(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) all[size_t(v)] = ref(v);
+    std::sort(all.begin(), all.end(), std::greater<>());
+    ASSERT_EQ(lp.top.size(), 3u) << where;
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_NEAR(lp.top[k].second, all[k], 2e-3) << where << " rank " << k;     // the k-th best value
+      EXPECT_NEAR(lp.top[k].second, ref(lp.top[k].first), 2e-3) << where;       // of that token
+    }
+  };
+  for (size_t i = 0; i < prompt_lps.size(); ++i) check(prompt_lps[i], int64_t(i), "prompt token " + std::to_string(i + 1));
+  for (size_t i = 0; i < lps.size(); ++i)
+    check(lps[i], int64_t(g.prompt.size() + i) - 1, "new token " + std::to_string(i));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ServeScheduler, ::testing::Values("gpt2-tiny", "kda-tiny", "k3-tiny"));

@@ -1,7 +1,9 @@
 #include "infer/serve/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <numeric>
 
 #include "core/error.h"
 
@@ -22,14 +24,40 @@ const char* finish_name(Finish f) {
   return "?";
 }
 
+TokenLogprob token_logprob(const float* logits, int64_t V, int64_t token, int64_t top) {
+  double mx = -INFINITY;
+  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(logits[v]));
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(logits[v]) - mx);
+  const double lse = mx + std::log(sum);
+  TokenLogprob lp;
+  lp.token = token;
+  lp.logprob = float(double(logits[token]) - lse);
+  std::vector<int64_t> ids(static_cast<size_t>(V));
+  std::iota(ids.begin(), ids.end(), int64_t(0));
+  const auto k = ids.begin() + std::min(std::max<int64_t>(top, 0), V);
+  std::partial_sort(ids.begin(), k, ids.end(), [&](int64_t a, int64_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (auto it = ids.begin(); it != k; ++it) lp.top.emplace_back(*it, float(double(logits[*it]) - lse));
+  return lp;
+}
+
 // ---- Job ----
 
-bool Job::poll(std::vector<int64_t>& out, std::chrono::milliseconds wait) {
+bool Job::poll(std::vector<int64_t>& out, std::chrono::milliseconds wait, std::vector<TokenLogprob>* lp) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_for(lock, wait, [&] { return !pending_.empty() || finish_ != Finish::None; });
   out.insert(out.end(), pending_.begin(), pending_.end());
   pending_.clear();
+  if (lp) std::move(pending_lp_.begin(), pending_lp_.end(), std::back_inserter(*lp));
+  pending_lp_.clear();
   return finish_ != Finish::None;
+}
+
+std::vector<TokenLogprob> Job::prompt_logprobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prompt_lp_;
 }
 
 void Job::cancel(Finish why) {
@@ -47,10 +75,11 @@ std::string Job::error() const {
   return error_;
 }
 
-void Job::emit(int64_t token) {
+void Job::emit(int64_t token, TokenLogprob lp) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back(token);
+    if (params_.logprobs >= 0) pending_lp_.push_back(std::move(lp));
   }
   cv_.notify_all();
 }
@@ -147,30 +176,45 @@ void Scheduler::prefill(Job& j) {
   const std::vector<int64_t>& p = j.params_.prompt;
   const int64_t n = int64_t(p.size());
   const bool resume = !j.history_.empty();  // preempted: rebuild its context
+  const bool score = j.params_.prompt_logprobs;  // every prompt position's logits are needed
   if (!resume) {
     j.sampler_ = std::make_unique<Sampler>(j.params_.sampling);
     j.history_ = p;
-    if (j.params_.max_tokens == 0) {
+    if (j.params_.max_tokens == 0 && !score) {
       retire(j, Finish::Length);
       return;
     }
   }
-  // Resume from the deepest cached snapshot that leaves at least one token to run.
-  int64_t pos = cache_.enabled() ? cache_.lookup(p, n - 1, &j.ctx_) : 0;
+  // Resume from the deepest cached snapshot that leaves at least one token to run (a scored
+  // prompt runs whole: a snapshot has no logits).
+  int64_t pos = cache_.enabled() && !score ? cache_.lookup(p, n - 1, &j.ctx_) : 0;
   if (pos == 0) j.ctx_ = model_.new_context(o_.context);
   if (!resume) j.cached_tokens_ = pos;
   auto computed = [&](int64_t tokens) {
     std::lock_guard<std::mutex> lock(mu_);
     (resume ? m_.recomputed_tokens : m_.prefill_tokens) += tokens;
   };
-  std::vector<float> logits(static_cast<size_t>(V_));
+  // A scored prompt runs in chunks of at most kScoreChunk tokens, bounding its [T, V] logits.
+  constexpr int64_t kScoreChunk = 64;
+  std::vector<float> logits(static_cast<size_t>(V_ * (score ? kScoreChunk : 1)));
+  float* last = logits.data();  // the logits after the prompt's last token
   const int64_t blk = cache_.enabled() ? cache_.block() : 0;
   while (pos < n) {
     // Stop at the next block boundary (to snapshot there) or at the end of the prompt.
     int64_t end = n;
     if (blk > 0 && (pos / blk + 1) * blk <= n) end = (pos / blk + 1) * blk;
-    model_.forward(p.data() + pos, end - pos, &j.ctx_, logits.data(), Logits::Last);
-    computed(end - pos);
+    if (score) end = std::min(end, pos + kScoreChunk);
+    const int64_t T = end - pos;
+    model_.forward(p.data() + pos, T, &j.ctx_, logits.data(), score ? Logits::All : Logits::Last);
+    if (score && !resume) {
+      std::vector<TokenLogprob> lps;  // row t predicts token pos + t + 1
+      for (int64_t t = 0; t < T && pos + t + 1 < n; ++t)
+        lps.push_back(token_logprob(logits.data() + t * V_, V_, p[size_t(pos + t + 1)], j.params_.logprobs));
+      std::lock_guard<std::mutex> lock(j.mu_);
+      std::move(lps.begin(), lps.end(), std::back_inserter(j.prompt_lp_));
+    }
+    if (score) last = logits.data() + (T - 1) * V_;
+    computed(T);
     pos = end;
     if (blk > 0 && pos % blk == 0) cache_.insert(p, pos, j.ctx_);
     if (pos < n && check_stop(j)) return;
@@ -185,18 +229,28 @@ void Scheduler::prefill(Job& j) {
     }
     return;
   }
-  int64_t next = j.sampler_->sample(logits.data(), V_, j.history_);
-  j.history_.push_back(next);
-  j.generated_ = 1;
+  if (j.params_.max_tokens == 0) {  // only the prompt was to be scored
+    retire(j, Finish::Length);
+    return;
+  }
   j.ttft_s_ = std::chrono::duration<double>(clock::now() - j.submitted_).count();
   {
     std::lock_guard<std::mutex> lock(mu_);
     m_.ttft_sum_s += j.ttft_s_.load();
     m_.ttft_count++;
   }
-  j.emit(next);
   count_tokens(1);
+  sample(j, last);
+}
+
+void Scheduler::sample(Job& j, float* logits) {
+  std::vector<float> raw;
+  if (j.params_.logprobs >= 0) raw.assign(logits, logits + V_);  // the sampler edits logits in place
+  const int64_t next = j.sampler_->sample(logits, V_, j.history_);
+  j.history_.push_back(next);
+  j.generated_++;
   j.next_ = next;
+  j.emit(next, raw.empty() ? TokenLogprob{} : token_logprob(raw.data(), V_, next, j.params_.logprobs));
   if (j.params_.stop_at_eos && model_.eos_token_id && next == *model_.eos_token_id) retire(j, Finish::Eos);
   else if (j.generated_ >= j.params_.max_tokens) retire(j, Finish::Length);
 }
@@ -239,17 +293,8 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
     m_.decode_steps++;
     m_.decode_rows += B;
   }
-  for (int64_t b = 0; b < B; ++b) {
-    Job& j = *active[size_t(b)];
-    int64_t next = j.sampler_->sample(logits.data() + b * V_, V_, j.history_);
-    j.history_.push_back(next);
-    j.generated_++;
-    j.next_ = next;
-    j.emit(next);
-    if (j.params_.stop_at_eos && model_.eos_token_id && next == *model_.eos_token_id) retire(j, Finish::Eos);
-    else if (j.generated_ >= j.params_.max_tokens) retire(j, Finish::Length);
-  }
   count_tokens(B);
+  for (int64_t b = 0; b < B; ++b) sample(*active[size_t(b)], logits.data() + b * V_);
 }
 
 void Scheduler::loop() {

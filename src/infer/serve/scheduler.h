@@ -42,12 +42,24 @@ namespace k3::serve {
 enum class Finish : uint8_t { None, Length, Eos, Stop, Cancelled, Timeout, Error };
 const char* finish_name(Finish f);
 
+// Log-probabilities at one position under the model: the log-softmax of its raw logits (before
+// the sampler's penalty, temperature and truncation, as vLLM reports by default).
+struct TokenLogprob {
+  int64_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int64_t, float>> top;  // the most likely tokens, most likely first
+};
+// The entry of `token` given logits [V], with the `top` most likely tokens (ties: lower id first).
+TokenLogprob token_logprob(const float* logits, int64_t V, int64_t token, int64_t top);
+
 struct GenParams {
   std::vector<int64_t> prompt;
   int64_t max_tokens = 16;
   SamplingOptions sampling;
   bool stop_at_eos = true;
   double timeout_s = 600;
+  int64_t logprobs = -1;         // -1: none; else a TokenLogprob per new token with this many top
+  bool prompt_logprobs = false;  // also one per prompt token after the first (echo); max_tokens may be 0
 };
 
 class Scheduler;
@@ -56,9 +68,12 @@ class Scheduler;
 // (consumer).
 class Job {
  public:
-  // Waits up to `wait` for new tokens; appends them to out. True once the job has finished and
-  // every token has been handed out.
-  bool poll(std::vector<int64_t>& out, std::chrono::milliseconds wait);
+  // Waits up to `wait` for new tokens; appends them to out (and their logprobs to *lp when the
+  // request asked for them). True once the job has finished and every token has been handed out.
+  bool poll(std::vector<int64_t>& out, std::chrono::milliseconds wait, std::vector<TokenLogprob>* lp = nullptr);
+  // Prompt tokens 1..n-1 scored (GenParams::prompt_logprobs); complete once poll has returned a
+  // token or the end.
+  std::vector<TokenLogprob> prompt_logprobs() const;
   // Asks the scheduler to drop the request (client gone, stop string seen); `why` is recorded
   // as its finish reason unless it already finished.
   void cancel(Finish why = Finish::Cancelled);
@@ -70,7 +85,7 @@ class Job {
 
  private:
   friend class Scheduler;
-  void emit(int64_t token);
+  void emit(int64_t token, TokenLogprob lp);
   void done(Finish f, const std::string& err = {});
 
   GenParams params_;
@@ -78,6 +93,7 @@ class Job {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int64_t> pending_;
+  std::vector<TokenLogprob> pending_lp_, prompt_lp_;
   Finish finish_ = Finish::None;
   std::string error_;
   std::atomic<bool> cancel_{false};
@@ -138,6 +154,7 @@ class Scheduler {
   void make_room(std::vector<std::shared_ptr<Job>>& active);  // pages for this step, preempting
   void decode(std::vector<std::shared_ptr<Job>>& active);
   bool check_stop(Job& j);  // cancelled / timed out -> finished
+  void sample(Job& j, float* logits);  // draws, emits and records the next token
   void retire(Job& j, Finish f, const std::string& err = {});
   void count_tokens(int64_t n);
 
