@@ -170,6 +170,8 @@ TEST(ServeRequest, FuzzMutationsNeverEscape) {
       R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"temperature":0.5,"top_p":0.9,"seed":7,"stream":true})",
       R"({"prompt":"hello world","stop":["\n","x"],"top_k":3,"repetition_penalty":1.2})",
       R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":4})",
+      R"({"prompt":[4,5,6],"n":3,"best_of":3,"logprobs":2,"echo":true,"max_tokens":0})",
+      R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":5,"n":2})",
   };
   const std::string alphabet = "{}[]\",:0123456789.-eE truefalsnul\\\"promptmax_tokens\x01\xff";
   Rng rng(1234);
@@ -192,6 +194,7 @@ TEST(ServeRequest, FuzzMutationsNeverEscape) {
       auto r = parse_request(ep, s, limits(), rng.below(2) ? &tok : nullptr);
       EXPECT_FALSE(r.prompt_ids.empty());
       EXPECT_LE(int64_t(r.prompt_ids.size()) + r.max_tokens, 64);
+      EXPECT_TRUE(r.n >= 1 && r.n <= 16 && r.logprobs >= -1 && r.logprobs <= 20);
       ++ok;
     } catch (const ApiError& e) {
       EXPECT_GE(e.status, 400);
