@@ -436,9 +436,8 @@ class Server {
         for (const auto& lp : c.job->prompt_logprobs()) out.add(lp);
       }
       for (const auto& lp : lps) out.add(lp);
-      Json j = out.json();
-      for (const auto& o : j["tokens"]) c.text_offset += o.get<std::string>().size();
-      return j;
+      c.text_offset = out.text_offset();
+      return out.json();
     };
     auto usage = [cs, n_prompt] {
       int64_t completion = 0, cached = 0;

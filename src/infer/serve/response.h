@@ -1,7 +1,8 @@
 // The logprobs objects of OpenAI responses, for `k3 serve`. No HTTP here.
 //   completions: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}
 //   chat:        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
-// A stream sends each chunk's tokens in an object of its own.
+// A stream sends each chunk's tokens in an object of its own. text_offset counts bytes (the
+// same as characters for ASCII text).
 #pragma once
 
 #include <string>
@@ -27,7 +28,7 @@ class CompletionLogprobs {
   CompletionLogprobs(const Tokenizer* tok, size_t text_offset) : tok_(tok), offset_(text_offset) {}
   void add_unscored(int64_t token);  // an echoed prompt's first token: null logprob and top
   void add(const TokenLogprob& lp);
-  bool empty() const { return tokens_.empty(); }
+  size_t text_offset() const { return offset_; }  // where the next token's text would start
   Json json() const;
 
  private:
