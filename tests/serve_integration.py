@@ -4,15 +4,23 @@ loopback: streaming and non-streaming completions and chat, outputs equal to `k3
 same seed, concurrent requests, prefix-cache hits, client disconnects, a few hundred malformed
 requests (the server stays healthy), /metrics.
 
-Usage: serve_integration.py K3_BINARY FIXTURE_MODEL_DIR KJV_TEXT
+A second server (Kimi K3 tiny: MLA latent cache + KDA states, a 4096-token context) serves the
+checks that need long generations: a non-streaming client that disconnects is cancelled early.
+
+Usage: serve_integration.py K3_BINARY FIXTURE_MODEL_DIR KJV_TEXT (the Kimi K3 fixture is found
+beside FIXTURE_MODEL_DIR)
 Exits 77 (CTest: skipped) only when python3's `openai` package is missing.
 """
+import array
 import http.client
 import json
+import math
 import os
 import random
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -56,12 +64,128 @@ def generate_text(model, prompt, n, seed, temperature):
     return ids, body[len(p):]  # generate ends its text with a newline
 
 
+def log_softmax_rows(model, ids, tmp):
+    """log-softmax of `k3 logits` over ids (the whole sequence), row t predicting ids[t + 1]."""
+    header = json.dumps({"input_ids": {"dtype": "I64", "shape": [1, len(ids)], "data_offsets": [0, 8 * len(ids)]}})
+    header += " " * (-len(header) % 8)
+    src, dst = os.path.join(tmp, "ids.safetensors"), os.path.join(tmp, "logits.safetensors")
+    with open(src, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header.encode() + struct.pack(f"<{len(ids)}q", *ids))
+    subprocess.run([K3, "logits", "--model", model, "--input", src, "--output", dst, "--threads", "1"], check=True,
+                   capture_output=True)
+    with open(dst, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        meta = json.loads(f.read(n))["logits"]
+        data = f.read()[meta["data_offsets"][0]:meta["data_offsets"][1]]
+    V = meta["shape"][2]
+    flat = array.array("f", data)
+    rows = []
+    for t in range(len(ids)):
+        row = flat[t * V:(t + 1) * V]
+        mx = max(row)
+        lse = mx + math.log(sum(math.exp(x - mx) for x in row))
+        rows.append([x - lse for x in row])
+    return rows
+
+
 def same_text(got, want_bytes):
     """The server's JSON text equals generate's bytes (invalid UTF-8 from a random model becomes U+FFFD)."""
     try:
         return got == want_bytes.decode("utf-8")
     except UnicodeDecodeError:
         return got.encode("utf-8", "replace").replace("\ufffd".encode(), b"") != b"" or got != ""
+
+
+def metrics(base):
+    """/metrics as {sample name with labels: value}."""
+    text = subprocess.run(["curl", "-s", base + "/metrics"], capture_output=True, text=True).stdout
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def start_server(model, *args):
+    """(process, base URL) of `k3 serve` on a free loopback port."""
+    srv = subprocess.Popen([K3, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0", "--threads", "1",
+                            *args], stdout=subprocess.PIPE, text=True)
+    line = srv.stdout.readline()
+    check("listening on http://127.0.0.1:" in line, "server started: " + line.strip())
+    return srv, "http://127.0.0.1:" + line.strip().rsplit(":", 1)[1]
+
+
+def stop_server(srv):
+    srv.send_signal(signal.SIGTERM)
+    try:
+        rc = srv.wait(timeout=30)
+        check(rc == 0, f"server exits cleanly on SIGTERM (rc {rc})")
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        check(False, "server exits on SIGTERM")
+
+
+def memory_pressure_checks(model):
+    """A budget of about 19 pages for 8 concurrent requests needing 7 each: sequences are preempted
+    and recomputed, and every output still equals k3 generate with its seed."""
+    srv, base = start_server(model, "--max-batch", "8", "--memory-mb", "0.3", "--cache-block", "0")
+    try:
+        reqs = [([1 + i, 2, 3 + i], 96 + i, i, 0.8) for i in range(8)]
+        results = [None] * len(reqs)
+
+        def worker(i):
+            p, n, seed, t = reqs[i]
+            body = json.dumps({"prompt": p, "max_tokens": n, "seed": seed, "temperature": t, "ignore_eos": True})
+            out = subprocess.run(["curl", "-s", base + "/v1/completions", "-d", body], capture_output=True,
+                                 text=True).stdout
+            results[i] = json.loads(out)["choices"][0]["token_ids"]
+        ths = [threading.Thread(target=worker, args=(i,)) for i in range(len(reqs))]
+        [t.start() for t in ths]
+        [t.join() for t in ths]
+        m = metrics(base)
+        same = sum(results[i] == generate_ids(model, *reqs[i]) for i in range(len(reqs)))
+        check(m["k3_preemptions_total"] > 0 and same == len(reqs),
+              f"under memory pressure: {m['k3_preemptions_total']:.0f} preemptions, {same}/8 outputs == k3 generate")
+        check(m["k3_memory_reserved_bytes"] == 0 and m['k3_memory_pages{kind="kv-cache",state="used"}'] == 0,
+              "every page is returned")
+    finally:
+        stop_server(srv)
+
+
+def long_context_checks(model):
+    srv, base = start_server(model, "--ctx", "4096", "--max-batch", "4")
+    try:
+        port = int(base.rsplit(":", 1)[1])
+        cancelled = 'k3_requests_finished_total{reason="cancelled"}'
+        # A non-streaming client that sends a long request and hangs up: the request is cancelled
+        # within moments, far short of max_tokens (a few seconds of work), and the server carries on.
+        m0 = metrics(base)
+        body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4000, "ignore_eos": True}).encode()
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.3)
+        sock.close()
+        t0 = time.time()
+        m1 = m0
+        while time.time() - t0 < 20 and m1[cancelled] == m0[cancelled]:
+            time.sleep(0.05)
+            m1 = metrics(base)
+        made = m1["k3_generation_tokens_total"] - m0["k3_generation_tokens_total"]
+        check(m1[cancelled] == m0[cancelled] + 1 and made < 1000,
+              f"non-streaming client disconnect cancels the request ({made:.0f} of 4000 tokens made)")
+        h = subprocess.run(["curl", "-s", base + "/health"], capture_output=True, text=True).stdout
+        check(json.loads(h)["status"] == "ok", "healthy after the disconnect")
+        # Memory pages: the Kimi K3 model grows a latent cache (pages) and keeps KDA states (fixed);
+        # idle, every page is free and nothing is held.
+        m = metrics(base)
+        check(m.get('k3_memory_pages{kind="latent-cache",state="used"}') == 0
+              and m.get('k3_memory_pages{kind="latent-cache",state="free"}', 0) > 0
+              and 'k3_memory_pages{kind="recurrent-state",state="free"}' not in m
+              and m["k3_memory_reserved_bytes"] == 0, "idle server: latent-cache pages all free, none held")
+    finally:
+        stop_server(srv)
 
 
 def main():
@@ -75,13 +199,9 @@ def main():
     subprocess.run([K3, "tokenizer", "train", os.path.join(tmp, "corpus.txt"), "--vocab-size", "512", "-o",
                     os.path.join(model, "tokenizer.json")], check=True, capture_output=True)
 
-    srv = subprocess.Popen([K3, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0", "--max-batch", "4",
-                            "--cache-block", "16", "--threads", "1"], stdout=subprocess.PIPE, text=True)
+    srv, base = start_server(model, "--max-batch", "4", "--cache-block", "16")
     try:
-        line = srv.stdout.readline()
-        check("listening on http://127.0.0.1:" in line, "server started: " + line.strip())
-        port = int(line.strip().rsplit(":", 1)[1])
-        base = f"http://127.0.0.1:{port}"
+        port = int(base.rsplit(":", 1)[1])
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
         name = "gpt2-tiny"
 
@@ -97,6 +217,17 @@ def main():
                                       extra_body={"ignore_eos": True})
         check(r.choices[0].model_extra["token_ids"] == want, f"non-streaming ids == k3 generate ({want})")
         check(r.usage.completion_tokens == 12 and r.usage.prompt_tokens == 5, "usage counts")
+
+        # The non-streaming answer is one plain JSON body (the disconnect watch changes nothing on the wire).
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 3}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        check(resp.status == 200 and resp.getheader("Content-Type") == "application/json"
+              and resp.getheader("Content-Length") == str(len(raw)) and json.loads(raw)["object"] == "text_completion",
+              "non-streaming response: 200, application/json, Content-Length")
 
         # Streaming, same request.
         got = []
@@ -120,6 +251,47 @@ def main():
             extra_body={"ignore_eos": True}))
         check(s == r.choices[0].text, "streamed text == non-streamed text")
 
+        # n choices: choice i samples with seed + i, each equal to k3 generate with that seed.
+        r = client.completions.create(model=name, prompt=prompt, max_tokens=6, temperature=0.9, seed=20, n=3,
+                                      extra_body={"ignore_eos": True})
+        got = {c.index: c.model_extra["token_ids"] for c in r.choices}
+        check(got == {i: generate_ids(model, prompt, 6, 20 + i, 0.9) for i in range(3)},
+              "n=3: choice i == k3 generate --seed 20+i")
+        check(r.usage.completion_tokens == 18, "n=3: usage sums the choices")
+        streamed = {}
+        for ch in client.completions.create(model=name, prompt=prompt, max_tokens=6, temperature=0.9, seed=20, n=3,
+                                            stream=True, extra_body={"ignore_eos": True}):
+            for c in ch.choices:
+                streamed.setdefault(c.index, []).extend(c.model_extra.get("token_ids", []))
+        check(streamed == got, "n=3 streamed == non-streamed")
+
+        # echo + logprobs: the prompt leads the text, and every token's logprob (prompt tokens after
+        # the first, then the new ones) is the log-softmax of `k3 logits` over the whole sequence.
+        r = client.completions.create(model=name, prompt=tp, max_tokens=5, temperature=0.8, seed=2, echo=True,
+                                      logprobs=3, extra_body={"ignore_eos": True})
+        c = r.choices[0]
+        check(c.text.startswith(tp), f"echo: the text starts with the prompt ({c.text[:40]!r})")
+        lp = c.logprobs
+        n_prompt = r.usage.prompt_tokens
+        new_ids = c.model_extra["token_ids"]
+        prompt_ids = [int(x) for x in subprocess.run(
+            [K3, "generate", "--model", model, "--prompt", tp, "--max-new-tokens", "0", "--print-ids"],
+            capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1].split()]
+        seq = prompt_ids + new_ids
+        rows = log_softmax_rows(model, seq, tmp)
+        ok = len(lp.token_logprobs) == len(seq) and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        worst = 0.0
+        for t in range(1, len(seq) if ok else 0):
+            ref = rows[t - 1]
+            best = sorted(ref, reverse=True)[:3]
+            worst = max(worst, abs(lp.token_logprobs[t] - ref[seq[t]]),
+                        *(abs(a - b) for a, b in zip(sorted(lp.top_logprobs[t].values(), reverse=True), best)))
+            ok = ok and len(lp.top_logprobs[t]) <= 3
+        check(ok and worst < 2e-3 and len(prompt_ids) == n_prompt,
+              f"echo + logprobs == log-softmax of k3 logits ({len(seq)} tokens, max error {worst:.1e})")
+        check(all(c.text.startswith(lp.tokens[t], lp.text_offset[t]) for t in range(n_prompt)),
+              "logprobs text_offset: each echoed prompt token's text starts at its offset")
+
         # Chat, both ways.
         msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who made the light?"}]
         c = client.chat.completions.create(model=name, messages=msgs, max_tokens=8, temperature=0, seed=1)
@@ -128,6 +300,12 @@ def main():
         sc = "".join((ch.choices[0].delta.content or "") for ch in client.chat.completions.create(
             model=name, messages=msgs, max_tokens=8, temperature=0, seed=1, stream=True) if ch.choices)
         check(sc == c.choices[0].message.content, "streamed chat == non-streamed chat")
+        c = client.chat.completions.create(model=name, messages=msgs, max_tokens=4, temperature=0, logprobs=True,
+                                           top_logprobs=2, extra_body={"ignore_eos": True})
+        content = c.choices[0].logprobs.content
+        check(len(content) == 4 and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in content)
+              and all(e.logprob == e.top_logprobs[0].logprob for e in content),  # greedy: the chosen is the best
+              "chat logprobs: 4 tokens, 2 alternatives each, greedy picks the most likely")
 
         # curl, streaming.
         body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 5, "stream": True, "seed": 2})
@@ -227,16 +405,17 @@ def main():
 
         m = subprocess.run(["curl", "-s", base + "/metrics"], capture_output=True, text=True).stdout
         for key in ["k3_generation_tokens_per_second", "k3_queue_depth", "k3_prefix_cache_hit_rate",
-                    'k3_context_memory_bytes{kind="kv-cache"}', 'k3_prefix_cache_bytes{kind="kv-cache"}']:
+                    'k3_context_memory_bytes{kind="kv-cache"}', 'k3_prefix_cache_bytes{kind="kv-cache"}',
+                    'k3_memory_pages{kind="kv-cache",state="free"}', "k3_preemptions_total"]:
             check(key in m, "metrics has " + key)
     finally:
-        srv.send_signal(signal.SIGTERM)
-        try:
-            rc = srv.wait(timeout=30)
-            check(rc == 0, f"server exits cleanly on SIGTERM (rc {rc})")
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            check(False, "server exits on SIGTERM")
+        stop_server(srv)
+    try:
+        memory_pressure_checks(model)
+        k3_model = os.path.join(tmp, "kimi-k3-tiny")
+        shutil.copytree(os.path.join(os.path.dirname(os.path.normpath(FIXTURE)), "kimi-k3-tiny"), k3_model)
+        long_context_checks(k3_model)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:
         print(f"{len(failures)} check(s) failed")

@@ -2,6 +2,8 @@
 // scheduler and the state-aware prefix cache of src/infer/serve/. This file is only the HTTP
 // glue: routes, server-sent events, error bodies, /metrics text.
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -20,6 +22,7 @@
 #include "core/error.h"
 #include "infer/serve/chat_template.h"
 #include "infer/serve/request.h"
+#include "infer/serve/response.h"
 #include "infer/serve/scheduler.h"
 #include "models/registry.h"
 #include "tokenizer/bpe.h"
@@ -135,6 +138,38 @@ size_t resident_bytes() {
   return rss * size_t(sysconf(_SC_PAGESIZE));
 }
 
+// The socket a request arrived on, so that a non-streaming handler can notice its client leave.
+// cpp-httplib 0.11 has no is_connection_closed and hands the handler no socket, but the request
+// carries the peer's address, and the connection's socket stays open until the handler returns:
+// the one socket of this process connected to that peer is it. -1 if none is found.
+int connection_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(e.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    sockaddr_storage a{};
+    socklen_t n = sizeof(a);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) continue;
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&a), n, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+      continue;
+    if (req.remote_addr == host && std::to_string(req.remote_port) == port) return fd;
+  }
+  return -1;
+}
+
+// True once the peer has closed or reset the connection (an HTTP/1.1 client never half-closes
+// while it waits for the response). Reads nothing: a pipelined next request stays queued.
+bool peer_closed(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 // cpp-httplib 0.11 listens with a backlog of 5, so bursts of new connections from many clients
 // get reset; listen() again on the bound socket raises it.
 class HttpServer : public httplib::Server {
@@ -145,7 +180,7 @@ class HttpServer : public httplib::Server {
 struct ServeOptions {
   std::string model_dir, host = "127.0.0.1", served_name, chat_template_file;
   int port = 8080;
-  int64_t max_batch = 8, ctx = 0, max_queue = 256, cache_block = 64;
+  int64_t max_batch = 8, ctx = 0, max_queue = 256, cache_block = 64, page_tokens = 16;
   double memory_mb = 1024, cache_mb = 256, timeout_s = 600;
   int http_threads = 0;
 };
@@ -227,6 +262,7 @@ class Server {
     so.max_batch = o.max_batch;
     so.context = lim_.max_context;
     so.memory_budget = size_t(o.memory_mb * 1048576.0);
+    so.page_tokens = o.page_tokens;
     so.max_queue = o.max_queue;
     so.cache_block = o.cache_block;
     so.cache_budget = size_t(o.cache_mb * 1048576.0);
@@ -287,6 +323,39 @@ class Server {
     res.set_content(dump(e.body()), "application/json");
   }
 
+  // One choice of a response: its job and what has come of it so far.
+  struct Choice {
+    Choice(std::shared_ptr<serve::Job> j, TextAssembler t) : job(std::move(j)), text(std::move(t)) {}
+    std::shared_ptr<serve::Job> job;
+    TextAssembler text;
+    std::vector<int64_t> ids;              // tokens so far
+    std::vector<serve::TokenLogprob> lps;  // their logprobs (requests that asked)
+    std::string out;                       // text not sent yet
+    bool done = false;                     // the job has ended
+    bool started = false, finished = false;  // streaming: the first / the last chunk went out
+    bool prompt_scores = false;            // the echoed prompt's logprobs are still to be sent
+    size_t text_offset = 0;                // completions logprobs: bytes of text before the next token
+    int64_t sent = 0;                      // streaming: tokens already sent
+  };
+
+  // Polls every unfinished choice (the first waits up to `wait`); feeds new tokens to the text.
+  // True once all are done.
+  static bool poll_choices(std::vector<Choice>& cs, std::chrono::milliseconds wait) {
+    bool all = true;
+    for (auto& c : cs) {
+      if (c.done) continue;
+      std::vector<int64_t> fresh;
+      c.done = c.job->poll(fresh, std::exchange(wait, std::chrono::milliseconds(0)), &c.lps);
+      for (int64_t t : fresh) {
+        c.ids.push_back(t);
+        c.out += c.text.push(t);
+        if (c.text.stop_hit) c.job->cancel(Finish::Stop);
+      }
+      all = all && c.done;
+    }
+    return all;
+  }
+
   void generate(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
     stats_.request(ep == Endpoint::Completions ? "completions" : "chat_completions");
     serve::ParsedRequest pr;
@@ -311,16 +380,26 @@ class Server {
       send_error(res, e);
       return;
     }
-    serve::GenParams g;
-    g.prompt = pr.prompt_ids;
-    g.max_tokens = pr.max_tokens;
-    g.sampling = pr.sampling;
-    g.stop_at_eos = !pr.ignore_eos;
-    g.timeout_s = pr.timeout_s;
-    std::shared_ptr<serve::Job> job;
+    // One job per choice; choice i samples with seed + i (choice 0 is what n = 1 gives).
+    auto cs = std::make_shared<std::vector<Choice>>();
     try {
-      job = sched_->submit(std::move(g));
+      for (int64_t i = 0; i < pr.n; ++i) {
+        serve::GenParams g;
+        g.prompt = pr.prompt_ids;
+        g.max_tokens = pr.max_tokens;
+        g.sampling = pr.sampling;
+        g.sampling.seed = pr.sampling.seed + uint64_t(i);
+        g.stop_at_eos = !pr.ignore_eos;
+        g.timeout_s = pr.timeout_s;
+        g.logprobs = pr.logprobs;
+        g.prompt_logprobs = pr.echo && pr.logprobs >= 0;
+        const bool scored = g.prompt_logprobs;
+        cs->emplace_back(sched_->submit(std::move(g)),
+                         TextAssembler(tok_ ? &*tok_ : nullptr, model_->eos_token_id, pr.ignore_eos, pr.stop));
+        cs->back().prompt_scores = scored;
+      }
     } catch (const std::exception& e) {
+      for (auto& c : *cs) c.job->cancel();
       ApiError a;
       a.status = 503;
       a.type = "server_error";
@@ -332,80 +411,118 @@ class Server {
     const bool chat = ep == Endpoint::ChatCompletions;
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(++next_id_);
     const int64_t created = int64_t(std::time(nullptr));
-    auto text = std::make_shared<TextAssembler>(tok_ ? &*tok_ : nullptr, model_->eos_token_id, pr.ignore_eos, pr.stop);
-    auto usage = [job](int64_t completion) {
-      return Json{{"prompt_tokens", job->prompt_tokens()},
+    const Tokenizer* tok = tok_ ? &*tok_ : nullptr;
+    std::string echo;
+    if (pr.echo) {
+      echo = pr.prompt_text;
+      if (!pr.prompt_was_text && tok) {
+        try {
+          echo = tok->decode(std::vector<int32_t>(pr.prompt_ids.begin(), pr.prompt_ids.end()));
+        } catch (const std::exception&) {  // ids the tokenizer has no bytes for: no echo text
+        }
+      }
+    }
+    const int64_t n_prompt = int64_t(pr.prompt_ids.size());
+    const std::vector<int64_t> prompt_ids = pr.prompt_ids;
+    const int64_t want_lp = pr.logprobs;
+    // The logprobs of choice c's tokens from `from` on, after the echoed prompt's if not sent yet.
+    auto logprobs = [=](Choice& c, size_t from) -> Json {
+      if (want_lp < 0) return nullptr;
+      std::vector<serve::TokenLogprob> lps(c.lps.begin() + int64_t(from), c.lps.end());
+      if (chat) return {{"content", serve::chat_logprobs(lps, tok)}};
+      serve::CompletionLogprobs out(tok, c.text_offset);
+      if (std::exchange(c.prompt_scores, false)) {
+        out.add_unscored(prompt_ids[0]);
+        for (const auto& lp : c.job->prompt_logprobs()) out.add(lp);
+      }
+      for (const auto& lp : lps) out.add(lp);
+      c.text_offset = out.text_offset();
+      return out.json();
+    };
+    auto usage = [cs, n_prompt] {
+      int64_t completion = 0, cached = 0;
+      for (const auto& c : *cs) {
+        completion += int64_t(c.ids.size());
+        cached = std::max(cached, c.job->cached_tokens());
+      }
+      return Json{{"prompt_tokens", n_prompt},
                   {"completion_tokens", completion},
-                  {"total_tokens", job->prompt_tokens() + completion},
-                  {"prompt_tokens_details", {{"cached_tokens", job->cached_tokens()}}}};
+                  {"total_tokens", n_prompt + completion},
+                  {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+    };
+    auto failed = [](const Choice& c) { return !c.text.stop_hit && c.job->finish() == Finish::Error; };
+    auto generation_error = [](const Choice& c) {
+      ApiError e;
+      e.status = 500;
+      e.type = "server_error";
+      e.message = "generation failed: " + c.job->error();
+      return e;
     };
 
     if (!pr.stream) {
-      std::vector<int64_t> ids;
-      std::string out;
-      for (;;) {
-        std::vector<int64_t> fresh;
-        bool done = job->poll(fresh, std::chrono::milliseconds(200));
-        for (int64_t t : fresh) {
-          ids.push_back(t);
-          out += text->push(t);
-          if (text->stop_hit) job->cancel(Finish::Stop);
-        }
-        if (done) break;
+      // The answer is one plain JSON body (a late error keeps its 500); meanwhile the connection
+      // is watched so that a client that leaves cancels its request (streams notice it on write).
+      const int sock = connection_socket(req);
+      while (!poll_choices(*cs, std::chrono::milliseconds(50)))
+        if (sock >= 0 && peer_closed(sock))
+          for (auto& c : *cs) c.job->cancel();
+      Json choices = Json::array();
+      for (size_t i = 0; i < cs->size(); ++i) {
+        Choice& c = (*cs)[i];
+        if (failed(c)) return send_error(res, generation_error(c));
+        std::string out = c.out + c.text.finish();
+        Finish f = c.text.stop_hit ? Finish::Stop : c.job->finish();
+        Json choice = {{"index", i}, {"finish_reason", finish_reason(f)}, {"token_ids", c.ids}};
+        choice["logprobs"] = logprobs(c, 0);
+        if (chat) choice["message"] = {{"role", "assistant"}, {"content", out}};
+        else choice["text"] = echo + out;
+        if (f == Finish::Timeout) choice["k3_finish"] = "timeout";
+        choices.push_back(std::move(choice));
       }
-      out += text->finish();
-      Finish f = text->stop_hit ? Finish::Stop : job->finish();
-      if (f == Finish::Error) {
-        ApiError e;
-        e.status = 500;
-        e.type = "server_error";
-        e.message = "generation failed: " + job->error();
-        send_error(res, e);
-        return;
-      }
-      Json choice = {{"index", 0}, {"finish_reason", finish_reason(f)}, {"logprobs", nullptr}, {"token_ids", ids}};
-      if (chat) choice["message"] = {{"role", "assistant"}, {"content", out}};
-      else choice["text"] = out;
-      if (f == Finish::Timeout) choice["k3_finish"] = "timeout";
       Json body = {{"id", id},
                    {"object", chat ? "chat.completion" : "text_completion"},
                    {"created", created},
                    {"model", name_},
-                   {"choices", Json::array({choice})},
-                   {"usage", usage(int64_t(ids.size()))}};
+                   {"choices", choices},
+                   {"usage", usage()}};
       res.set_content(dump(body), "application/json");
       return;
     }
 
-    // Streaming: server-sent events, one chunk per token batch, then [DONE].
+    // Streaming: server-sent events, one chunk per choice per token batch, then [DONE].
     struct StreamState {
-      bool sent_role = false, finished = false;
-      int64_t completion = 0;
       std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
     };
     auto st = std::make_shared<StreamState>();
     const bool include_usage = pr.include_usage;
     const std::string model_name = name_;
-    auto chunk = [=](const std::string& piece, const std::vector<int64_t>& ids, const char* finish) {
-      Json c;
-      if (chat) {
-        Json delta = Json::object();
-        if (!st->sent_role) {
-          delta["role"] = "assistant";
-          st->sent_role = true;
-        }
-        if (!piece.empty() || !finish) delta["content"] = piece;
-        c = {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
-      } else {
-        c = {{"index", 0}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
-      }
-      c["token_ids"] = ids;
+    auto event = [=](Json choices, Json usage_json) {
       Json body = {{"id", id},
                    {"object", chat ? "chat.completion.chunk" : "text_completion"},
                    {"created", created},
                    {"model", model_name},
-                   {"choices", Json::array({c})}};
+                   {"choices", std::move(choices)}};
+      if (!usage_json.is_null()) body["usage"] = std::move(usage_json);
       return "data: " + dump(body) + "\n\n";
+    };
+    // The chunk of choice i with its tokens since the last one; finish: null or the reason.
+    auto chunk = [=](size_t i, const std::string& piece, const char* finish) {
+      Choice& c = (*cs)[i];
+      const bool first = !std::exchange(c.started, true);
+      const size_t from = size_t(c.sent);
+      c.sent = int64_t(c.ids.size());
+      Json ch = {{"index", i}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
+      ch["logprobs"] = logprobs(c, from);
+      ch["token_ids"] = std::vector<int64_t>(c.ids.begin() + int64_t(from), c.ids.end());
+      if (chat) {
+        Json delta = Json::object();
+        if (first) delta["role"] = "assistant";
+        if (!piece.empty() || !finish) delta["content"] = piece;
+        ch["delta"] = delta;
+      } else {
+        ch["text"] = (first ? echo : std::string()) + piece;
+      }
+      return event(Json::array({ch}), nullptr);
     };
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -413,49 +530,40 @@ class Server {
           auto write = [&](const std::string& s) {
             st->last_write = std::chrono::steady_clock::now();
             if (sink.write(s.data(), s.size())) return true;
-            job->cancel();  // the client went away
+            for (auto& c : *cs) c.job->cancel();  // the client went away
             return false;
           };
-          std::vector<int64_t> fresh;
-          bool done = job->poll(fresh, std::chrono::milliseconds(100));
-          if (!fresh.empty()) {
-            std::string piece;
-            for (int64_t t : fresh) {
-              piece += text->push(t);
-              if (text->stop_hit) job->cancel(Finish::Stop);
+          const bool all_done = poll_choices(*cs, std::chrono::milliseconds(100));
+          bool wrote = false;
+          for (size_t i = 0; i < cs->size(); ++i) {
+            Choice& c = (*cs)[i];
+            if (size_t(c.sent) < c.ids.size()) {
+              if (!write(chunk(i, std::exchange(c.out, std::string()), nullptr))) return false;
+              wrote = true;
             }
-            st->completion += int64_t(fresh.size());
-            if (!write(chunk(piece, fresh, nullptr))) return false;
-          } else if (!done && std::chrono::steady_clock::now() - st->last_write > std::chrono::seconds(1)) {
-            if (!write(": keep-alive\n\n")) return false;  // also notices a client that left while queued
+            if (!c.done || std::exchange(c.finished, true)) continue;
+            if (failed(c)) {
+              if (!write("data: " + dump(generation_error(c).body()) + "\n\n")) return false;
+            } else {
+              const std::string tail = std::exchange(c.out, std::string()) + c.text.finish();
+              Finish f = c.text.stop_hit ? Finish::Stop : c.job->finish();
+              if (!write(chunk(i, tail, finish_reason(f)))) return false;
+            }
+            wrote = true;
           }
-          if (!done) return true;
-          Finish f = text->stop_hit ? Finish::Stop : job->finish();
-          std::string tail = text->finish();
-          if (f == Finish::Error) {
-            ApiError e;
-            e.status = 500;
-            e.type = "server_error";
-            e.message = "generation failed: " + job->error();
-            if (!write("data: " + dump(e.body()) + "\n\n")) return false;
-          } else {
-            if (!write(chunk(tail, {}, finish_reason(f)))) return false;
+          if (!all_done) {
+            if (!wrote && std::chrono::steady_clock::now() - st->last_write > std::chrono::seconds(1))
+              if (!write(": keep-alive\n\n")) return false;  // also notices a client that left while queued
+            return true;
           }
-          if (include_usage) {
-            Json u = {{"id", id},
-                      {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                      {"created", created},
-                      {"model", model_name},
-                      {"choices", Json::array()},
-                      {"usage", usage(st->completion)}};
-            if (!write("data: " + dump(u) + "\n\n")) return false;
-          }
+          if (include_usage && !write(event(Json::array(), usage()))) return false;
           if (!write("data: [DONE]\n\n")) return false;
           sink.done();
           return true;
         },
-        [job](bool success) {
-          if (!success) job->cancel();
+        [cs](bool success) {
+          if (!success)
+            for (auto& c : *cs) c.job->cancel();
         });
   }
 
@@ -495,8 +603,24 @@ class Server {
     metric("k3_time_to_first_token_seconds", "summary", "Submit to first token");
     o << "k3_time_to_first_token_seconds_sum " << m.ttft_sum_s << "\nk3_time_to_first_token_seconds_count "
       << m.ttft_count << "\n";
-    value("k3_memory_budget_bytes", "gauge", "Context memory budget for admission", m.budget_bytes);
-    value("k3_memory_reserved_bytes", "gauge", "Context memory reserved by admitted sequences", m.reserved_bytes);
+    value("k3_preemptions_total", "counter", "Sequences sent back to the queue when pages ran out", m.preemptions);
+    value("k3_recomputed_tokens_total", "counter", "Tokens run again to rebuild preempted sequences", m.recomputed_tokens);
+    value("k3_memory_budget_bytes", "gauge", "Context memory budget for admission", m.memory.budget);
+    value("k3_memory_reserved_bytes", "gauge", "Context memory held by admitted sequences (pages + fixed memories)",
+          m.memory.used);
+    metric("k3_memory_kind_reserved_bytes", "gauge", "Context memory held by admitted sequences, by memory kind");
+    for (size_t k = 0; k < 4; ++k)
+      o << "k3_memory_kind_reserved_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.memory.bytes_used[k]
+        << "\n";
+    value("k3_memory_page_tokens", "gauge", "Tokens per page of a growing memory (KV cache, latent cache)",
+          m.memory.page_tokens);
+    metric("k3_memory_pages", "gauge", "Pages of each growing memory kind: held by admitted sequences, and free");
+    for (size_t k = 0; k < 4; ++k) {
+      if (m.memory.page_bytes[k] == 0) continue;
+      const std::string kind(memory_kind_name(MemoryKind(k)));
+      o << "k3_memory_pages{kind=\"" << kind << "\",state=\"used\"} " << m.memory.pages_used[k] << "\n";
+      o << "k3_memory_pages{kind=\"" << kind << "\",state=\"free\"} " << m.memory.pages_free[k] << "\n";
+    }
     metric("k3_context_memory_bytes", "gauge", "Memory of the running sequences' contexts, by memory kind");
     for (size_t k = 0; k < 4; ++k)
       o << "k3_context_memory_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.active_bytes_by_kind[k] << "\n";
@@ -537,6 +661,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-batch", o.max_batch, "Sequences decoded together")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--ctx", o.ctx, "Tokens per sequence, prompt + completion (0: the model's, at most 2048)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--memory-mb", o.memory_mb, "Budget for running sequences' context memory (admission control)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--page-tokens", o.page_tokens, "Tokens per page of KV / latent cache taken from the budget")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--cache-mb", o.cache_mb, "Prefix-cache budget (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--cache-block", o.cache_block, "Snapshot the context every this many prompt tokens (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-queue", o.max_queue, "Requests allowed to wait; more get 503")->capture_default_str()->check(CLI::PositiveNumber);

@@ -8,6 +8,7 @@
 
 #include "core/random.h"
 #include "infer/generate.h"
+#include "infer/serve/memory_manager.h"
 #include "infer/serve/prefix_cache.h"
 #include "infer/serve/request.h"
 #include "infer/serve/scheduler.h"
@@ -62,6 +63,29 @@ TEST(ServeRequest, ParsesCompletionWithIdsAndSampling) {
   EXPECT_EQ(r2.max_tokens, 16);
 }
 
+TEST(ServeRequest, ChoicesLogprobsAndEcho) {
+  auto r = parse_request(Endpoint::Completions, R"({"prompt":[1,2],"n":3,"logprobs":2,"echo":true})", limits(), nullptr);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.logprobs, 2);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(parse_request(Endpoint::Completions, R"({"prompt":[1],"logprobs":0})", limits(), nullptr).logprobs, 0);
+  EXPECT_EQ(parse_request(Endpoint::Completions, R"({"prompt":[1],"logprobs":null})", limits(), nullptr).logprobs, -1);
+  EXPECT_EQ(parse_request(Endpoint::Completions, R"({"prompt":[1],"logprobs":false})", limits(), nullptr).logprobs, -1);
+  // echo with a text prompt keeps the text as given.
+  Tokenizer tok = byte_tokenizer();
+  EXPECT_EQ(parse_request(Endpoint::Completions, R"({"prompt":"hi there","echo":true})", limits(), &tok).prompt_text,
+            "hi there");
+  // Chat: logprobs is a boolean, top_logprobs the alternatives.
+  const std::string msgs = R"("messages":[{"role":"user","content":"yo"}])";
+  EXPECT_EQ(parse_request(Endpoint::ChatCompletions, "{" + msgs + R"(,"logprobs":true,"top_logprobs":4})", limits(), &tok)
+                .logprobs, 4);
+  EXPECT_EQ(parse_request(Endpoint::ChatCompletions, "{" + msgs + R"(,"logprobs":true})", limits(), &tok).logprobs, 0);
+  EXPECT_EQ(parse_request(Endpoint::ChatCompletions, "{" + msgs + "}", limits(), &tok).logprobs, -1);
+  EXPECT_EQ(parse_error(Endpoint::ChatCompletions, "{" + msgs + R"(,"top_logprobs":2})", &tok).param, "top_logprobs");
+  EXPECT_EQ(parse_error(Endpoint::ChatCompletions, "{" + msgs + R"(,"logprobs":2})", &tok).param, "logprobs");
+  EXPECT_EQ(parse_error(Endpoint::ChatCompletions, "{" + msgs + R"(,"echo":true})", &tok).param, "echo");
+}
+
 TEST(ServeRequest, TextPromptsAndChatTemplate) {
   Tokenizer tok = byte_tokenizer();
   auto r = parse_request(Endpoint::Completions, R"({"prompt":"hi"})", limits(), &tok);
@@ -103,11 +127,14 @@ TEST(ServeRequest, RejectsBadRequestsWithOpenAiErrors) {
       {R"({"prompt":[1],"top_p":1.5})", "top_p"},
       {R"({"prompt":[1],"seed":-3})", "seed"},
       {R"({"prompt":[1],"stream":"yes"})", "stream"},
-      {R"({"prompt":[1],"n":2})", "n"},
+      {R"({"prompt":[1],"n":17})", "n"},
+      {R"({"prompt":[1],"n":2,"best_of":3})", "best_of"},
+      {R"({"prompt":[1],"logprobs":21})", "logprobs"},
+      {R"({"prompt":[1],"logprobs":true})", "logprobs"},
+      {R"({"prompt":[1],"echo":1})", "echo"},
       {R"({"prompt":[1],"stop":[1]})", "stop"},
       {R"({"prompt":[1],"stop":["a","b","c","d","e"]})", "stop"},
       {R"({"prompt":[1],"model":5})", "model"},
-      {R"({"prompt":[1],"logprobs":3})", "logprobs"},
       {R"({"prompt":[1],"timeout":0})", "timeout"},
   };
   for (const auto& c : cases) {
@@ -143,6 +170,8 @@ TEST(ServeRequest, FuzzMutationsNeverEscape) {
       R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"temperature":0.5,"top_p":0.9,"seed":7,"stream":true})",
       R"({"prompt":"hello world","stop":["\n","x"],"top_k":3,"repetition_penalty":1.2})",
       R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":4})",
+      R"({"prompt":[4,5,6],"n":3,"best_of":3,"logprobs":2,"echo":true,"max_tokens":0})",
+      R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":5,"n":2})",
   };
   const std::string alphabet = "{}[]\",:0123456789.-eE truefalsnul\\\"promptmax_tokens\x01\xff";
   Rng rng(1234);
@@ -165,6 +194,7 @@ TEST(ServeRequest, FuzzMutationsNeverEscape) {
       auto r = parse_request(ep, s, limits(), rng.below(2) ? &tok : nullptr);
       EXPECT_FALSE(r.prompt_ids.empty());
       EXPECT_LE(int64_t(r.prompt_ids.size()) + r.max_tokens, 64);
+      EXPECT_TRUE(r.n >= 1 && r.n <= 16 && r.logprobs >= -1 && r.logprobs <= 20);
       ++ok;
     } catch (const ApiError& e) {
       EXPECT_GE(e.status, 400);
@@ -243,6 +273,73 @@ TEST(ServePrefixCache, DeepestMatchingSnapshotAndLru) {
   EXPECT_FALSE(cache.contains(a, 8));
   EXPECT_TRUE(cache.contains(d, 8));
   EXPECT_LE(st.bytes, 3u * 1024 + 300);
+}
+
+// ---- memory manager ----
+
+TEST(ServeMemoryManager, PagesAndReservationsInClosedForm) {
+  // Two attention layers (512 B of K+V per token each), one MLA layer (160 B per token), one
+  // delta layer (a 4096 B state and 768 B of conv tails).
+  const std::vector<LayerMemory> layers = {{0, {MemoryKind::KVCache, 512, 0}},
+                                           {1, {MemoryKind::KVCache, 512, 0}},
+                                           {2, {MemoryKind::LatentCache, 160, 0}},
+                                           {3, {MemoryKind::RecurrentState, 0, 4096}},
+                                           {3, {MemoryKind::ConvTail, 0, 768}}};
+  const size_t kv_page = 16 * 1024, latent_page = 16 * 160, page = kv_page + latent_page, fixed = 4096 + 768;
+  MemoryManager mm(layers, 2 * fixed + 5 * page + 100, 16);
+  EXPECT_EQ(mm.page_bytes(MemoryKind::KVCache), kv_page);
+  EXPECT_EQ(mm.page_bytes(MemoryKind::LatentCache), latent_page);
+  EXPECT_EQ(mm.page_bytes(MemoryKind::RecurrentState), 0u);
+  EXPECT_EQ(mm.fixed_bytes(MemoryKind::ConvTail), 768u);
+  EXPECT_EQ(mm.bytes_for(0), fixed);
+  EXPECT_EQ(mm.bytes_for(1), fixed + page);
+  EXPECT_EQ(mm.bytes_for(16), fixed + page);
+  EXPECT_EQ(mm.bytes_for(17), fixed + 2 * page);
+  EXPECT_EQ(mm.bytes_for(100), fixed + 7 * page);
+
+  MemoryManager::Account a, b, c;
+  EXPECT_TRUE(mm.admit(a, 20));   // 2 pages
+  EXPECT_TRUE(mm.admit(b, 40));   // 3 pages
+  EXPECT_FALSE(mm.admit(c, 1));   // a third fixed set + 1 page: 100 bytes free
+  EXPECT_FALSE(c.admitted);
+  EXPECT_TRUE(mm.grow(a, 32));    // still 2 pages
+  EXPECT_FALSE(mm.grow(a, 33));   // a third page does not fit
+  EXPECT_EQ(a.pages, 2);
+  auto st = mm.stats();
+  EXPECT_EQ(st.sequences, 2);
+  EXPECT_EQ(st.used, 2 * fixed + 5 * page);
+  EXPECT_EQ(st.pages_used[size_t(MemoryKind::KVCache)], 5);
+  EXPECT_EQ(st.pages_used[size_t(MemoryKind::LatentCache)], 5);
+  EXPECT_EQ(st.pages_used[size_t(MemoryKind::RecurrentState)], 0);
+  EXPECT_EQ(st.pages_free[size_t(MemoryKind::KVCache)], 0);
+  EXPECT_EQ(st.bytes_used[size_t(MemoryKind::KVCache)], 5 * kv_page);
+  EXPECT_EQ(st.bytes_used[size_t(MemoryKind::RecurrentState)], 2u * 4096);
+  EXPECT_EQ(st.bytes_used[size_t(MemoryKind::ConvTail)], 2u * 768);
+  mm.release(b);
+  st = mm.stats();
+  EXPECT_EQ(st.pages_free[size_t(MemoryKind::LatentCache)], 3);  // (fixed + 3 pages + 100) / page
+  EXPECT_TRUE(mm.grow(a, 33));
+  EXPECT_EQ(a.pages, 3);
+  mm.release(a);
+  mm.release(a);  // a no-op
+  st = mm.stats();
+  EXPECT_EQ(st.used, 0u);
+  EXPECT_EQ(st.sequences, 0);
+  EXPECT_EQ(st.pages_free[size_t(MemoryKind::KVCache)], int64_t((2 * fixed + 5 * page + 100) / page));
+}
+
+// The accounting, derived from the mixers' specs, equals what real contexts allocate when the
+// token count is a power of two and a whole number of pages (caches grow by doubling).
+TEST(ServeMemoryManager, SpecsMatchRealContexts) {
+  for (const char* preset : {"gpt2-tiny", "kda-tiny", "k3-tiny"}) {
+    auto model = build_model(preset_config(preset), preset);
+    MemoryManager mm(model->memory_layers(), size_t(1) << 30, 16);
+    for (int64_t T : {0, 16, 64}) {
+      Context ctx = model->new_context(128);
+      for (auto& m : ctx.layers) m->extend_zeros(T);
+      EXPECT_EQ(mm.bytes_for(T), ctx.bytes()) << preset << " T=" << T;
+    }
+  }
 }
 
 // ---- scheduler ----
@@ -391,6 +488,93 @@ TEST_P(ServeScheduler, AdmissionControlQueuesUnderATightBudget) {
   so.memory_budget = 1;
   Scheduler tiny(*model_, so);
   EXPECT_THROW(tiny.submit(ps[0]), Error);
+}
+
+// Pages run out mid-decode: sequences are preempted and recomputed, and every output still
+// equals generate() with the same seed (sampled, so the samplers' streams must carry over).
+TEST_P(ServeScheduler, PreemptionKeepsOutputsEqualGenerate) {
+  SchedulerOptions so;
+  so.max_batch = 3;
+  so.context = 256;
+  so.cache_block = 0;
+  so.page_tokens = 16;
+  MemoryManager pages(model_->memory_layers(), 0, so.page_tokens);
+  if (pages.page_set_bytes() == 0) GTEST_SKIP() << "no memory grows with the context";
+  // Each sequence needs 13 pages by its end; three together get 20.
+  so.memory_budget = 3 * pages.fixed_set_bytes() + 20 * pages.page_set_bytes();
+  Scheduler s(*model_, so);
+  std::vector<GenParams> ps(3);
+  std::vector<std::vector<int64_t>> want;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ps[i].prompt = prompt(70 + i, 5 + 3 * i);
+    ps[i].max_tokens = 200 - int64_t(3 * i);
+    ps[i].sampling.temperature = 0.8f;
+    ps[i].sampling.seed = 11 + i;
+    want.push_back(reference(ps[i]));
+  }
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (auto& g : ps) jobs.push_back(s.submit(g));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(drain(*jobs[i]), want[i]) << "request " << i;
+    EXPECT_EQ(jobs[i]->finish(), Finish::Length);
+  }
+  auto m = s.metrics();
+  EXPECT_GT(m.preemptions, 0);
+  EXPECT_GT(m.recomputed_tokens, 0);
+  EXPECT_EQ(m.memory.used, 0u);
+  EXPECT_EQ(m.finished[size_t(Finish::Length)], 3);
+}
+
+// Logprobs of new and prompt tokens equal the log-softmax of Model::logits over the whole
+// sequence, computed here in double; asking for them leaves the sampled tokens unchanged.
+TEST_P(ServeScheduler, LogprobsEqualLogSoftmaxOfTheModelsLogits) {
+  SchedulerOptions so;
+  so.context = 128;
+  so.cache_block = 16;
+  GenParams g;
+  g.prompt = prompt(31, 20);  // longer than a cache block: the scored prefill runs in chunks
+  g.max_tokens = 6;
+  g.sampling.temperature = 0.8f;
+  g.sampling.seed = 9;
+  g.logprobs = 3;
+  g.prompt_logprobs = true;
+  const auto want = reference(g);
+  Scheduler s(*model_, so);
+  auto job = s.submit(g);
+  std::vector<int64_t> got;
+  std::vector<TokenLogprob> lps;
+  for (int i = 0; i < 6000 && !job->poll(got, std::chrono::milliseconds(10), &lps);) ++i;
+  s.stop();  // the model is free again for the reference forward
+  ASSERT_EQ(got, want);
+  ASSERT_EQ(lps.size(), got.size());
+  const auto prompt_lps = job->prompt_logprobs();
+  ASSERT_EQ(prompt_lps.size(), g.prompt.size() - 1);
+
+  std::vector<int64_t> seq = g.prompt;
+  seq.insert(seq.end(), got.begin(), got.end());
+  const int64_t T = int64_t(seq.size()) - 1, V = model_->vocab_size();
+  std::vector<float> logits(size_t(T * V));
+  model_->logits(TokenBatch{seq.data(), 1, T, nullptr}, logits.data(), Logits::All);
+  auto check = [&](const TokenLogprob& lp, int64_t row, const std::string& where) {
+    const float* l = logits.data() + row * V;
+    double mx = l[0], sum = 0;
+    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, double(l[v]));
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v]) - mx);
+    auto ref = [&](int64_t v) { return double(l[v]) - mx - std::log(sum); };
+    EXPECT_EQ(lp.token, seq[size_t(row + 1)]) << where;
+    EXPECT_NEAR(lp.logprob, ref(lp.token), 2e-3) << where;
+    std::vector<double> all(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) all[size_t(v)] = ref(v);
+    std::sort(all.begin(), all.end(), std::greater<>());
+    ASSERT_EQ(lp.top.size(), 3u) << where;
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_NEAR(lp.top[k].second, all[k], 2e-3) << where << " rank " << k;     // the k-th best value
+      EXPECT_NEAR(lp.top[k].second, ref(lp.top[k].first), 2e-3) << where;       // of that token
+    }
+  };
+  for (size_t i = 0; i < prompt_lps.size(); ++i) check(prompt_lps[i], int64_t(i), "prompt token " + std::to_string(i + 1));
+  for (size_t i = 0; i < lps.size(); ++i)
+    check(lps[i], int64_t(g.prompt.size() + i) - 1, "new token " + std::to_string(i));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ServeScheduler, ::testing::Values("gpt2-tiny", "kda-tiny", "k3-tiny"));

@@ -178,10 +178,17 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
     if (!it->is_string()) fail("model", "'model' must be a string", "invalid_type");
     r.model = it->get<std::string>();
   }
-  if (get_int(j, "n", 1, 1, 1) != 1) fail("n", "only n = 1 is supported", "invalid_value");
-  if (get_int(j, "best_of", 1, 1, 1) != 1) fail("best_of", "only best_of = 1 is supported", "invalid_value");
-  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()))
-    fail("logprobs", "logprobs are not supported", "unsupported");
+  r.n = get_int(j, "n", 1, lim.max_n, 1);
+  if (get_int(j, "best_of", 1, lim.max_n, r.n) != r.n)
+    fail("best_of", "best_of must equal n (choices are not ranked)", "unsupported");
+  if (ep == Endpoint::Completions) {
+    if (auto it = j.find("logprobs"); it != j.end() && !(it->is_boolean() && !it->get<bool>()))
+      r.logprobs = get_int(j, "logprobs", 0, lim.max_logprobs, -1);
+  } else {
+    const int64_t top = get_int(j, "top_logprobs", 0, lim.max_logprobs, -1);
+    if (get_bool(j, "logprobs", false)) r.logprobs = std::max<int64_t>(top, 0);
+    else if (top >= 0) fail("top_logprobs", "'top_logprobs' needs 'logprobs': true", "invalid_value");
+  }
   // Accepted, type-checked and ignored: OpenAI fields that clients send by default.
   get_num(j, "frequency_penalty", -2, 2, 0);
   get_num(j, "presence_penalty", -2, 2, 0);
@@ -190,7 +197,7 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
 
   r.stream = get_bool(j, "stream", false);
   r.echo = get_bool(j, "echo", false);
-  if (r.echo) fail("echo", "echo is not supported", "unsupported");
+  if (r.echo && ep == Endpoint::ChatCompletions) fail("echo", "echo is a /v1/completions field", "unsupported");
   r.ignore_eos = get_bool(j, "ignore_eos", false);
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) fail("stream_options", "'stream_options' must be an object", "invalid_type");
@@ -234,14 +241,16 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
     if (it == j.end() || it->is_null()) fail("prompt", "'prompt' is required", "missing_field");
     const Json& p = *it;
     if (p.is_string()) {
-      tokenize_into(p.get<std::string>(), tok, "prompt", r.prompt_ids);
+      r.prompt_text = p.get<std::string>();
+      tokenize_into(r.prompt_text, tok, "prompt", r.prompt_ids);
       r.prompt_was_text = true;
     } else if (p.is_array()) {
       if (p.empty()) fail("prompt", "'prompt' is an empty array", "invalid_value");
       if (p[0].is_array() || p[0].is_string()) {  // a batch of prompts: only a batch of one
         if (p.size() != 1) fail("prompt", "only one prompt per request is supported", "unsupported");
         if (p[0].is_string()) {
-          tokenize_into(p[0].get<std::string>(), tok, "prompt", r.prompt_ids);
+          r.prompt_text = p[0].get<std::string>();
+          tokenize_into(r.prompt_text, tok, "prompt", r.prompt_ids);
           r.prompt_was_text = true;
         } else {
           r.prompt_ids = token_array(p[0], "prompt", lim.vocab_size);

@@ -36,6 +36,8 @@ struct ParseLimits {
   int64_t vocab_size = 0;
   int64_t max_context = 0;          // prompt + max_tokens must fit
   int64_t default_max_tokens = 16;  // /v1/completions default (OpenAI's); chat: the rest of the context
+  int64_t max_n = 16;               // choices per request
+  int64_t max_logprobs = 20;        // alternatives per token
   size_t max_body_bytes = 8u << 20;
   int max_json_depth = 64;
   double max_timeout_s = 3600;
@@ -49,12 +51,17 @@ struct ParsedRequest {
   std::string model;                // as the client named it ("" if absent)
   std::vector<int64_t> prompt_ids;  // the tokenized (or given) prompt
   bool prompt_was_text = false;
+  std::string prompt_text;          // a completions text prompt as given (for echo)
   int64_t max_tokens = 16;
   SamplingOptions sampling;         // validated
   bool stream = false;
   bool include_usage = false;       // stream_options.include_usage
   bool ignore_eos = false;          // extension
-  bool echo = false;
+  bool echo = false;                // completions: the prompt leads each choice's text
+  int64_t n = 1;                    // choices; choice i samples with seed + i
+  // Logprobs per token with this many alternatives (-1: none). Completions: the integer
+  // `logprobs`; chat: `top_logprobs` (0 if absent) when `logprobs` is true.
+  int64_t logprobs = -1;
   std::vector<std::string> stop;    // stop strings (at most 4)
   double timeout_s = 600;           // extension: per-request wall-clock limit
 };

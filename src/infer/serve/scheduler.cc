@@ -1,7 +1,9 @@
 #include "infer/serve/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <numeric>
 
 #include "core/error.h"
 
@@ -22,14 +24,40 @@ const char* finish_name(Finish f) {
   return "?";
 }
 
+TokenLogprob token_logprob(const float* logits, int64_t V, int64_t token, int64_t top) {
+  double mx = -INFINITY;
+  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(logits[v]));
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(logits[v]) - mx);
+  const double lse = mx + std::log(sum);
+  TokenLogprob lp;
+  lp.token = token;
+  lp.logprob = float(double(logits[token]) - lse);
+  std::vector<int64_t> ids(static_cast<size_t>(V));
+  std::iota(ids.begin(), ids.end(), int64_t(0));
+  const auto k = ids.begin() + std::min(std::max<int64_t>(top, 0), V);
+  std::partial_sort(ids.begin(), k, ids.end(), [&](int64_t a, int64_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (auto it = ids.begin(); it != k; ++it) lp.top.emplace_back(*it, float(double(logits[*it]) - lse));
+  return lp;
+}
+
 // ---- Job ----
 
-bool Job::poll(std::vector<int64_t>& out, std::chrono::milliseconds wait) {
+bool Job::poll(std::vector<int64_t>& out, std::chrono::milliseconds wait, std::vector<TokenLogprob>* lp) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_for(lock, wait, [&] { return !pending_.empty() || finish_ != Finish::None; });
   out.insert(out.end(), pending_.begin(), pending_.end());
   pending_.clear();
+  if (lp) std::move(pending_lp_.begin(), pending_lp_.end(), std::back_inserter(*lp));
+  pending_lp_.clear();
   return finish_ != Finish::None;
+}
+
+std::vector<TokenLogprob> Job::prompt_logprobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prompt_lp_;
 }
 
 void Job::cancel(Finish why) {
@@ -47,10 +75,11 @@ std::string Job::error() const {
   return error_;
 }
 
-void Job::emit(int64_t token) {
+void Job::emit(int64_t token, TokenLogprob lp) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back(token);
+    if (params_.logprobs >= 0) pending_lp_.push_back(std::move(lp));
   }
   cv_.notify_all();
 }
@@ -68,44 +97,29 @@ void Job::done(Finish f, const std::string& err) {
 // ---- Scheduler ----
 
 Scheduler::Scheduler(const Model& model, SchedulerOptions opts)
-    : model_(model), o_(opts), cache_(opts.cache_block, opts.cache_budget), V_(model.vocab_size()) {
+    : model_(model),
+      o_(opts),
+      cache_(opts.cache_block, opts.cache_budget),
+      V_(model.vocab_size()),
+      mm_(model.memory_layers(), opts.memory_budget, opts.page_tokens) {
   if (o_.max_batch < 1) throw error("serve", "max_batch must be >= 1");
   if (o_.context < 2) throw error("serve", "the context must be >= 2 tokens");
-  // Memory per sequence: fixed part (recurrent states, conv tails) + per token (KV / latent
-  // caches), measured on a probe context.
-  const int64_t P = std::min<int64_t>(256, o_.context / 2);
-  Context a = model_.new_context(o_.context), b = model_.new_context(o_.context);
-  for (auto& m : a.layers) m->extend_zeros(P);
-  for (auto& m : b.layers) m->extend_zeros(2 * P);
-  const size_t ba = a.bytes(), bb = b.bytes();
-  bytes_per_token_ = bb > ba ? double(bb - ba) / double(P) : 0.0;
-  fixed_bytes_ = size_t(std::max(0.0, double(ba) - bytes_per_token_ * double(P)));
-  m_.budget_bytes = o_.memory_budget;
   thread_ = std::thread([this] { loop(); });
 }
 
 Scheduler::~Scheduler() { stop(); }
 
-size_t Scheduler::estimate_bytes(int64_t tokens) const {
-  // Caches grow by doubling: reserve the next power of two.
-  int64_t cap = 16;
-  while (cap < tokens) cap *= 2;
-  cap = std::min(cap, std::max(tokens, o_.context));
-  return fixed_bytes_ + size_t(bytes_per_token_ * double(cap));
-}
-
 std::shared_ptr<Job> Scheduler::submit(GenParams p) {
   auto j = std::make_shared<Job>();
-  const int64_t total = int64_t(p.prompt.size()) + p.max_tokens;
-  j->reserve_ = estimate_bytes(total);
+  const size_t need = estimate_bytes(int64_t(p.prompt.size()) + p.max_tokens);
   j->submitted_ = clock::now();
   j->deadline_ = j->submitted_ + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(p.timeout_s));
   j->params_ = std::move(p);
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) throw error("serve", "the server is shutting down");
-  if (j->reserve_ > o_.memory_budget) {
+  if (need > o_.memory_budget) {
     m_.rejected++;
-    throw error("serve", "the request needs about ", j->reserve_, " bytes of context memory, more than the budget of ",
+    throw error("serve", "the request needs ", need, " bytes of context memory, more than the budget of ",
                 o_.memory_budget);
   }
   if (int64_t(queue_.size()) >= o_.max_queue) {
@@ -132,8 +146,7 @@ void Scheduler::retire(Job& j, Finish f, const std::string& err) {
   j.ctx_ = Context();  // free the memory now, not when the HTTP thread lets go
   {
     std::lock_guard<std::mutex> lock(mu_);
-    reserved_ -= std::min(reserved_, j.reserve_);
-    j.reserve_ = 0;
+    mm_.release(j.mem_);
     m_.finished[size_t(f)]++;
   }
   j.done(f, err);  // last: whoever wakes on it sees the memory released and the job counted
@@ -162,45 +175,107 @@ void Scheduler::count_tokens(int64_t n) {
 void Scheduler::prefill(Job& j) {
   const std::vector<int64_t>& p = j.params_.prompt;
   const int64_t n = int64_t(p.size());
-  j.sampler_ = std::make_unique<Sampler>(j.params_.sampling);
-  j.history_ = p;
-  if (j.params_.max_tokens == 0) {
-    retire(j, Finish::Length);
-    return;
+  const bool resume = !j.history_.empty();  // preempted: rebuild its context
+  const bool score = j.params_.prompt_logprobs;  // every prompt position's logits are needed
+  if (!resume) {
+    j.sampler_ = std::make_unique<Sampler>(j.params_.sampling);
+    j.history_ = p;
+    if (j.params_.max_tokens == 0 && !score) {
+      retire(j, Finish::Length);
+      return;
+    }
   }
-  // Resume from the deepest cached snapshot that leaves at least one token to run.
-  int64_t pos = cache_.enabled() ? cache_.lookup(p, n - 1, &j.ctx_) : 0;
+  // Resume from the deepest cached snapshot that leaves at least one token to run (a scored
+  // prompt runs whole: a snapshot has no logits).
+  int64_t pos = cache_.enabled() && !score ? cache_.lookup(p, n - 1, &j.ctx_) : 0;
   if (pos == 0) j.ctx_ = model_.new_context(o_.context);
-  j.cached_tokens_ = pos;
-  std::vector<float> logits(static_cast<size_t>(V_));
+  if (!resume) j.cached_tokens_ = pos;
+  auto computed = [&](int64_t tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    (resume ? m_.recomputed_tokens : m_.prefill_tokens) += tokens;
+  };
+  // A scored prompt runs in chunks of at most kScoreChunk tokens, bounding its [T, V] logits.
+  constexpr int64_t kScoreChunk = 64;
+  std::vector<float> logits(static_cast<size_t>(V_ * (score ? kScoreChunk : 1)));
+  float* last = logits.data();  // the logits after the prompt's last token
   const int64_t blk = cache_.enabled() ? cache_.block() : 0;
   while (pos < n) {
     // Stop at the next block boundary (to snapshot there) or at the end of the prompt.
     int64_t end = n;
     if (blk > 0 && (pos / blk + 1) * blk <= n) end = (pos / blk + 1) * blk;
-    model_.forward(p.data() + pos, end - pos, &j.ctx_, logits.data(), Logits::Last);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      m_.prefill_tokens += end - pos;
+    if (score) end = std::min(end, pos + kScoreChunk);
+    const int64_t T = end - pos;
+    model_.forward(p.data() + pos, T, &j.ctx_, logits.data(), score ? Logits::All : Logits::Last);
+    if (score && !resume) {
+      std::vector<TokenLogprob> lps;  // row t predicts token pos + t + 1
+      for (int64_t t = 0; t < T && pos + t + 1 < n; ++t)
+        lps.push_back(token_logprob(logits.data() + t * V_, V_, p[size_t(pos + t + 1)], j.params_.logprobs));
+      std::lock_guard<std::mutex> lock(j.mu_);
+      std::move(lps.begin(), lps.end(), std::back_inserter(j.prompt_lp_));
     }
+    if (score) last = logits.data() + (T - 1) * V_;
+    computed(T);
     pos = end;
     if (blk > 0 && pos % blk == 0) cache_.insert(p, pos, j.ctx_);
     if (pos < n && check_stop(j)) return;
   }
-  int64_t next = j.sampler_->sample(logits.data(), V_, j.history_);
-  j.history_.push_back(next);
-  j.generated_ = 1;
+  if (resume) {
+    // Replay the generated tokens as the decode steps that first absorbed them (one token each),
+    // all but the last, which the next decode step feeds. The sampler already drew them all.
+    for (size_t t = size_t(n); t + 1 < j.history_.size(); ++t) {
+      if (check_stop(j)) return;
+      model_.forward(&j.history_[t], 1, &j.ctx_, logits.data(), Logits::Last);
+      computed(1);
+    }
+    return;
+  }
+  if (j.params_.max_tokens == 0) {  // only the prompt was to be scored
+    retire(j, Finish::Length);
+    return;
+  }
   j.ttft_s_ = std::chrono::duration<double>(clock::now() - j.submitted_).count();
   {
     std::lock_guard<std::mutex> lock(mu_);
     m_.ttft_sum_s += j.ttft_s_.load();
     m_.ttft_count++;
   }
-  j.emit(next);
   count_tokens(1);
+  sample(j, last);
+}
+
+void Scheduler::sample(Job& j, float* logits) {
+  std::vector<float> raw;
+  if (j.params_.logprobs >= 0) raw.assign(logits, logits + V_);  // the sampler edits logits in place
+  const int64_t next = j.sampler_->sample(logits, V_, j.history_);
+  j.history_.push_back(next);
+  j.generated_++;
   j.next_ = next;
+  j.emit(next, raw.empty() ? TokenLogprob{} : token_logprob(raw.data(), V_, next, j.params_.logprobs));
   if (j.params_.stop_at_eos && model_.eos_token_id && next == *model_.eos_token_id) retire(j, Finish::Eos);
   else if (j.generated_ >= j.params_.max_tokens) retire(j, Finish::Length);
+}
+
+void Scheduler::make_room(std::vector<std::shared_ptr<Job>>& active) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < active.size();) {
+    Job& j = *active[i];
+    // This step feeds history_.back(): the context then holds the whole history.
+    if (mm_.grow(j.mem_, int64_t(j.history_.size()))) {
+      ++i;
+      continue;
+    }
+    // Out of pages: the most recently admitted sequence that still needs pages (active is in
+    // admission order; j is one) goes back to the front of the queue, older ones keep their
+    // progress. One that holds the pages of its whole run never needs more: it is spared.
+    auto v = active.end() - 1;
+    while (mm_.pages_for((*v)->prompt_tokens() + (*v)->params_.max_tokens) <= (*v)->mem_.pages) --v;
+    std::shared_ptr<Job> victim = *v;
+    active.erase(v);
+    mm_.release(victim->mem_);
+    victim->ctx_ = Context();
+    m_.preemptions++;
+    queue_.push_front(std::move(victim));
+  }
 }
 
 void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
@@ -218,17 +293,8 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
     m_.decode_steps++;
     m_.decode_rows += B;
   }
-  for (int64_t b = 0; b < B; ++b) {
-    Job& j = *active[size_t(b)];
-    int64_t next = j.sampler_->sample(logits.data() + b * V_, V_, j.history_);
-    j.history_.push_back(next);
-    j.generated_++;
-    j.next_ = next;
-    j.emit(next);
-    if (j.params_.stop_at_eos && model_.eos_token_id && next == *model_.eos_token_id) retire(j, Finish::Eos);
-    else if (j.generated_ >= j.params_.max_tokens) retire(j, Finish::Length);
-  }
   count_tokens(B);
+  for (int64_t b = 0; b < B; ++b) sample(*active[size_t(b)], logits.data() + b * V_);
 }
 
 void Scheduler::loop() {
@@ -255,8 +321,11 @@ void Scheduler::loop() {
       // fitted the budget at submit).
       while (!queue_.empty() && int64_t(active.size() + admitted.size()) < o_.max_batch) {
         auto& j = queue_.front();
-        if (reserved_ + j->reserve_ > o_.memory_budget && !(active.empty() && admitted.empty())) break;
-        reserved_ += j->reserve_;
+        // A new sequence takes the pages of its prompt. A preempted one comes back only with the
+        // pages of its whole run, so it is never preempted twice (no thrashing: each replay of a
+        // history is paid at most once per request).
+        const int64_t tokens = j->history_.empty() ? j->prompt_tokens() : j->prompt_tokens() + j->params_.max_tokens;
+        if (!mm_.admit(j->mem_, tokens)) break;
         admitted.push_back(j);
         queue_.pop_front();
       }
@@ -272,6 +341,7 @@ void Scheduler::loop() {
     }
     // Leave out what finished, was cancelled or timed out.
     std::erase_if(active, [&](const std::shared_ptr<Job>& j) { return j->finish() != Finish::None || check_stop(*j); });
+    make_room(active);
     if (!active.empty()) {
       try {
         decode(active);
@@ -302,7 +372,7 @@ SchedulerMetrics Scheduler::metrics() const {
   std::lock_guard<std::mutex> lock(mu_);
   SchedulerMetrics m = m_;
   m.queue_depth = int64_t(queue_.size());
-  m.reserved_bytes = reserved_;
+  m.memory = mm_.stats();
   if (!recent_.empty()) {
     double span = std::max(1.0, std::chrono::duration<double>(clock::now() - recent_.front().first).count());
     int64_t n = 0;

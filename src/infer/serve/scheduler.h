@@ -1,13 +1,27 @@
 // The continuous-batching scheduler of `k3 serve`. One thread owns the model: each iteration it
-// admits queued requests (up to max_batch sequences, against a memory budget on their
-// Contexts), prefills each new one (resuming from the prefix cache's deepest snapshot and
+// admits queued requests (up to max_batch sequences, against the memory manager's budget),
+// prefills each new one (resuming from the prefix cache's deepest snapshot and
 // taking new snapshots at block boundaries), then runs one decode step for every active
 // sequence together (Model::logits with B = active sequences, T = 1, one Context each).
 // Finished, cancelled and timed-out sequences leave the batch at once. No HTTP here.
 //
+// Memory (memory_manager.h): admission reserves a sequence's fixed memories and the pages of
+// its prompt; each decode step takes the pages its new token needs. When the budget has no page
+// left for a running sequence, the most recently admitted sequence that still needs pages is
+// preempted (vLLM's recompute preemption): its context is dropped and it goes back to the front
+// of the queue. It is readmitted once the pages of its whole run (prompt + max_tokens) are free,
+// and holds them all, so it is never preempted again. It then prefills its prompt as before and
+// replays its generated tokens one decode step at a time, keeping its sampler, so its output is
+// what it would have been (the same forwards in the same order; a single prefill of the history
+// would be faster but not bit-identical to decode). No request fails for want of pages: submit()
+// refuses one whose prompt + max_tokens could not fit the budget alone.
+//
 // Each request has its own seeded Sampler and feeds the same logits to it as k3::generate, so a
 // request's tokens equal `k3 generate` with the same seed (exactly for prompts shorter than one
-// cache block, which are prefilled in one pass as generate does).
+// cache block, which are prefilled in one pass as generate does, and for models whose batched
+// decode rows are bit-identical to single-sequence decode: the gpt2, deepseek-v3 and
+// kimi-linear fixtures are; kimi-k3-tiny's logprobs move by ~5e-5 with the batch, enough for
+// a sampled token to differ now and then).
 #pragma once
 
 #include <atomic>
@@ -22,6 +36,7 @@
 #include <vector>
 
 #include "infer/sampler.h"
+#include "infer/serve/memory_manager.h"
 #include "infer/serve/prefix_cache.h"
 #include "models/model.h"
 
@@ -30,12 +45,24 @@ namespace k3::serve {
 enum class Finish : uint8_t { None, Length, Eos, Stop, Cancelled, Timeout, Error };
 const char* finish_name(Finish f);
 
+// Log-probabilities at one position under the model: the log-softmax of its raw logits (before
+// the sampler's penalty, temperature and truncation, as vLLM reports by default).
+struct TokenLogprob {
+  int64_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int64_t, float>> top;  // the most likely tokens, most likely first
+};
+// The entry of `token` given logits [V], with the `top` most likely tokens (ties: lower id first).
+TokenLogprob token_logprob(const float* logits, int64_t V, int64_t token, int64_t top);
+
 struct GenParams {
   std::vector<int64_t> prompt;
   int64_t max_tokens = 16;
   SamplingOptions sampling;
   bool stop_at_eos = true;
   double timeout_s = 600;
+  int64_t logprobs = -1;         // -1: none; else a TokenLogprob per new token with this many top
+  bool prompt_logprobs = false;  // also one per prompt token after the first (echo); max_tokens may be 0
 };
 
 class Scheduler;
@@ -44,9 +71,12 @@ class Scheduler;
 // (consumer).
 class Job {
  public:
-  // Waits up to `wait` for new tokens; appends them to out. True once the job has finished and
-  // every token has been handed out.
-  bool poll(std::vector<int64_t>& out, std::chrono::milliseconds wait);
+  // Waits up to `wait` for new tokens; appends them to out (and their logprobs to *lp when the
+  // request asked for them). True once the job has finished and every token has been handed out.
+  bool poll(std::vector<int64_t>& out, std::chrono::milliseconds wait, std::vector<TokenLogprob>* lp = nullptr);
+  // Prompt tokens 1..n-1 scored (GenParams::prompt_logprobs); complete once poll has returned a
+  // token or the end.
+  std::vector<TokenLogprob> prompt_logprobs() const;
   // Asks the scheduler to drop the request (client gone, stop string seen); `why` is recorded
   // as its finish reason unless it already finished.
   void cancel(Finish why = Finish::Cancelled);
@@ -58,7 +88,7 @@ class Job {
 
  private:
   friend class Scheduler;
-  void emit(int64_t token);
+  void emit(int64_t token, TokenLogprob lp);
   void done(Finish f, const std::string& err = {});
 
   GenParams params_;
@@ -66,6 +96,7 @@ class Job {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int64_t> pending_;
+  std::vector<TokenLogprob> pending_lp_, prompt_lp_;
   Finish finish_ = Finish::None;
   std::string error_;
   std::atomic<bool> cancel_{false};
@@ -75,15 +106,16 @@ class Job {
   // Scheduler-thread state.
   Context ctx_;
   std::unique_ptr<Sampler> sampler_;
-  std::vector<int64_t> history_;  // prompt + generated
+  std::vector<int64_t> history_;  // prompt + generated; empty until the first prefill
   int64_t generated_ = 0, next_ = -1;
-  size_t reserve_ = 0;
+  MemoryManager::Account mem_;    // under the scheduler's lock
 };
 
 struct SchedulerOptions {
   int64_t max_batch = 8;
   int64_t context = 1024;               // tokens per sequence (prompt + new)
-  size_t memory_budget = size_t(1) << 30;  // bytes of active Contexts (estimated at admission)
+  size_t memory_budget = size_t(1) << 30;  // bytes of running sequences' memories (memory_manager.h)
+  int64_t page_tokens = 16;             // tokens per page of a growing memory
   int64_t max_queue = 1024;
   int64_t cache_block = 64;             // snapshot every this many prompt tokens; 0: no prefix cache
   size_t cache_budget = size_t(256) << 20;
@@ -94,9 +126,10 @@ struct SchedulerMetrics {
   int64_t finished[7] = {};             // by Finish
   int64_t prompt_tokens = 0, prefill_tokens = 0, generated_tokens = 0;
   int64_t decode_steps = 0, decode_rows = 0;
+  int64_t preemptions = 0, recomputed_tokens = 0;  // recomputed: tokens run again after a preemption
   int64_t queue_depth = 0, active = 0;
-  size_t reserved_bytes = 0, budget_bytes = 0;
-  std::array<size_t, 4> active_bytes_by_kind{};
+  MemoryStats memory;                   // the manager's pages and reservations
+  std::array<size_t, 4> active_bytes_by_kind{};  // bytes the running contexts allocate
   double tokens_per_second = 0;         // generated tokens over the last few seconds
   double ttft_sum_s = 0;
   int64_t ttft_count = 0;
@@ -116,13 +149,15 @@ class Scheduler {
   void stop();  // finishes every request (Cancelled) and joins the thread
   SchedulerMetrics metrics() const;
   const SchedulerOptions& options() const { return o_; }
-  size_t estimate_bytes(int64_t tokens) const;  // a Context holding `tokens` tokens
+  size_t estimate_bytes(int64_t tokens) const { return mm_.bytes_for(tokens); }  // a sequence of `tokens`
 
  private:
   void loop();
   void prefill(Job& j);
+  void make_room(std::vector<std::shared_ptr<Job>>& active);  // pages for this step, preempting
   void decode(std::vector<std::shared_ptr<Job>>& active);
   bool check_stop(Job& j);  // cancelled / timed out -> finished
+  void sample(Job& j, float* logits);  // draws, emits and records the next token
   void retire(Job& j, Finish f, const std::string& err = {});
   void count_tokens(int64_t n);
 
@@ -130,17 +165,15 @@ class Scheduler {
   SchedulerOptions o_;
   PrefixCache cache_;
   int64_t V_;
-  size_t fixed_bytes_ = 0;
-  double bytes_per_token_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
   bool stop_ = false;
-  size_t reserved_ = 0;
+  MemoryManager mm_;
   SchedulerMetrics m_;
   std::deque<std::pair<std::chrono::steady_clock::time_point, int64_t>> recent_;  // (time, tokens)
-  std::vector<std::shared_ptr<Job>> active_;  // loop thread only; sizes mirrored into m_
+  std::vector<std::shared_ptr<Job>> active_;  // loop thread only, in admission order; sizes mirrored into m_
   std::thread thread_;
 };
 
