@@ -674,8 +674,12 @@ void register_serve(CLI::App& app) {
       ->type_name("FILE");
   add_runtime_options(cmd, rt);
   cmd->callback([] {
-    apply_runtime_options(rt);
+    apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     auto model = load_model(o.model_dir);
+    // On CUDA the weights and every sequence's memories live on the device (mixers_cuda.h); the
+    // KV and latent caches are allocated whole for the context there, so the page budget counts
+    // less than the device holds.
+    if (rt.device == "cuda") move_to(*model, Device::CUDA);
     std::optional<Tokenizer> tok;
     try {
       tok = Tokenizer::from_dir(o.model_dir);
