@@ -39,6 +39,7 @@ void register_generate(CLI::App& app) {
   static std::string model_dir, prompt, prompt_ids;
   static GenerateOptions g;
   static bool print_ids = false, ignore_eos = false, stats = false;
+  static std::string dtype = "f32";
   static RuntimeOptions rt;
   cmd->add_option("--model", model_dir, "Hugging Face model folder")->required();
   auto* pt = cmd->add_option("--prompt", prompt, "Prompt text (uses the tokenizer files beside the weights)");
@@ -53,15 +54,19 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--print-ids", print_ids, "Print prompt + generated ids on the last line of stdout");
   cmd->add_flag("--ignore-eos", ignore_eos, "Keep going past the end-of-text token");
   cmd->add_flag("--stats", stats, "Print prefill/decode speed and the sequence's memory to stderr");
+  cmd->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
+    if (dtype == "bf16" && rt.device != "cuda") throw error("generate", "--dtype bf16 applies to --device cuda");
     if (prompt.empty() && prompt_ids.empty()) throw error("generate", "give --prompt TEXT or --prompt-ids IDS");
     g.sampling.validate();
     g.stop_at_eos = ignore_eos ? StopAtEos::No : StopAtEos::Yes;
     auto model = load_model(model_dir);
     // On CUDA the weights move to the device (fp32) and the context's memories are made there.
-    if (rt.device == "cuda") move_to(*model, Device::CUDA);
+    if (rt.device == "cuda") move_to(*model, Device::CUDA, dtype == "bf16" ? DType::BF16 : DType::F32);
     std::vector<int64_t> ids;
     std::optional<Tokenizer> tok;
     std::optional<StreamDecoder> stream;

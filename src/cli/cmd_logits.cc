@@ -5,11 +5,7 @@
 
 #include "cli/commands.h"
 #include "io/safetensors.h"
-#include "models/gpt2.h"
 #include "models/registry.h"
-#if defined(K3_HAS_CUDA)
-#include "models/gpt2_cuda.h"
-#endif
 
 namespace k3::cli {
 
@@ -20,7 +16,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--model", model_dir, "Hugging Face model folder")->required();
   cmd->add_option("--input", input, "safetensors file with 'input_ids' int64 [B, T]")->required();
   cmd->add_option("--output", output, "safetensors file to write 'logits' float32 [B, T, V]")->required();
-  cmd->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32 (every model), or bf16 (GPT-2; fp32 accumulation)")
+  cmd->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation; embeddings, norms and routers stay fp32)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   add_runtime_options(cmd, rt);
@@ -42,21 +38,8 @@ void register_logits(CLI::App& app) {
     auto model = load_model(model_dir);
     const int64_t B = ids.dim(0), T = ids.dim(1), V = model->vocab_size();
     Tensor logits = Tensor::empty({B, T, V});  // [B, T, V]
-    if (rt.device == "cuda" && dtype == "bf16") {
-      const auto* gpt2 = dynamic_cast<const Gpt2Model*>(model.get());
-      if (!gpt2)
-        throw error("logits", "--dtype bf16 on CUDA runs GPT-2 checkpoints so far; ", model->architecture(),
-                    " runs in fp32 there (--dtype f32)");
-#if defined(K3_HAS_CUDA)
-      cuda::Gpt2Runner run(*gpt2, device::Storage::BF16);
-      const std::vector<float> out = run.logits(ids.data<int64_t>(), B, T);
-      std::copy(out.begin(), out.end(), logits.f32());
-#endif
-      save_safetensors(output, {{"logits", logits}});
-      return;
-    }
-    // Every architecture runs on CUDA in fp32 through the ops' device forms (models/model.h).
-    if (rt.device == "cuda") move_to(*model, Device::CUDA);
+    // Every architecture runs on CUDA through the ops' device forms (models/model.h).
+    if (rt.device == "cuda") move_to(*model, Device::CUDA, dtype == "bf16" ? DType::BF16 : DType::F32);
     for (int64_t b = 0; b < B; ++b)
       model->forward(ids.data<int64_t>() + b * T, T, nullptr, logits.f32() + b * T * V, Logits::All);
     save_safetensors(output, {{"logits", logits}});

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "infer/generate.h"
 #include "models/registry.h"
@@ -95,6 +96,34 @@ TEST_P(FixtureModelCuda, BatchedDecodeOfUnequalSequencesMatchesTheCpu) {
   }
   for (size_t i = 0; i < got[0].size(); ++i)
     EXPECT_LT(rel_l2(got[1][i].data(), got[0][i].data(), 2 * V), 1e-4) << "step " << i;
+}
+
+// bf16 GEMM weights (move_to's DType::BF16): the logits stay within 5e-3 of the reference, or
+// within 2.5x the error of the CPU model whose same weights are rounded to bf16 (exact fp32
+// arithmetic on the rounded weights), whichever is larger.
+TEST_P(FixtureModelCuda, Bf16GemmWeightsStayWithinTheirRoundingError) {
+  SafeTensors expected = SafeTensors::open(fixture_model(GetParam()) + "/expected.safetensors");
+  Tensor ids = expected.get("input_ids");
+  Tensor ref = expected.get_f32("logits");
+  const int64_t B = ids.dim(0), T = ids.dim(1);
+  auto rounded = load_model(fixture_model(GetParam()));
+  int64_t converted = 0;
+  rounded->visit([&](const std::string& name, Node& p, ParamKind kind) {
+    if (!bf16_gemm_weight(name, p.value, kind)) return;
+    ++converted;
+    for (int64_t i = 0; i < p.value.numel(); ++i) p.value.f32()[i] = round_to_bf16(p.value.f32()[i]);
+  });
+  EXPECT_GT(converted, 0);
+  const int64_t V = rounded->vocab_size();
+  std::vector<float> cpu(static_cast<size_t>(B * T * V)), gpu(cpu.size());
+  rounded->logits(TokenBatch{ids.data<int64_t>(), B, T, nullptr}, cpu.data(), Logits::All);
+  const double e_cpu = rel_l2(cpu.data(), ref.f32(), B * T * V);
+  auto model = load_model(fixture_model(GetParam()));
+  move_to(*model, Device::CUDA, DType::BF16);
+  model->logits(TokenBatch{ids.data<int64_t>(), B, T, nullptr}, gpu.data(), Logits::All);
+  const double e_gpu = rel_l2(gpu.data(), ref.f32(), B * T * V);
+  EXPECT_LT(e_gpu, std::max(5e-3, 2.5 * e_cpu)) << "bf16-rounded weights on the CPU: " << e_cpu;
+  std::printf("%s bf16 GEMM weights: rel L2 %.2e (CPU with the same rounding %.2e)\n", GetParam().c_str(), e_gpu, e_cpu);
 }
 
 TEST_P(FixtureModelCuda, AHostContextOnADeviceModelIsAClearError) {

@@ -13,11 +13,25 @@
 
 namespace k3 {
 
-void move_to(const Model& model, Device device) {
+bool bf16_gemm_weight(const std::string& name, const Tensor& value, ParamKind kind) {
+  auto ends_with = [&](const char* suffix) {
+    const std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  // MoE routers ("mlp.gate.weight" in DeepSeek/Kimi checkpoints) score in fp32 (spec §8.1), and
+  // the MLA up-projection feeds the absorbed decode's fp32 products: both stay fp32.
+  return kind == ParamKind::Weight && value.ndim() == 2 && !ends_with(".gate.weight") && !ends_with("kv_b_proj.weight");
+}
+
+void move_to(const Model& model, Device device, DType gemm_weights) {
   if (device == Device::CUDA) device::require_cuda("model");
-  model.visit([&](const std::string& name, Node& p, ParamKind) {
+  if (gemm_weights != DType::F32 && (gemm_weights != DType::BF16 || device != Device::CUDA))
+    throw error("model", "GEMM weights can be bf16 on CUDA only (or fp32 anywhere), not ", dtype_name(gemm_weights));
+  model.visit([&](const std::string& name, Node& p, ParamKind kind) {
     if (!p.value.has_storage()) throw error("model", "parameter '", name, "' has no values to move to the device");
-    p.value = p.value.dtype() == DType::F32 ? p.value.to_device(device) : p.value.to(DType::F32).to_device(device);
+    const Tensor host = p.value.to_device(Device::CPU);
+    const DType want = gemm_weights == DType::BF16 && bf16_gemm_weight(name, host, kind) ? DType::BF16 : DType::F32;
+    p.value = (host.dtype() == want ? host : host.to(want)).to_device(device);
   });
 }
 

@@ -83,10 +83,13 @@ Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& 
 // Writes config.json + model.safetensors (HF names) into dir, each file atomically.
 void save_model(const Model& model, const std::string& dir);
 
-// Moves every parameter to `device` (fp32), so the model's forward runs there (ops/ag_cuda.h):
-// logits come back to the host, the rest stays on the device. Inference only on CUDA for now;
-// decode with Contexts needs the host.
-void move_to(const Model& model, Device device);
+// Moves every parameter to `device`, so the model's forward runs there (ops/ag_cuda.h) and its
+// new contexts hold device memories; logits come back to the host. Inference only on CUDA for
+// now. gemm_weights BF16 (CUDA only) stores the matrices that feed GEMMs as bf16 (products
+// accumulate in fp32; activations are rounded to bf16 at those GEMMs only); embeddings, norms,
+// biases, gates, MoE routers and the MLA up-projection stay fp32 (bf16_gemm_weight says which).
+void move_to(const Model& model, Device device, DType gemm_weights = DType::F32);
+bool bf16_gemm_weight(const std::string& name, const Tensor& value, ParamKind kind);
 
 // Gives every storage-less parameter zeros, e.g. before init_random.
 void materialize_params(const Model& model);

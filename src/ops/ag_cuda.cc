@@ -66,8 +66,17 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
   ys.back() = out_f;
   Tensor y = empty(ys);
   const bool out_in = layout == WeightLayout::OutIn;
-  cuda::gemm(cuda::Op::N, out_in ? cuda::Op::T : cuda::Op::N, M, out_f, in_f, 1.0f, in(x, "linear"), in_f,
-             in(w, "linear"), out_in ? in_f : out_f, 0.0f, out(y), out_f, device::Storage::F32);
+  const cuda::Op tb = out_in ? cuda::Op::T : cuda::Op::N;
+  if (W.dtype() == DType::BF16) {  // bf16 operands, fp32 accumulation and output
+    if (W.device() != Device::CUDA) throw error("linear", "weight ", W.describe(), " is not on the device");
+    Tensor xb = Tensor::empty_on(Device::CUDA, {M, in_f}, DType::BF16);
+    cuda::cast(in(x, "linear"), xb.raw(), M * in_f, device::Storage::BF16);
+    cuda::gemm(cuda::Op::N, tb, M, out_f, in_f, 1.0f, xb.raw(), in_f, W.raw(), out_in ? in_f : out_f, 0.0f, out(y),
+               out_f, device::Storage::BF16);
+  } else {
+    cuda::gemm(cuda::Op::N, tb, M, out_f, in_f, 1.0f, in(x, "linear"), in_f, in(w, "linear"), out_in ? in_f : out_f,
+               0.0f, out(y), out_f, device::Storage::F32);
+  }
   if (b) cuda::add_bias(out(y), in(b, "linear"), M, out_f);
   return node(std::move(y), {x, w, b}, "linear");
 }
