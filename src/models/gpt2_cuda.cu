@@ -12,6 +12,12 @@
 
 namespace k3::cuda {
 
+static void check_ids(const int64_t* ids, int64_t n, int64_t vocab) {
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      throw error("gpt2 cuda", "token id ", ids[i], " is outside the vocabulary [0, ", vocab, ")");
+}
+
 struct Gpt2Runner::Impl {
   Gpt2Config c;
   device::Storage st;
@@ -62,13 +68,15 @@ std::vector<float> Gpt2Runner::logits(const int64_t* ids_host, int64_t B, int64_
   using device::Buffer;
   std::vector<int64_t> pos(static_cast<size_t>(M));
   for (int64_t i = 0; i < M; ++i) pos[size_t(i)] = i % T;
+  check_ids(ids_host, M, V);
   Buffer ids = device::upload_new(ids_host, size_t(M) * 8), gpos = device::upload_new(pos.data(), pos.size() * 8);
   Buffer x(size_t(M * D) * 4), tmp(size_t(M * D) * 4), h(size_t(M * D) * 4), qkv(size_t(M * 3 * D) * 4),
       q(size_t(M * D) * 4), k(size_t(M * D) * 4), v(size_t(M * D) * 4), y(size_t(M * D) * 4), ff(size_t(M * F) * 4),
       ff2(size_t(M * F) * 4), cast_buf(size_t(M * std::max(D, F)) * 2);
   const auto s = device::Storage::F32;
-  embedding_forward(m.f("wte.weight"), V, ids.as<int64_t>(), M, D, x.get(), s);
-  embedding_forward(m.f("wpe.weight"), c.n_positions, gpos.as<int64_t>(), M, D, tmp.get(), s);
+  // Ids checked on the host and positions < n_positions: the lookups need no flag read back.
+  embedding_forward(m.f("wte.weight"), V, ids.as<int64_t>(), M, D, x.get(), s, false);
+  embedding_forward(m.f("wpe.weight"), c.n_positions, gpos.as<int64_t>(), M, D, tmp.get(), s, false);
   add_inplace(x.as<float>(), tmp.as<float>(), M * D);
   // out[M, N] (beta = 0: =, 1: +=) = in[M, K] W[K, N] (+ bias added separately).
   auto matmul = [&](const float* in, int64_t K, const std::string& wname, int64_t N, float* out, float beta) {
@@ -136,6 +144,7 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     if (targets_host[i] >= V) throw error("gpt2 cuda", "target ", targets_host[i], " outside the vocabulary");
     count += targets_host[i] >= 0;
   }
+  check_ids(ids_host, M, V);
   Buffer ids = device::upload_new(ids_host, size_t(M) * 8), gpos = device::upload_new(pos.data(), pos.size() * 8),
          tgt = device::upload_new(targets_host, size_t(M) * 8);
   auto buf = [](int64_t n) { return Buffer(size_t(n) * 4); };
@@ -146,8 +155,9 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   };
   std::vector<Saved> sv(static_cast<size_t>(L));
   Buffer x = buf(M * D), tmp = buf(M * D), qkv = buf(M * 3 * D);
-  embedding_forward(m.f("wte.weight"), V, ids.as<int64_t>(), M, D, x.get(), s);
-  embedding_forward(m.f("wpe.weight"), c.n_positions, gpos.as<int64_t>(), M, D, tmp.get(), s);
+  // Ids checked on the host and positions < n_positions: the lookups need no flag read back.
+  embedding_forward(m.f("wte.weight"), V, ids.as<int64_t>(), M, D, x.get(), s, false);
+  embedding_forward(m.f("wpe.weight"), c.n_positions, gpos.as<int64_t>(), M, D, tmp.get(), s, false);
   add_inplace(x.as<float>(), tmp.as<float>(), M * D);
   const AttnShape as{B, T, T, H, hd, hd, 0, 1.0f / std::sqrt(float(hd))};
   auto mm = [&](const float* a, Op ta, const float* b, Op tb, int64_t rows, int64_t cols, int64_t inner, float* out,

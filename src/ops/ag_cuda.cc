@@ -112,10 +112,13 @@ Var rmsnorm(const Var& x, const Var& w, float eps) {
 
 Var embedding(const Var& table, const std::vector<int64_t>& ids) {
   const int64_t D = table->value.dim(1), n = int64_t(ids.size());
+  const int64_t vocab = table->value.dim(0);
+  for (int64_t id : ids)  // checked here, so the kernel needs no flag read back
+    if (id < 0 || id >= vocab) throw error("embedding", "token id ", id, " is outside the vocabulary [0, ", vocab, ")");
   Tensor y = empty({n, D});
   const device::Buffer d_ids = upload_ids(ids);
-  cuda::embedding_forward(in(table, "embedding"), table->value.dim(0), d_ids.as<int64_t>(), n, D, out(y),
-                          device::Storage::F32);
+  cuda::embedding_forward(in(table, "embedding"), vocab, d_ids.as<int64_t>(), n, D, out(y), device::Storage::F32,
+                          /*check_ids=*/false);
   return node(std::move(y), {table}, "embedding");
 }
 

@@ -43,8 +43,10 @@ void situ_glu_backward(const void* gate, const void* up, const void* dy, void* d
                        float beta, float beta_lin, Storage st);
 
 // Embedding rows: y[n, D] = table[ids[n]] (fp32 table); backward atomically adds dy into dtable.
+// check_ids: an id outside [0, vocab) throws (the check waits for the kernel); callers that
+// validated the ids on the host pass false and stay asynchronous.
 void embedding_forward(const float* table, int64_t vocab, const int64_t* ids, int64_t n, int64_t D, void* y,
-                       Storage st);
+                       Storage st, bool check_ids = true);
 void embedding_backward(const int64_t* ids, int64_t n, int64_t D, const void* dy, float* dtable, Storage st);
 
 // RoPE on rows x [M, H, hd] in place, adjacent pairs (ops/rope.h): columns [offset, offset + rot)
