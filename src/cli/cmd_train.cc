@@ -57,8 +57,8 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--batches", batches, "Validation batches")->capture_default_str()->check(CLI::PositiveNumber);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
-    apply_runtime_options(rt);
-    EvalResult r = evaluate_model(model, data, seq_len, batches, 12345);
+    apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
+    EvalResult r = evaluate_model(model, data, seq_len, batches, 12345, rt.device == "cuda" ? Device::CUDA : Device::CPU);
     std::printf("val_loss=%.6f\nperplexity=%.4f\ntokens=%lld\n", r.val_loss, r.perplexity, (long long)r.tokens);
   });
 }

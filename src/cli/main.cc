@@ -23,7 +23,8 @@ void apply_runtime_options(const RuntimeOptions& opts, DeviceSupport support) {
   if (opts.device == "cuda") {
     if (support == DeviceSupport::CpuOnly)
       throw error("cli", "--device cuda: this command runs on the CPU only so far (the CUDA backend covers "
-                         "`k3 logits`, `k3 generate`, `k3 op run` and `k3 bench kernels`); use --device cpu");
+                         "`k3 logits`, `generate`, `eval`, `serve`, `op run`, `bench decode` and `bench kernels`); "
+                         "use --device cpu");
     device::require_cuda("cli");
   }
   set_num_threads(opts.threads);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "infer/generate.h"
@@ -124,6 +125,21 @@ TEST_P(FixtureModelCuda, Bf16GemmWeightsStayWithinTheirRoundingError) {
   const double e_gpu = rel_l2(gpu.data(), ref.f32(), B * T * V);
   EXPECT_LT(e_gpu, std::max(5e-3, 2.5 * e_cpu)) << "bf16-rounded weights on the CPU: " << e_cpu;
   std::printf("%s bf16 GEMM weights: rel L2 %.2e (CPU with the same rounding %.2e)\n", GetParam().c_str(), e_gpu, e_cpu);
+}
+
+// The mean next-token cross-entropy (k3 eval's loss) on the device equals the CPU's.
+TEST_P(FixtureModelCuda, LossMatchesTheCpu) {
+  auto model = load_model(fixture_model(GetParam()));
+  SafeTensors expected = SafeTensors::open(fixture_model(GetParam()) + "/expected.safetensors");
+  Tensor ids = expected.get("input_ids");
+  const int64_t B = ids.dim(0), T = ids.dim(1);
+  std::vector<int64_t> targets(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B * T; ++i) targets[size_t(i)] = i % T == T - 1 ? -1 : ids.data<int64_t>()[i + 1];
+  const TokenBatch batch{ids.data<int64_t>(), B, T, nullptr};
+  const double cpu = model->loss(batch, targets)->value.f32()[0];
+  move_to(*model, Device::CUDA);
+  const double gpu = model->loss(batch, targets)->value.f32()[0];
+  EXPECT_NEAR(gpu, cpu, 1e-5 * std::fabs(cpu)) << "cpu " << cpu << " cuda " << gpu;
 }
 
 TEST_P(FixtureModelCuda, AHostContextOnADeviceModelIsAClearError) {

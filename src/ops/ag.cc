@@ -275,6 +275,7 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_
 }
 
 Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, int64_t vc, float z_loss) {
+  K3_AG_CUDA(h, cross_entropy_head(h, w, targets, z_loss));
   const int64_t N = h->value.dim(0), D = h->value.dim(1), V = w->value.dim(0);
   K3_CHECK(int64_t(targets.size()) == N, "cross_entropy: ", targets.size(), " targets for ", N, " rows");
   auto lse = std::make_shared<std::vector<float>>(size_t(N));

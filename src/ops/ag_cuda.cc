@@ -304,4 +304,32 @@ Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts) {
   return node(std::move(y), {gate, up}, "situ_glu");
 }
 
+Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, float z_loss) {
+  if (z_loss != 0.0f) throw error("cross_entropy", "the z-loss has no CUDA form yet");
+  const int64_t N = h->value.dim(0), V = w->value.dim(0);
+  K3_CHECK(int64_t(targets.size()) == N, "cross_entropy: ", targets.size(), " targets for ", N, " rows");
+  int64_t count = 0;
+  for (int64_t t : targets) {
+    if (t >= V) throw error("cross_entropy", "target id ", t, " outside the vocabulary of ", V);
+    count += t >= 0;
+  }
+  in(h, "cross_entropy");
+  const device::Buffer d_tgt = upload_ids(targets);
+  Tensor loss = empty({N});
+  // Rows per chunk: at most 64 MiB of logits at a time.
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(16) << 20) / std::max<int64_t>(1, V)));
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    const Var part = constant(h->value.slice(0, r0, r0 + n));
+    const Var logits = gpu::linear(part, w, nullptr, WeightLayout::OutIn);  // [n, V]
+    cuda::cross_entropy(out(logits->value), d_tgt.as<int64_t>() + r0, n, V, out(loss) + r0, nullptr, 1.0f);
+  }
+  const Tensor host = loss.to_device(Device::CPU);
+  double sum = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[size_t(i)] >= 0) sum += host.f32()[i];
+  forward_only("cross_entropy", {h, w});
+  return constant(Tensor::full({1}, count ? float(sum / double(count)) : 0.0f));
+}
+
 }  // namespace k3::ag::gpu

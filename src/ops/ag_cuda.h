@@ -52,6 +52,9 @@ Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w
 Var l2norm(const Var& x, int64_t d, float eps);
 Var gated_rmsnorm(const Var& x, const Var& gate, const Var& w, int64_t d, float eps, NormGate act);
 Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts);
+// Mean next-token cross-entropy (ag::cross_entropy_head) in row chunks of [rows, V] logits on the
+// device; the scalar comes back to the host. No z-loss on CUDA yet.
+Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, float z_loss);
 
 }  // namespace k3::ag::gpu
 

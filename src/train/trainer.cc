@@ -383,8 +383,9 @@ TrainResult run_training(TrainConfig cfg) {
 }
 
 EvalResult evaluate_model(const std::string& model_dir, const std::vector<std::string>& data_paths, int64_t seq_len,
-                          int64_t batches, uint64_t seed) {
+                          int64_t batches, uint64_t seed, Device device) {
   auto model = load_model(model_dir);
+  if (device == Device::CUDA) move_to(*model, Device::CUDA);  // the loss's logits are made there too
   Tokenizer tok = Tokenizer::from_dir(model_dir);
   std::vector<std::string> paths = data_paths;
   Json st;

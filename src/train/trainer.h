@@ -46,7 +46,7 @@ struct EvalResult {
   int64_t tokens = 0;
 };
 EvalResult evaluate_model(const std::string& model_dir, const std::vector<std::string>& data, int64_t seq_len,
-                          int64_t batches, uint64_t seed);
+                          int64_t batches, uint64_t seed, Device device = Device::CPU);
 
 // The built-in corpus: the King James Bible text extracted from Debian's bible-kjv package by
 // the setup script (data/kjv.txt), or extracted now with `bible` if it is installed.
