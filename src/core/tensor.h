@@ -67,8 +67,8 @@ class Tensor {
   Tensor to(DType dtype) const;          // contiguous copy converted (float types)
   void copy_from(const Tensor& src);     // same shape; converts dtype
   void fill(float value);                // F32 only
-  // A contiguous copy on `device`, same dtype (this tensor itself if it is there already). A
-  // copy to the host waits for the device.
+  // A contiguous copy on `device`, same dtype; a tensor already there is returned as it is (a
+  // view, possibly strided). A copy to the host waits for the device.
   Tensor to_device(Device device) const;
 
   std::string describe() const;  // "F32[2, 3]", "cuda:F32[2, 3]"

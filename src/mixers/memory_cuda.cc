@@ -150,12 +150,14 @@ bool is_device_memory(const Memory* m) {
 Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
                         Memory* const* memories) {
   const int64_t D = H * hd;
+  K3_CHECK(qkv.numel() == B * T * 3 * D, "attention: qkv ", qkv.describe(), " for B=", B, " T=", T, " width ", 3 * D);
+  // Every cache must take the new tokens before any changes: a failure leaves the batch intact.
+  for (int64_t b = 0; b < B; ++b) device_memory<DeviceRows>(memories[b], "attention")->reserve(T);
   Tensor att = dev_empty({B * T, D});
   Tensor q = dev_empty({T, D});
   for (int64_t b = 0; b < B; ++b) {
     auto* cache = device_memory<DeviceRows>(memories[b], "attention");
     const float* base = qkv.cuda_f32() + b * T * 3 * D;
-    cache->reserve(T);
     k3::cuda::copy_blocks(base, 3 * D, 0, q.cuda_f32(), D, 0, T, 1, D);
     cache->append(0, base + D, 3 * D, T);
     cache->append(1, base + 2 * D, 3 * D, T);
@@ -172,6 +174,9 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
                         Memory* const* memories) {
   const int64_t H = s.H, T = s.T, R = s.R, W = R + s.rope, qd = s.nope + s.rope, wrow = s.nope + s.v;
   const int64_t M = s.B * T;
+  K3_CHECK(q.numel() == M * H * qd && rows.numel() == M * W && kv_b.numel() == H * wrow * R, "mla: q ", q.describe(),
+           " rows ", rows.describe(), " kv_b ", kv_b.describe(), " do not fit B=", s.B, " T=", T, " H=", H);
+  for (int64_t b = 0; b < s.B; ++b) device_memory<DeviceRows>(memories[b], "mla")->reserve(T);  // all or none
   Tensor att = dev_empty({M, H * s.v});
   Tensor qt = dev_empty({M, H, W}), ob = dev_empty({M, H, R});
   const float* wkv = kv_b.cuda_f32();  // [H·(nope+v), R]
@@ -185,7 +190,6 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
   int64_t longest = 0;
   for (int64_t b = 0; b < s.B; ++b) {  // the new rows into each sequence's cache
     auto* cache = device_memory<DeviceRows>(memories[b], "mla");
-    cache->reserve(T);
     p0s[size_t(b)] = cache->length();
     cache->append(0, rows.cuda_f32() + b * T * W, W, T);
     cache->advance(T);
@@ -207,7 +211,11 @@ Tensor conv_with_tails(const Tensor& x, const Tensor& w, int64_t B, int64_t T, i
   const int64_t C = x.dim(-1);
   Tensor y = dev_empty(x.shape());
   std::vector<float*> tails(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) tails[size_t(b)] = device_memory<DeviceState>(memories[b], "short_conv")->tail(stream);
+  K3_CHECK(w.numel() == C * W && W >= 1, "short_conv: weight ", w.describe(), " for ", C, " channels of width ", W);
+  for (int64_t b = 0; b < B; ++b) {  // a width-1 convolution keeps no tail
+    auto* st = device_memory<DeviceState>(memories[b], "short_conv");
+    tails[size_t(b)] = W > 1 ? st->tail(stream) : nullptr;
+  }
   const device::Buffer d_tails = device::upload_new(tails.data(), tails.size() * sizeof(float*));
   k3::cuda::conv_with_tails(x.cuda_f32(), w.cuda_f32(), d_tails.as<float*>(), B, T, C, W, y.cuda_f32());
   return y;
@@ -218,6 +226,12 @@ Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, cons
   if (opts.normalize == linear::Normalize::On)
     throw error("delta_rule", "the normalised linear attention has no CUDA decode yet");
   linear::cuda::check_supported(s.K, s.V);
+  const int64_t rows = s.B * s.T;
+  K3_CHECK(q.numel() == rows * s.H * s.K && k.numel() == q.numel() && v.numel() == rows * s.HV * s.V &&
+               (opts.write != linear::Write::Delta || beta.numel() == rows * s.HV) &&
+               (opts.decay != linear::Decay::Scalar || g.numel() == rows * s.HV) &&
+               (opts.decay != linear::Decay::PerChannel || g.numel() == rows * s.HV * s.K),
+           "delta_rule: inputs do not fit B=", s.B, " T=", s.T, " H=", s.H, " HV=", s.HV, " K=", s.K, " V=", s.V);
   // The sequences' states gathered into one [B, HV, K, V] array, one kernel over all of them,
   // then scattered back.
   const int64_t SS = s.HV * s.K * s.V;

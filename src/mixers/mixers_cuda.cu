@@ -52,31 +52,34 @@ __global__ void tail_update_kernel(const float* x, float* const* tails, int64_t 
 // Lanes own R/32 accumulator columns. Partial (m, l, acc) per split go to scratch;
 // latent_combine_kernel merges them.
 constexpr int kMaxRank = 512;
-constexpr int kMaxHeads = 32;
+constexpr int kHeadsPerBlock = 16;  // head groups beyond that go to blockIdx.z
 constexpr int kRows = 32;
 template <int kPer>  // accumulator columns per lane: R ≤ 32·kPer
-__global__ void latent_split_kernel(const float* qt, const float* const* lats, const int64_t* p0s, int64_t T,
+__global__ void __launch_bounds__(32 * kHeadsPerBlock) latent_split_kernel(const float* qt, const float* const* lats, const int64_t* p0s, int64_t T,
                                     int64_t H, int W, int64_t R, float scale, int64_t chunk, int splits,
                                     float* part_ml, float* part_acc) {
-  extern __shared__ float smem[];  // tile [kRows, W + 1], then q [H, W]
+  extern __shared__ float smem[];  // tile [kRows, W + 1], then this group's q [G, W]
   float* tile = smem;
   float* qs = smem + kRows * (W + 1);
   const int64_t bt = blockIdx.x, b = bt / T, t = bt % T, split = blockIdx.y;
-  const int lane = threadIdx.x & 31, h = threadIdx.x >> 5;
+  const int64_t h0 = int64_t(blockIdx.z) * kHeadsPerBlock, G = min(int64_t(kHeadsPerBlock), H - h0);
+  const int lane = threadIdx.x & 31, hw = threadIdx.x >> 5;
+  const int64_t h = h0 + hw;
   const float* lat = lats[b];
   const int64_t n = p0s[b] + t + 1, s0 = split * chunk, s1 = min(n, s0 + chunk);
-  for (int64_t i = threadIdx.x; i < H * W; i += blockDim.x) qs[i] = qt[bt * H * W + i] * scale;
+  for (int64_t i = threadIdx.x; i < G * W; i += blockDim.x) qs[i] = qt[(bt * H + h0) * W + i] * scale;
   float acc[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  const float* q = qs + h * W;
+  const float* q = qs + hw * W;
   for (int64_t base = s0; base < s1; base += kRows) {
     const int64_t rows = min(int64_t(kRows), s1 - base);
     __syncthreads();
     const float* src = lat + base * W;
     for (int i = threadIdx.x; i < int(rows) * W; i += blockDim.x) tile[(i / W) * (W + 1) + i % W] = src[i];
     __syncthreads();
+    if (hw >= G) continue;  // a warp past the last group's heads only helps load (warp-uniform)
     float d = -INFINITY;
     if (lane < rows) {
       const float* row = tile + lane * (W + 1);
@@ -97,6 +100,7 @@ __global__ void latent_split_kernel(const float* qt, const float* const* lats, c
     }
     m = m2;
   }
+  if (hw >= G) return;
   const int64_t slot = (bt * splits + split) * H + h;
   if (lane == 0) {
     part_ml[2 * slot] = m;
@@ -172,7 +176,6 @@ void conv_with_tails(const float* x, const float* w, float* const* tails, int64_
 void latent_attention(const float* qt, const float* const* lats, const int64_t* p0s, int64_t longest, float* ob,
                       int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale) {
   if (R > kMaxRank) throw error("mla", "kv_lora_rank ", R, " exceeds the CUDA decode kernel's ", kMaxRank);
-  if (H > kMaxHeads) throw error("mla", H, " heads exceed the CUDA decode kernel's ", kMaxHeads);
   if (!B || !T || !H) return;
   // About 4 blocks per SM over all (sequence, token) rows, chunks of at least 128 latent rows.
   const int64_t rows = B * T;
@@ -180,7 +183,8 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
   const int64_t chunk = (longest + splits - 1) / splits;
   splits = int((longest + chunk - 1) / chunk);
   device::Buffer ml(size_t(rows * splits * H * 2) * 4), acc(size_t(rows * splits * H * R) * 4);
-  const size_t smem = size_t(kRows * (W + 1) + H * W) * 4;
+  const int64_t G = std::min<int64_t>(H, kHeadsPerBlock), groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock;
+  const size_t smem = size_t(kRows * (W + 1) + G * W) * 4;
   constexpr size_t kMaxSmem = 200 * 1024;  // opted into below (Hopper allows 227 KiB per block)
   if (smem > kMaxSmem) throw error("mla", "latent width ", W, " with ", H, " heads exceeds the kernel's shared memory");
   static const bool opted = [] {
@@ -193,7 +197,7 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
   const int per = int((R + 31) / 32);
   auto* kernel = per <= 1 ? latent_split_kernel<1> : per <= 2 ? latent_split_kernel<2> : per <= 4 ? latent_split_kernel<4>
                : per <= 8 ? latent_split_kernel<8> : latent_split_kernel<16>;
-  kernel<<<dim3(unsigned(rows), unsigned(splits)), unsigned(32 * H), smem, device::stream()>>>(
+  kernel<<<dim3(unsigned(rows), unsigned(splits), unsigned(groups)), unsigned(32 * G), smem, device::stream()>>>(
       qt, lats, p0s, T, H, int(W), R, scale, chunk, splits, ml.as<float>(), acc.as<float>());
   K3_CUDA_LAUNCHED();
   latent_combine_kernel<<<unsigned(rows * H), 128, 0, device::stream()>>>(ml.as<float>(), acc.as<float>(), H, R,

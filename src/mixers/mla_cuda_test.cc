@@ -1,7 +1,8 @@
 // MLA on the GPU (weights moved to the device, mixers_cuda.h's latent cache and split latent
 // attention) against the CPU layer: the expanded prefill, and the absorbed decode continuing a
-// context long enough that the latent rows are split across many blocks; batched sequences at
-// different lengths. Needs a GPU: label "gpu".
+// context long enough that the latent rows are split across many blocks, and at DeepSeek/K3's
+// latent width with more heads than one block holds; batched sequences at different lengths.
+// Needs a GPU: label "gpu".
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,8 +39,41 @@ double rel(const Tensor& a, const Tensor& b) {
   return std::sqrt(n / d);
 }
 
+// Prefill through the caches (sequences of `lens` tokens), 3 batched decode steps, and the expanded
+// (no-cache) prefill, on the CPU and on the GPU; every output within 1e-4.
+void compare_cpu_and_gpu(const MlaOptions& o, const std::vector<int64_t>& lens) {
+  Mla m(o);
+  init(m, 5);
+  const int64_t D = o.d_model, B = int64_t(lens.size());
+  std::vector<Tensor> cpu_out, gpu_out;
+  for (Device d : {Device::CPU, Device::CUDA}) {
+    to_device(m, d);
+    std::vector<std::unique_ptr<Memory>> mems;
+    std::vector<Memory*> all;
+    for (size_t b = 0; b < lens.size(); ++b) {
+      mems.push_back(m.new_memory(1024));
+      all.push_back(mems.back().get());
+      Memory* one[1] = {mems.back().get()};
+      Tensor x = random_rows(lens[b], D, 100 + b).to_device(d);
+      Var y = m.forward(constant(x), SeqBatch{1, lens[b], one});
+      (d == Device::CPU ? cpu_out : gpu_out).push_back(y->value.to_device(Device::CPU));
+    }
+    for (int step = 0; step < 3; ++step) {
+      Tensor x = random_rows(B, D, 900 + uint64_t(step)).to_device(d);
+      Var y = m.forward(constant(x), SeqBatch{B, 1, all.data()});
+      (d == Device::CPU ? cpu_out : gpu_out).push_back(y->value.to_device(Device::CPU));
+    }
+    Tensor x = random_rows(2 * 40, D, 7).to_device(d);
+    (d == Device::CPU ? cpu_out : gpu_out).push_back(m.forward(constant(x), SeqBatch{2, 40, nullptr})->value.to_device(Device::CPU));
+  }
+  to_device(m, Device::CPU);
+  ASSERT_EQ(cpu_out.size(), gpu_out.size());
+  for (size_t i = 0; i < cpu_out.size(); ++i) EXPECT_LT(rel(gpu_out[i], cpu_out[i]), 1e-4) << "output " << i;
+}
+
 class MlaCuda : public ::testing::TestWithParam<MlaPosition> {};
 
+// A small latent (48 + 8) over 700 and 300 cached tokens: many splits of the latent rows.
 TEST_P(MlaCuda, PrefillAndLongAbsorbedDecodeMatchTheCpu) {
   MlaOptions o;
   o.d_model = 64;
@@ -51,34 +85,22 @@ TEST_P(MlaCuda, PrefillAndLongAbsorbedDecodeMatchTheCpu) {
   o.v_head_dim = 12;
   o.position = GetParam();
   o.gate = OutputGate::Sigmoid;
-  Mla m(o);
-  init(m, 5);
-  // Two sequences: 700 and 300 tokens of prefill through their caches, then 3 decode steps.
-  const std::vector<int64_t> lens = {700, 300};
-  std::vector<Tensor> cpu_out, gpu_out;
-  for (Device d : {Device::CPU, Device::CUDA}) {
-    to_device(m, d);
-    std::vector<std::unique_ptr<Memory>> mems;
-    for (size_t b = 0; b < lens.size(); ++b) {
-      mems.push_back(m.new_memory(1024));
-      Memory* one[1] = {mems.back().get()};
-      Tensor x = random_rows(lens[b], 64, 100 + b).to_device(d);
-      Var y = m.forward(constant(x), SeqBatch{1, lens[b], one});
-      (d == Device::CPU ? cpu_out : gpu_out).push_back(y->value.to_device(Device::CPU));
-    }
-    Memory* both[2] = {mems[0].get(), mems[1].get()};
-    for (int step = 0; step < 3; ++step) {
-      Tensor x = random_rows(2, 64, 900 + uint64_t(step)).to_device(d);
-      Var y = m.forward(constant(x), SeqBatch{2, 1, both});
-      (d == Device::CPU ? cpu_out : gpu_out).push_back(y->value.to_device(Device::CPU));
-    }
-    // The expanded (no-cache) prefill as well.
-    Tensor x = random_rows(2 * 40, 64, 7).to_device(d);
-    (d == Device::CPU ? cpu_out : gpu_out).push_back(m.forward(constant(x), SeqBatch{2, 40, nullptr})->value.to_device(Device::CPU));
-  }
-  to_device(m, Device::CPU);
-  ASSERT_EQ(cpu_out.size(), gpu_out.size());
-  for (size_t i = 0; i < cpu_out.size(); ++i) EXPECT_LT(rel(gpu_out[i], cpu_out[i]), 1e-4) << "output " << i;
+  compare_cpu_and_gpu(o, {700, 300});
+}
+
+// DeepSeek/K3's latent width (512 + 64) with 40 heads: three head groups per block row, 16
+// accumulator columns per lane.
+TEST_P(MlaCuda, FullWidthLatentWithManyHeadsMatchesTheCpu) {
+  MlaOptions o;
+  o.d_model = 96;
+  o.heads = 40;
+  o.q_lora_rank = 32;
+  o.kv_lora_rank = 512;
+  o.qk_nope_head_dim = 16;
+  o.qk_rope_head_dim = 64;
+  o.v_head_dim = 16;
+  o.position = GetParam();
+  compare_cpu_and_gpu(o, {150, 90});
 }
 
 INSTANTIATE_TEST_SUITE_P(Positions, MlaCuda, ::testing::Values(MlaPosition::NoPE, MlaPosition::Rope));

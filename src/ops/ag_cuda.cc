@@ -211,8 +211,8 @@ Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t
 
 Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T) {
   const int64_t C = last_dim(x->value), W = w->value.numel() / std::max<int64_t>(1, C);
-  K3_CHECK(rows(x->value) == B * T && w->value.numel() == C * W, "short_conv: x ", x->value.describe(), " w ",
-           w->value.describe(), " B=", B, " T=", T);
+  K3_CHECK(rows(x->value) == B * T && W >= 1 && w->value.dim(0) == C && w->value.numel() == C * W, "short_conv: x ",
+           x->value.describe(), " w ", w->value.describe(), " B=", B, " T=", T);
   Tensor y = empty(x->value.shape());
   cuda::short_conv(in(x, "short_conv"), in(w, "short_conv"), B, T, C, W, out(y));
   return node(std::move(y), {x, w}, "short_conv");
@@ -267,7 +267,6 @@ Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w
   const device::Buffer d_rows = upload_ids(d.rows), d_slots = upload_ids(d.slots);
   for (size_t j = 0; j < ys.size(); ++j) {
     const int64_t p0 = d.offsets[j], n = d.offsets[j + 1] - p0;
-    // One expert per launch: its rows are distinct, so the additions need no atomics.
     cuda::scatter_weighted(in(ys[j], "weighted_combine"), d_rows.as<int64_t>() + p0, d_slots.as<int64_t>() + p0,
                            in(w, "weighted_combine"), n, N, out(o));
   }
@@ -277,14 +276,14 @@ Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w
 }
 
 Var l2norm(const Var& x, int64_t d, float eps) {
-  K3_CHECK(d > 0 && x->value.numel() % d == 0, "l2norm: ", x->value.describe(), " is not made of heads of ", d);
+  K3_CHECK(d > 0 && x->value.dim(-1) % d == 0, "l2norm: ", x->value.describe(), " is not made of heads of ", d);
   Tensor y = empty(x->value.shape());
   cuda::l2norm_groups(in(x, "l2norm"), out(y), x->value.numel() / d, d, eps);
   return node(std::move(y), {x}, "l2norm");
 }
 
 Var gated_rmsnorm(const Var& x, const Var& gate, const Var& w, int64_t d, float eps, NormGate act) {
-  K3_CHECK(d > 0 && x->value.numel() % d == 0, "gated_rmsnorm: ", x->value.describe(), " is not made of heads of ", d);
+  K3_CHECK(d > 0 && x->value.dim(-1) % d == 0, "gated_rmsnorm: ", x->value.describe(), " is not made of heads of ", d);
   K3_CHECK((act == NormGate::None) == !gate, "gated_rmsnorm: a gate needs an activation and vice versa");
   if (gate) K3_CHECK(gate->value.shape() == x->value.shape(), "gated_rmsnorm: gate ", gate->value.describe());
   if (w) K3_CHECK(w->value.numel() == d, "gated_rmsnorm: weight ", w->value.describe(), " for heads of ", d);

@@ -114,7 +114,7 @@ void copy_blocks(const float* src, int64_t s_row, int64_t s_head, float* dst, in
                  int64_t H, int64_t w);
 // y[i] = x[rows[i]] (rows on the device).
 void gather_rows(const float* x, const int64_t* rows, int64_t n, int64_t D, float* y);
-// out[rows[p]] += w[slots[p]] · ys[p] for p < n (ys [n, D]); rows distinct within one call.
+// out[rows[p]] += w[slots[p]] · ys[p] for p < n (ys [n, D]), atomically.
 void scatter_weighted(const float* ys, const int64_t* rows, const int64_t* slots, const float* w, int64_t n, int64_t D,
                       float* out);
 // y[m, k] = s[m, idx[m·K + k]] (+ offset[idx], when non-null).

@@ -55,7 +55,8 @@ __global__ void scatter_weighted_kernel(const float* ys, const int64_t* rows, co
   const int64_t p = blockIdx.x;
   const float c = w[slots[p]];
   float* o = out + rows[p] * D;
-  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) o[j] += c * ys[p * D + j];
+  // Atomic: a routing that sends a row to one expert twice still sums both (as the CPU does).
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) atomicAdd(o + j, c * ys[p * D + j]);
 }
 
 __global__ void gather_cols_kernel(const float* s, const int64_t* idx, const float* offset, int64_t E, int64_t K,

@@ -33,8 +33,13 @@ Var delta_rule(const Var& q, const Var& k, const Var& v, const Var& beta, const 
     a.g = in(g, "delta_rule");
     parents.push_back(g);
   }
-  K3_CHECK(q->value.numel() == s.B * s.T * s.H * s.K && v->value.numel() == s.B * s.T * s.HV * s.V,
-           "delta_rule: q ", q->value.describe(), " v ", v->value.describe(), " for the shape given");
+  const int64_t rows = s.B * s.T;
+  K3_CHECK(q->value.numel() == rows * s.H * s.K && k->value.numel() == q->value.numel() &&
+               v->value.numel() == rows * s.HV * s.V && (!a.beta || beta->value.numel() == rows * s.HV) &&
+               (opts.decay != Decay::Scalar || g->value.numel() == rows * s.HV) &&
+               (opts.decay != Decay::PerChannel || g->value.numel() == rows * s.HV * s.K),
+           "delta_rule: q ", q->value.describe(), " k ", k->value.describe(), " v ", v->value.describe(),
+           " (with beta / g) do not fit B=", s.B, " T=", s.T, " H=", s.H, " HV=", s.HV, " K=", s.K, " V=", s.V);
   std::vector<int64_t> row0(size_t(s.B)), len(size_t(s.B), s.T);
   for (int64_t b = 0; b < s.B; ++b) row0[size_t(b)] = b * s.T;
   const device::Buffer d_row0 = device::upload_new(row0.data(), row0.size() * 8);
