@@ -52,7 +52,9 @@ struct AllocatorStats {
 AllocatorStats allocator_stats();
 void empty_cache();  // returns the free lists to the driver
 
-// Copies on k3's stream; the *_sync forms wait for completion.
+// Copies on k3's stream. upload returns once the host bytes have been read: small uploads go
+// through a pinned staging ring and are queued without a stream sync, large ones wait for the copy.
+// download waits for the copy (and so for everything queued before it).
 void upload(void* dst_device, const void* src_host, size_t bytes);
 void download(void* dst_host, const void* src_device, size_t bytes);
 void zero(void* dst_device, size_t bytes);

@@ -5,6 +5,7 @@
 // merging: simple, and the loops k3 runs (decode, training steps) ask for the same sizes again and
 // again. When cudaMalloc fails the free lists are emptied once and the call retried.
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -167,8 +168,45 @@ void empty_cache() {
   allocator().release_locked();
 }
 
+namespace {
+// Pinned staging ring for small uploads (index lists, positions, token ids): the host bytes are
+// copied into the ring and the device copy is queued without waiting, so a decode step's many
+// small uploads do not each drain the stream. When the ring wraps, the stream is synchronised
+// once: every copy queued from the previous lap has then read its bytes.
+struct Staging {
+  static constexpr size_t kCap = size_t(8) << 20, kMaxUpload = kCap / 8, kAlign = 256;
+  std::mutex mu;
+  char* base = nullptr;
+  bool unavailable = false;
+  size_t head = 0;
+};
+Staging& staging() {
+  static Staging* s = new Staging();  // never destroyed, like the allocator
+  return *s;
+}
+}  // namespace
+
 void upload(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
+  Staging& s = staging();
+  if (bytes <= Staging::kMaxUpload) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.base && !s.unavailable && cudaHostAlloc(reinterpret_cast<void**>(&s.base), Staging::kCap, cudaHostAllocDefault) != cudaSuccess) {
+      (void)cudaGetLastError();
+      s.base = nullptr;
+      s.unavailable = true;  // no pinned memory: the synchronous path below
+    }
+    if (s.base) {
+      if (s.head + bytes > Staging::kCap) {
+        K3_CUDA_CHECK(cudaStreamSynchronize(stream()));
+        s.head = 0;
+      }
+      std::memcpy(s.base + s.head, src, bytes);
+      K3_CUDA_CHECK(cudaMemcpyAsync(dst, s.base + s.head, bytes, cudaMemcpyHostToDevice, stream()));
+      s.head += (bytes + Staging::kAlign - 1) / Staging::kAlign * Staging::kAlign;
+      return;
+    }
+  }
   K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
   K3_CUDA_CHECK(cudaStreamSynchronize(stream()));  // the host buffer may be pageable and short-lived
 }

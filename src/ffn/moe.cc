@@ -1,5 +1,10 @@
 #include "ffn/moe.h"
 
+#if defined(K3_HAS_CUDA)
+#include "ffn/moe_cuda.h"
+#include "ops/ag_cuda.h"
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -151,16 +156,23 @@ Var MoE::forward(const Var& x) const {
   // Dispatch: each active expert runs on its own rows only.
   const ag::Dispatch d = ag::make_dispatch(idx, M, K, E);
   Var xr = opts.latent_dim > 0 ? latent_down(x) : x;  // [M, ℓ] or [M, D]
-  std::vector<Var> ys;
-  ys.reserve(static_cast<size_t>(d.active()));
   std::fill(rows_processed_.begin(), rows_processed_.end(), 0);
-  for (int64_t j = 0; j < d.active(); ++j) {
-    const int64_t e = d.experts[size_t(j)];
-    Var xe = ag::gather_rows(xr, d.rows_of(j));  // [n_e, width]
-    rows_processed_[size_t(e)] += xe->value.dim(0);
-    ys.push_back(experts[size_t(e)].forward(xe));
+  for (int64_t j = 0; j < d.active(); ++j)
+    rows_processed_[size_t(d.experts[size_t(j)])] += d.offsets[size_t(j + 1)] - d.offsets[size_t(j)];
+  Var r;
+#if defined(K3_HAS_CUDA)
+  if (xr->value.device() == Device::CUDA) {  // inference: all experts in one pass (moe_cuda.h)
+    ag::gpu::forward_only("moe", {xr, w});
+    r = constant(gpu::moe_routed(xr->value, d, w->value, experts, M));
   }
-  Var r = ag::weighted_combine(ys, d, w, M);  // [M, width]
+#endif
+  if (!r) {
+    std::vector<Var> ys;
+    ys.reserve(static_cast<size_t>(d.active()));
+    for (int64_t j = 0; j < d.active(); ++j)
+      ys.push_back(experts[size_t(d.experts[size_t(j)])].forward(ag::gather_rows(xr, d.rows_of(j))));  // [n_e, width]
+    r = ag::weighted_combine(ys, d, w, M);  // [M, width]
+  }
   if (opts.latent_dim > 0) {
     if (latent_norm) r = (*latent_norm)(r);
     r = latent_up(r);  // [M, D]
@@ -170,8 +182,8 @@ Var MoE::forward(const Var& x) const {
   // Bookkeeping for inspection and balancing.
   last_.tokens = M;
   last_.top_k = K;
-  const Tensor wh = w->value.to_device(Device::CPU);
-  last_.weights.assign(wh.f32(), wh.f32() + M * K);
+  last_weights_ = w->value;
+  weights_pending_ = true;
   last_.load.assign(static_cast<size_t>(E), 0);
   for (int64_t e : idx) ++last_.load[size_t(e)];
   if (recording())
@@ -179,6 +191,16 @@ Var MoE::forward(const Var& x) const {
   last_.indices = std::move(idx);
   last_scores_ = scores;
   return r;
+}
+
+const Routing& MoE::last_routing() const {
+  if (weights_pending_) {
+    const Tensor wh = last_weights_.to_device(Device::CPU);
+    last_.weights.assign(wh.f32(), wh.f32() + wh.numel());
+    last_weights_ = Tensor();
+    weights_pending_ = false;
+  }
+  return last_;
 }
 
 void MoE::apply_bias_update(float gamma) {

@@ -96,7 +96,9 @@ class MoE final : public Ffn {
   int64_t active_params() const override;
   int64_t total_params() const;
 
-  const Routing& last_routing() const { return last_; }
+  // The combine weights are copied to the host here, on first ask, not in forward: on CUDA that
+  // copy would be one more device sync per MoE layer on the decode path.
+  const Routing& last_routing() const;
   // Rows each expert's GLU actually processed in the last forward [E] (= last_routing().load).
   const std::vector<int64_t>& rows_processed() const { return rows_processed_; }
 
@@ -131,6 +133,8 @@ class MoE final : public Ffn {
 
   std::vector<int64_t> fixed_;
   mutable Routing last_;
+  mutable Tensor last_weights_;  // [M, K] on the model's device until last_routing() asks
+  mutable bool weights_pending_ = false;
   mutable Var last_scores_;
   mutable std::vector<int64_t> rows_processed_, acc_load_;
 };

@@ -3,7 +3,9 @@
 // computed as the column-major Cᵀ = op(B)ᵀ op(A)ᵀ: B's storage is Lt's first operand.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <mutex>
+#include <unordered_map>
 
 #include "core/cuda_util.cuh"
 #include "ops/ops_cuda.h"
@@ -31,47 +33,105 @@ Lt& lt() {
 
 }  // namespace
 
-void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
-          int64_t ldb, float beta, float* C, int64_t ldc, Storage st) {
-  if (M == 0 || N == 0) return;
-  device::require_cuda("gemm");
-  const int64_t a_cols = ta == Op::N ? K : M;  // row-major A is [M, K] or [K, M]
-  const int64_t b_cols = tb == Op::N ? N : K;
-  if (lda == 0) lda = a_cols;
-  if (ldb == 0) ldb = b_cols;
-  if (ldc == 0) ldc = N;
-  const cudaDataType_t in = st == Storage::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  Lt& l = lt();
+namespace {
+
+// A GEMM's cuBLASLt descriptors and chosen algorithm, made once per shape: the heuristic query
+// and descriptor set-up cost more host time than a small decode GEMM takes on the device.
+struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
-  lt_check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct PlanKey {
+  int64_t v[9];
+  bool operator==(const PlanKey& o) const { return std::equal(v, v + 9, o.v); }
+};
+struct PlanHash {
+  size_t operator()(const PlanKey& k) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t x : k.v) h = (h ^ size_t(x)) * 1099511628211ull;
+    return h;
+  }
+};
+
+Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, Storage st) {
+  const int64_t a_cols = ta == Op::N ? K : M, b_cols = tb == Op::N ? N : K;
+  const cudaDataType_t in = st == Storage::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  Plan p;
+  lt_check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   // Lt's first operand is B's storage (col-major [b_cols, rows]); transposed iff tb == T.
   const cublasOperation_t opa = tb == Op::N ? CUBLAS_OP_N : CUBLAS_OP_T;
   const cublasOperation_t opb = ta == Op::N ? CUBLAS_OP_N : CUBLAS_OP_T;
-  lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "set TRANSA");
-  lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "set TRANSB");
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "set TRANSA");
+  lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "set TRANSB");
   // Stored col-major shapes: B as [b_cols, b_rows], A as [a_cols, a_rows], C as [N, M].
   const int64_t b_rows = tb == Op::N ? K : N, a_rows = ta == Op::N ? M : K;
-  lt_check(cublasLtMatrixLayoutCreate(&la, in, uint64_t(b_cols), uint64_t(b_rows), ldb), "layout B");
-  lt_check(cublasLtMatrixLayoutCreate(&lb, in, uint64_t(a_cols), uint64_t(a_rows), lda), "layout A");
-  lt_check(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, uint64_t(N), uint64_t(M), ldc), "layout C");
+  lt_check(cublasLtMatrixLayoutCreate(&p.la, in, uint64_t(b_cols), uint64_t(b_rows), ldb), "layout B");
+  lt_check(cublasLtMatrixLayoutCreate(&p.lb, in, uint64_t(a_cols), uint64_t(a_rows), lda), "layout A");
+  lt_check(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_32F, uint64_t(N), uint64_t(M), ldc), "layout C");
   cublasLtMatmulPreference_t pref = nullptr;
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  const size_t ws = l.workspace.bytes();
+  const size_t ws = lt().workspace.bytes();
   lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
            "workspace preference");
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
-  lt_check(cublasLtMatmulAlgoGetHeuristic(l.handle, op, la, lb, lc, lc, pref, 1, &heur, &found), "heuristic");
-  if (found == 0) throw error("cublas", "no cuBLASLt algorithm for a ", M, "x", N, "x", K, " GEMM");
-  lt_check(cublasLtMatmul(l.handle, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo, l.workspace.get(), ws,
-                          device::stream()),
-           "cublasLtMatmul");
+  lt_check(cublasLtMatmulAlgoGetHeuristic(lt().handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &heur, &found),
+           "heuristic");
   cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
+  if (found == 0) throw error("cublas", "no cuBLASLt algorithm for a ", M, "x", N, "x", K, " GEMM");
+  p.algo = heur.algo;
+  return p;
+}
+
+struct PlanCache {
+  static constexpr size_t kMax = 16384;  // shapes; past this, plans are made and dropped per call
+  std::mutex mu;
+  std::unordered_map<PlanKey, Plan, PlanHash> plans;
+};
+PlanCache& plans() {
+  static PlanCache* c = new PlanCache();  // lives for the process, like the handle
+  return *c;
+}
+
+void destroy(Plan& p) {
+  cublasLtMatrixLayoutDestroy(p.la);
+  cublasLtMatrixLayoutDestroy(p.lb);
+  cublasLtMatrixLayoutDestroy(p.lc);
+  cublasLtMatmulDescDestroy(p.op);
+}
+
+}  // namespace
+
+void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+          int64_t ldb, float beta, float* C, int64_t ldc, Storage st) {
+  if (M == 0 || N == 0) return;
+  device::require_cuda("gemm");
+  if (lda == 0) lda = ta == Op::N ? K : M;  // row-major A is [M, K] or [K, M]
+  if (ldb == 0) ldb = tb == Op::N ? N : K;
+  if (ldc == 0) ldc = N;
+  Lt& l = lt();
+  const PlanKey key{{int64_t(ta), int64_t(tb), M, N, K, lda, ldb, ldc, int64_t(st)}};
+  PlanCache& cache = plans();
+  Plan plan;
+  bool owned = false;
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.plans.find(key);
+    if (it != cache.plans.end()) {
+      plan = it->second;
+    } else {
+      plan = make_plan(ta, tb, M, N, K, lda, ldb, ldc, st);
+      if (cache.plans.size() < PlanCache::kMax) cache.plans.emplace(key, plan);
+      else owned = true;
+    }
+  }
+  const size_t ws = l.workspace.bytes();
+  const cublasStatus_t status = cublasLtMatmul(l.handle, plan.op, &alpha, B, plan.la, A, plan.lb, &beta, C, plan.lc,
+                                               C, plan.lc, &plan.algo, l.workspace.get(), ws, device::stream());
+  if (owned) destroy(plan);
+  lt_check(status, "cublasLtMatmul");
 }
 
 }  // namespace k3::cuda

@@ -1,0 +1,79 @@
+#include "ffn/moe_cuda.h"
+
+#include "core/device.h"
+#include "ops/ops_cuda.h"
+
+namespace k3::gpu {
+
+Tensor moe_routed(const Tensor& xr, const ag::Dispatch& d, const Tensor& w, const std::vector<GluMlp>& experts,
+                  int64_t M) {
+  K3_CHECK(xr.device() == Device::CUDA && w.device() == Device::CUDA, "moe: inputs ", xr.describe(), ", ",
+           w.describe(), " are not both on the device");
+  K3_CHECK(xr.ndim() == 2 && xr.dim(0) == M && xr.is_contiguous(), "moe: routed input ", xr.describe(), " for ", M,
+           " tokens");
+  const int64_t W = xr.dim(1), N = d.offsets.empty() ? 0 : d.offsets.back();
+  K3_CHECK(int64_t(d.rows.size()) == N && int64_t(d.slots.size()) == N, "moe: dispatch of ", d.rows.size(), " rows");
+  Tensor out = Tensor::empty_on(Device::CUDA, {M, W});
+  if (out.numel()) device::zero(out.raw(), out.nbytes());
+  if (N == 0) return out;
+  const int64_t H = experts.at(size_t(d.experts[0])).gate.weight->value.dim(0);
+  const DType wt = experts.at(size_t(d.experts[0])).gate.weight->value.dtype();
+  const device::Storage st = wt == DType::BF16 ? device::Storage::BF16 : device::Storage::F32;
+  for (int64_t e : d.experts) {
+    const GluMlp& x = experts.at(size_t(e));
+    for (const Linear* l : {&x.gate, &x.up, &x.down}) {
+      const Tensor& t = l->weight->value;
+      K3_CHECK(t.device() == Device::CUDA && t.dtype() == wt && !l->bias && l->layout == WeightLayout::OutIn, "moe: expert ",
+               e, " weight ", t.describe(), " is not a bias-free [out, in] ", dtype_name(wt), " device weight");
+    }
+    K3_CHECK(x.gate.weight->value.shape() == Shape({H, W}) && x.up.weight->value.shape() == Shape({H, W}) &&
+                 x.down.weight->value.shape() == Shape({W, H}),
+             "moe: expert ", e, " weights do not match [", H, ", ", W, "]");
+  }
+  const size_t esz = st == device::Storage::BF16 ? 2 : 4;
+  // Routed rows in dispatch order, in the GEMM operand type.
+  const device::Buffer d_rows = device::upload_new(d.rows.data(), d.rows.size() * 8);
+  const device::Buffer d_slots = device::upload_new(d.slots.data(), d.slots.size() * 8);
+  device::Buffer xp(size_t(N * W) * 4), xpb, gb(size_t(N * H) * 4), ub(size_t(N * H) * 4), ab(size_t(N * H) * 4), abb,
+      yb(size_t(N * W) * 4);
+  cuda::gather_rows(xr.cuda_f32(), d_rows.as<int64_t>(), N, W, xp.as<float>());
+  const void* xop = xp.get();
+  if (st == device::Storage::BF16) {
+    xpb = device::Buffer(size_t(N * W) * 2);
+    cuda::cast(xp.as<float>(), xpb.get(), N * W, st);
+    xop = xpb.get();
+  }
+  auto row = [](const void* base, int64_t r, int64_t width, size_t bytes) {
+    return static_cast<const char*>(base) + size_t(r * width) * bytes;
+  };
+  for (int64_t j = 0; j < d.active(); ++j) {
+    const GluMlp& x = experts[size_t(d.experts[size_t(j)])];
+    const int64_t p0 = d.offsets[size_t(j)], n = d.offsets[size_t(j + 1)] - p0;
+    cuda::gemm(cuda::Op::N, cuda::Op::T, n, H, W, 1.0f, row(xop, p0, W, esz), W, x.gate.weight->value.raw(), W, 0.0f,
+               gb.as<float>() + p0 * H, H, st);
+    cuda::gemm(cuda::Op::N, cuda::Op::T, n, H, W, 1.0f, row(xop, p0, W, esz), W, x.up.weight->value.raw(), W, 0.0f,
+               ub.as<float>() + p0 * H, H, st);
+  }
+  const SituOptions& so = experts[size_t(d.experts[0])].opts.activation == GluActivation::SiTU
+                              ? experts[size_t(d.experts[0])].opts.situ
+                              : SituOptions::silu();
+  cuda::situ_glu_forward(gb.get(), ub.get(), ab.get(), N * H, so.beta.value_or(0.0f), so.beta_lin.value_or(0.0f),
+                         device::Storage::F32);
+  const void* aop = ab.get();
+  if (st == device::Storage::BF16) {
+    abb = device::Buffer(size_t(N * H) * 2);
+    cuda::cast(ab.as<float>(), abb.get(), N * H, st);
+    aop = abb.get();
+  }
+  for (int64_t j = 0; j < d.active(); ++j) {
+    const GluMlp& x = experts[size_t(d.experts[size_t(j)])];
+    const int64_t p0 = d.offsets[size_t(j)], n = d.offsets[size_t(j + 1)] - p0;
+    cuda::gemm(cuda::Op::N, cuda::Op::T, n, W, H, 1.0f, row(aop, p0, H, esz), H, x.down.weight->value.raw(), H, 0.0f,
+               yb.as<float>() + p0 * W, W, st);
+  }
+  cuda::scatter_weighted(yb.as<float>(), d_rows.as<int64_t>(), d_slots.as<int64_t>(), w.cuda_f32(), N, W,
+                         out.cuda_f32());
+  return out;
+}
+
+}  // namespace k3::gpu

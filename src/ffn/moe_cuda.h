@@ -1,0 +1,21 @@
+// The routed experts of a MoE on CUDA in one pass (inference): all routed rows gathered into one
+// buffer in dispatch order, each active expert's gate / up / down GEMMs on its slice (one plan per
+// shape, no host sync), one activation over every row, one weighted scatter back to the tokens.
+// A few launches per expert instead of one small op chain each (ag::gather_rows, three linears,
+// the GLU, weighted_combine), which dominated the decode step of small MoE models.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "ffn/glu.h"
+#include "ops/ag_moe.h"
+
+namespace k3::gpu {
+
+// xr [M, width] and w [M, K] on the device; experts[d.experts[j]] run on d.rows_of(j). Returns
+// Σ_k w[m, k] · expert_k(xr[m]) as [M, width] on the device.
+Tensor moe_routed(const Tensor& xr, const ag::Dispatch& d, const Tensor& w, const std::vector<GluMlp>& experts,
+                  int64_t M);
+
+}  // namespace k3::gpu
