@@ -46,14 +46,14 @@ Tensor moe_routed(const Tensor& xr, const ag::Dispatch& d, const Tensor& w, cons
   auto row = [](const void* base, int64_t r, int64_t width, size_t bytes) {
     return static_cast<const char*>(base) + size_t(r * width) * bytes;
   };
+  std::vector<cuda::GemmProblem> gate_up, down;
   for (int64_t j = 0; j < d.active(); ++j) {
     const GluMlp& x = experts[size_t(d.experts[size_t(j)])];
     const int64_t p0 = d.offsets[size_t(j)], n = d.offsets[size_t(j + 1)] - p0;
-    cuda::gemm(cuda::Op::N, cuda::Op::T, n, H, W, 1.0f, row(xop, p0, W, esz), W, x.gate.weight->value.raw(), W, 0.0f,
-               gb.as<float>() + p0 * H, H, st);
-    cuda::gemm(cuda::Op::N, cuda::Op::T, n, H, W, 1.0f, row(xop, p0, W, esz), W, x.up.weight->value.raw(), W, 0.0f,
-               ub.as<float>() + p0 * H, H, st);
+    gate_up.push_back({n, row(xop, p0, W, esz), x.gate.weight->value.raw(), gb.as<float>() + p0 * H});
+    gate_up.push_back({n, row(xop, p0, W, esz), x.up.weight->value.raw(), ub.as<float>() + p0 * H});
   }
+  cuda::gemm_nt_grouped(H, W, gate_up, st);
   const SituOptions& so = experts[size_t(d.experts[0])].opts.activation == GluActivation::SiTU
                               ? experts[size_t(d.experts[0])].opts.situ
                               : SituOptions::silu();
@@ -68,9 +68,9 @@ Tensor moe_routed(const Tensor& xr, const ag::Dispatch& d, const Tensor& w, cons
   for (int64_t j = 0; j < d.active(); ++j) {
     const GluMlp& x = experts[size_t(d.experts[size_t(j)])];
     const int64_t p0 = d.offsets[size_t(j)], n = d.offsets[size_t(j + 1)] - p0;
-    cuda::gemm(cuda::Op::N, cuda::Op::T, n, W, H, 1.0f, row(aop, p0, H, esz), H, x.down.weight->value.raw(), H, 0.0f,
-               yb.as<float>() + p0 * W, W, st);
+    down.push_back({n, row(aop, p0, H, esz), x.down.weight->value.raw(), yb.as<float>() + p0 * W});
   }
+  cuda::gemm_nt_grouped(W, H, down, st);
   cuda::scatter_weighted(yb.as<float>(), d_rows.as<int64_t>(), d_slots.as<int64_t>(), w.cuda_f32(), N, W,
                          out.cuda_f32());
   return out;

@@ -1,8 +1,9 @@
 // The routed experts of a MoE on CUDA in one pass (inference): all routed rows gathered into one
-// buffer in dispatch order, each active expert's gate / up / down GEMMs on its slice (one plan per
-// shape, no host sync), one activation over every row, one weighted scatter back to the tokens.
-// A few launches per expert instead of one small op chain each (ag::gather_rows, three linears,
-// the GLU, weighted_combine), which dominated the decode step of small MoE models.
+// buffer in dispatch order, every active expert's gate and up GEMMs in one cuBLAS grouped call and
+// the down GEMMs in another (cuda::gemm_nt_grouped), one activation over every row, one weighted
+// scatter back to the tokens: a handful of launches per MoE layer instead of a small op chain per
+// expert (ag::gather_rows, three linears, the GLU, weighted_combine), which dominated the decode
+// step of small MoE models.
 #pragma once
 
 #include <vector>

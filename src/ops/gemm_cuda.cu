@@ -2,6 +2,7 @@
 // accumulation and fp32 output. cuBLASLt is column-major, so the row-major C = op(A) op(B) is
 // computed as the column-major Cᵀ = op(B)ᵀ op(A)ᵀ: B's storage is Lt's first operand.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
 #include <algorithm>
 #include <mutex>
@@ -132,6 +133,62 @@ void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void
                                                C, plan.lc, &plan.algo, l.workspace.get(), ws, device::stream());
   if (owned) destroy(plan);
   lt_check(status, "cublasLtMatmul");
+}
+
+namespace {
+struct Grouped {
+  cublasHandle_t handle = nullptr;
+  bool unsupported[2] = {false, false};  // per Storage: the library refused the type combination
+  std::mutex mu;
+};
+Grouped& grouped() {
+  static Grouped* g = [] {
+    auto* x = new Grouped();
+    lt_check(cublasCreate(&x->handle), "cublasCreate");
+    return x;
+  }();
+  return *g;
+}
+}  // namespace
+
+void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& problems, Storage st) {
+  std::vector<GemmProblem> ps;
+  for (const GemmProblem& p : problems)
+    if (p.M > 0) ps.push_back(p);
+  if (ps.empty() || N == 0) return;
+  device::require_cuda("gemm");
+  Grouped& g = grouped();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (!g.unsupported[int(st)]) {
+    const int G = int(ps.size());
+    // Column-major view: C_iᵀ [N, M_i] = B_i [N, K] (stored as col-major [K, N], transposed) · A_iᵀ.
+    const size_t g_n = static_cast<size_t>(G);
+    const int n_out = static_cast<int>(N), n_in = static_cast<int>(K);
+    std::vector<cublasOperation_t> ta(g_n, CUBLAS_OP_T), tb(g_n, CUBLAS_OP_N);
+    std::vector<int> m(g_n, n_out), n(g_n, 0), k(g_n, n_in), lda(g_n, n_in), ldb(g_n, n_in), ldc(g_n, n_out),
+        sizes(g_n, 1);
+    std::vector<float> alpha(g_n, 1.0f), beta(g_n, 0.0f);
+    std::vector<const void*> ptrs(3 * g_n);
+    for (int i = 0; i < G; ++i) {
+      n[size_t(i)] = int(ps[size_t(i)].M);
+      ptrs[size_t(i)] = ps[size_t(i)].B;
+      ptrs[size_t(G + i)] = ps[size_t(i)].A;
+      ptrs[size_t(2 * G + i)] = ps[size_t(i)].C;
+    }
+    const device::Buffer d_ptrs = device::upload_new(ptrs.data(), ptrs.size() * sizeof(void*));
+    const auto* dp = d_ptrs.as<const void*>();
+    const cudaDataType_t in = st == Storage::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    lt_check(cublasSetStream(g.handle, device::stream()), "cublasSetStream");
+    const cublasStatus_t s = cublasGemmGroupedBatchedEx(
+        g.handle, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), dp, in, lda.data(), dp + G, in,
+        ldb.data(), beta.data(), const_cast<void* const*>(dp + 2 * G), CUDA_R_32F, ldc.data(), G, sizes.data(),
+        CUBLAS_COMPUTE_32F);
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE)
+      lt_check(s, "cublasGemmGroupedBatchedEx");
+    g.unsupported[int(st)] = true;  // this type combination: one GEMM per problem from now on
+  }
+  for (const GemmProblem& p : ps) gemm(Op::N, Op::T, p.M, N, K, 1.0f, p.A, K, p.B, K, 0.0f, p.C, N, st);
 }
 
 }  // namespace k3::cuda

@@ -4,6 +4,8 @@
 // (fp32 or bf16); arithmetic, statistics and gradients of parameters are fp32.
 #pragma once
 
+#include <vector>
+
 #include <cstdint>
 
 #include "core/device.h"
@@ -101,6 +103,18 @@ void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const
 enum class Op : uint8_t { N, T };
 void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
           int64_t ldb, float beta, float* C, int64_t ldc, Storage st);
+
+// Many GEMMs of one shape class in one cuBLAS grouped call: for each problem i, row-major
+// C_i[M_i, N] = A_i[M_i, K] · B_iᵀ with B_i [N, K] (a Linear's [out, in] weight), contiguous rows.
+// A and B stored as `st`, C fp32. Falls back to one gemm() per problem where the library lacks the
+// type combination. Problems with M_i = 0 are skipped.
+struct GemmProblem {
+  int64_t M;
+  const void* A;
+  const void* B;
+  float* C;
+};
+void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& problems, Storage st);
 
 // Kernels of the differentiable ops' CUDA forms (ops/ag_cuda.cc; tensor_ops_cuda.cu), fp32 [rows,
 // columns] row-major unless said otherwise.
