@@ -41,9 +41,11 @@ const char* kRecallHelp =
     "              scored on the reversed half.\n"
     "  stack       Kimi Linear stack: --pairs stacks (default 64); ops '<push> id X' and '<pop> id X' of 3\n"
     "              tokens each, seq-len/3 ops; scored at a pop's id (predict the top element X).\n"
-    "Vocab 256 by default (--vocab). Batch 32, 600 steps, AdamW lr 3e-3 (wd 0.1, 10% warmup, cosine to\n"
-    "10%), 256 held-out test examples. Models: softmax = GPT-2 (learned positions); linear / deltanet /\n"
-    "gdn / kda = fla-style (2 heads, head_dim d/2, short conv 4, SwiGLU MLP); k3-hybrid = Kimi K3 in\n"
+    "Vocab 256 by default (--vocab). Batch 32, 1500 steps, AdamW lr 1e-2 for softmax and 3e-3 for the\n"
+    "others (wd 0.1, 10% warmup, cosine to 10%), 256 held-out test examples. Models: softmax = GPT-2\n"
+    "(learned positions) with the short conv 4 over q|k|v that the others have; linear / deltanet / gdn /\n"
+    "kda = fla-style (2 heads, head_dim d/2, short conv 4, SwiGLU MLP; gdn without output gate and with\n"
+    "slow initial forgetting, see recall_tasks.md); k3-hybrid = Kimi K3 in\n"
     "miniature, layer 1 KDA + layer 2 gated MLA, dense. State = layers x heads x dk x dv, or K/V (MLA\n"
     "latent) elements at seq-len for attention layers.";
 
@@ -54,7 +56,7 @@ void register_bench_recall(CLI::App* bench) {
   cmd->footer(kRecallHelp);
   static RecallBenchOptions o;
   static std::string task = "mqar", lrs, json_out, mixers, seq_lens = "64,128,256", d_models = "32,64,128", out_dir;
-  static float lr = 3e-3f;
+  static float lr = 0;
   static bool sweep = false;
   static RuntimeOptions rt;
   cmd->add_option("--task", task, "mqar | palindrome | stack")->capture_default_str()->check(CLI::IsMember({"mqar", "palindrome", "stack"}));
@@ -68,9 +70,11 @@ void register_bench_recall(CLI::App* bench) {
   cmd->add_option("--vocab", o.task.vocab, "Vocabulary size (0 = task default, 256)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--power-a", o.task.power_a, "MQAR query placement exponent (Zoology power_a)")->capture_default_str();
   cmd->add_option("--d-model", o.d_model, "Model width")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--steps", o.steps, "Training steps (0 = task default, 600)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--steps", o.steps, "Training steps (0 = task default, 1500)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--batch", o.batch, "Training examples per step")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--lr", lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--lr", lr, "Peak learning rate (0 = the mixer's default: softmax 1e-2, others 3e-3)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--lr-grid", lrs, "Comma-separated learning rates: train once per lr, report the best (overrides --lr)");
   cmd->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
   cmd->add_option("--test-examples", o.test_examples, "Held-out examples evaluated")->capture_default_str()->check(CLI::PositiveNumber);
@@ -86,7 +90,7 @@ void register_bench_recall(CLI::App* bench) {
   cmd->callback([] {
     apply_runtime_options(rt);
     o.task.task = parse_recall_task(task);
-    o.lrs = lrs.empty() ? std::vector<float>{lr} : split_list<float>(lrs, "--lr-grid");
+    o.lrs = !lrs.empty() ? split_list<float>(lrs, "--lr-grid") : lr > 0 ? std::vector<float>{lr} : std::vector<float>{};
     std::vector<RecallResult> results;
     if (sweep) {
       RecallSweepOptions so;

@@ -58,6 +58,7 @@ template <> const char* type_name<std::vector<int64_t>>() { return "a list of in
 template <> const char* type_name<std::optional<int64_t>>() { return "an integer or null"; }
 template <> const char* type_name<std::optional<double>>() { return "a number or null"; }
 template <> const char* type_name<std::optional<std::string>>() { return "a string or null"; }
+template <> const char* type_name<std::optional<bool>>() { return "true, false or null"; }
 }  // namespace detail
 
 }  // namespace k3

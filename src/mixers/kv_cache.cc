@@ -7,12 +7,20 @@
 
 namespace k3 {
 
-KVCache::KVCache(int64_t heads, int64_t head_dim, int64_t max_tokens)
-    : heads_(heads), head_dim_(head_dim), max_tokens_(max_tokens) {}
+KVCache::KVCache(int64_t heads, int64_t head_dim, int64_t max_tokens, int64_t conv_channels, int64_t conv_size)
+    : heads_(heads), head_dim_(head_dim), max_tokens_(max_tokens), conv_channels_(conv_channels), conv_size_(conv_size) {
+  if (conv_size > 1) tail_.assign(size_t((conv_size - 1) * conv_channels), 0.0f);
+}
+
+void KVCache::reset() {
+  length_ = 0;
+  std::fill(tail_.begin(), tail_.end(), 0.0f);
+}
 
 void KVCache::restore(const Memory& snapshot) {
   const auto* s = dynamic_cast<const KVCache*>(&snapshot);
-  K3_CHECK(s && s->heads_ == heads_ && s->head_dim_ == head_dim_, "KVCache::restore from another kind");
+  K3_CHECK(s && s->heads_ == heads_ && s->head_dim_ == head_dim_ && s->tail_.size() == tail_.size(),
+           "KVCache::restore from another kind");
   *this = *s;
 }
 
@@ -34,6 +42,13 @@ void KVCache::extend_zeros(int64_t n) {
   if (length_ + n > max_tokens_) throw error("kv-cache", "context of ", length_ + n, " exceeds ", max_tokens_);
   if (length_ + n > capacity_) grow(length_ + n);
   length_ += n;  // grow() zero-fills new capacity
+  // The conv tail shifts in n zero inputs.
+  const int64_t keep = std::max<int64_t>(0, conv_size_ - 1 - n);
+  if (!tail_.empty()) {
+    const size_t C = size_t(conv_channels_);
+    std::memmove(tail_.data(), tail_.data() + tail_.size() - size_t(keep) * C, size_t(keep) * C * sizeof(float));
+    std::fill(tail_.begin() + std::ptrdiff_t(size_t(keep) * C), tail_.end(), 0.0f);
+  }
 }
 
 void KVCache::append(const HeadView& k, const HeadView& v, int64_t n) {

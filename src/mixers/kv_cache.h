@@ -1,5 +1,6 @@
 // KV cache of softmax attention: K and V of every past token, head-major [H, capacity, hd] so
-// that one head's keys are contiguous for the decode kernel. Grows by doubling.
+// that one head's keys are contiguous for the decode kernel. Grows by doubling. Optionally also
+// the conv tail [W−1, C] of a short convolution in front of attention (conv_size W > 1).
 #pragma once
 
 #include <vector>
@@ -11,12 +12,12 @@ namespace k3 {
 
 class KVCache final : public Memory {
  public:
-  KVCache(int64_t heads, int64_t head_dim, int64_t max_tokens);
+  KVCache(int64_t heads, int64_t head_dim, int64_t max_tokens, int64_t conv_channels = 0, int64_t conv_size = 0);
   MemoryKind kind() const override { return MemoryKind::KVCache; }
-  void reset() override { length_ = 0; }
+  void reset() override;
   std::unique_ptr<Memory> clone() const override { return std::make_unique<KVCache>(*this); }
   void restore(const Memory& snapshot) override;
-  size_t bytes() const override { return (k_.capacity() + v_.capacity()) * sizeof(float); }
+  size_t bytes() const override { return (k_.capacity() + v_.capacity() + tail_.size()) * sizeof(float); }
   int64_t length() const override { return length_; }
   void extend_zeros(int64_t n) override;
 
@@ -25,12 +26,14 @@ class KVCache final : public Memory {
   HeadView keys() { return {k_.data(), head_dim_, capacity_ * head_dim_}; }
   HeadView values() { return {v_.data(), head_dim_, capacity_ * head_dim_}; }
   int64_t max_tokens() const { return max_tokens_; }
+  float* conv_tail() { return tail_.empty() ? nullptr : tail_.data(); }  // [W−1, C], oldest first
 
  private:
   void grow(int64_t need);
-  int64_t heads_, head_dim_, max_tokens_;
+  int64_t heads_, head_dim_, max_tokens_, conv_channels_, conv_size_;
   int64_t capacity_ = 0, length_ = 0;
   std::vector<float> k_, v_;  // [H, capacity, hd]
+  std::vector<float> tail_;   // [conv_size − 1, conv_channels] or empty
 };
 
 }  // namespace k3

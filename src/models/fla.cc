@@ -17,10 +17,11 @@ DeltaLayerOptions fla_layer_options(const FlaConfig& c) {
   if (c.model_type == "linear_attn") {
     o = DeltaLayerOptions::fla_linear_attention(D, H, dk, dv);
   } else if (c.model_type == "delta_net") {
-    o = DeltaLayerOptions::fla_delta_net(D, H, dk, c.use_gate);
+    o = DeltaLayerOptions::fla_delta_net(D, H, dk, c.use_gate.value_or(false));
     o.head_v_dim = dv;
   } else if (c.model_type == "gated_deltanet") {
     o = DeltaLayerOptions::fla_gated_delta_net(D, H, c.num_v_heads.value_or(H), dk, dv);
+    if (!c.use_gate.value_or(true)) o.output_gate = DeltaOutputGate::None;
   } else {  // kda
     o = DeltaLayerOptions::kimi_linear_kda(D, H, dk, float(c.norm_eps));
     o.naming = DeltaNaming::Fla;

@@ -16,7 +16,8 @@ struct FlaConfig {
   std::optional<int64_t> head_dim, num_v_heads, intermediate_size;
   double expand_k = 1.0, expand_v = 1.0, hidden_ratio = 4.0;
   int64_t conv_size = 4;
-  bool use_short_conv = true, use_gate = false, tie_word_embeddings = false;
+  bool use_short_conv = true, tie_word_embeddings = false;
+  std::optional<bool> use_gate;  // output gate; fla's default: off for delta_net, on for gated_deltanet
   std::string feature_map = "elu";
   std::optional<double> lower_bound;
   double norm_eps = 1e-6;

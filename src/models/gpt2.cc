@@ -26,7 +26,7 @@ Gpt2Model::Gpt2Model(const Gpt2Config& c) : c_(c) {
   const float eps = float(c.layer_norm_epsilon);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     auto attn = std::make_unique<SoftmaxAttention>(
-        SoftmaxAttentionOptions{D, c.n_head, c.n_positions, WeightLayout::InOut});
+        SoftmaxAttentionOptions{D, c.n_head, c.n_positions, WeightLayout::InOut, c.k3_short_conv.value_or(0)});
     auto mlp = std::make_unique<GeluMlp>(D, c.n_inner.value_or(4 * D), WeightLayout::InOut);
     blocks_.add(PreNormBlock(Norm(NormType::LayerNorm, D, eps), std::move(attn), Norm(NormType::LayerNorm, D, eps),
                              std::move(mlp), BlockNames{"ln_1", "attn", "ln_2", "mlp"}));
@@ -64,6 +64,7 @@ void Gpt2Model::visit(const ParamVisitor& v) const {
 Json Gpt2Model::config_json() const {
   Json j = write_config(c_);
   j["architectures"] = {"GPT2LMHeadModel"};
+  if (!c_.k3_short_conv) j.erase("k3_short_conv");  // plain GPT-2 keeps HF's key set
   return j;
 }
 

@@ -25,6 +25,10 @@ struct Gpt2Config {
   bool scale_attn_by_inverse_layer_idx = false;
   std::optional<int64_t> bos_token_id = 50256;
   std::optional<int64_t> eos_token_id = 50256;
+  // k3 extension (absent from HF GPT-2): a causal depthwise short convolution of this width over
+  // q | k | v after c_attn, then SiLU, as the delta-rule family has (the recall suite's
+  // controlled softmax baseline). Unset or 0: plain GPT-2.
+  std::optional<int64_t> k3_short_conv;
 
   template <class V>
   void fields(V& v) {
@@ -42,6 +46,7 @@ struct Gpt2Config {
     v("scale_attn_by_inverse_layer_idx", scale_attn_by_inverse_layer_idx);
     v("bos_token_id", bos_token_id);
     v("eos_token_id", eos_token_id);
+    v("k3_short_conv", k3_short_conv).non_negative().at_most(64);
   }
   void validate(const std::string& where) const;
 };

@@ -40,6 +40,8 @@ struct Gpt2Runner::Impl {
 
 Gpt2Runner::Gpt2Runner(const Gpt2Model& model, device::Storage weights) : impl_(std::make_unique<Impl>()) {
   device::require_cuda("gpt2 cuda");
+  if (model.config().k3_short_conv.value_or(0) > 0)
+    throw error("gpt2 cuda", "the fused GPT-2 runner has no short convolution (k3_short_conv); use the generic CUDA path");
   impl_->c = model.config();
   impl_->st = weights;
   model.visit([&](const std::string& name, Node& p, ParamKind kind) {

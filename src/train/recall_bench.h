@@ -24,7 +24,7 @@ struct RecallBenchOptions {
   int64_t d_model = 64;
   int64_t steps = 0;          // 0 = default_steps
   int64_t batch = 32;
-  std::vector<float> lrs = {3e-3f};  // more than one: train once per lr, report the best
+  std::vector<float> lrs;     // empty = the mixer's default_recall_lr; more than one: best of the grid
   float weight_decay = 0.1f;
   float warmup_frac = 0.1f;   // linear warmup over this fraction of the steps, then cosine to 10 %
   int64_t test_examples = 256;
@@ -52,6 +52,8 @@ struct RecallResult {
 
 // Default training steps for a task (the CPU setting; see recall_tasks.md).
 int64_t default_recall_steps(RecallTask t);
+// Default peak learning rate of a mixer (from the lr sweep in recall_tasks.md).
+float default_recall_lr(const std::string& mixer);
 
 // Elements of sequence memory the model keeps at seq_len tokens: layers × heads × dk × dv of
 // the recurrent states plus, for attention layers, the K/V (or MLA latent) entries of seq_len

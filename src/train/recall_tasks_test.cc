@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "models/registry.h"
 #include "train/recall_bench.h"
 #include "train/recall_tasks.h"
 
@@ -174,6 +175,26 @@ TEST(RecallBench, StateElements) {
   EXPECT_THROW(recall_model_config("mamba", 64, 32, 16), Error);
 }
 
+// The controlled comparison: every mixer has the short conv 4 (softmax through k3_short_conv), GDN
+// has no output gate (DeltaNet has none) and starts with slow forgetting; lrs per mixer.
+TEST(RecallBench, ModelsDifferInTheirMemoryOnly) {
+  EXPECT_EQ(recall_model_config("softmax", 64, 32, 16).value("k3_short_conv", 0), 4);
+  EXPECT_EQ(recall_model_config("gdn", 64, 32, 16).value("use_gate", true), false);
+  for (const std::string mixer : {"softmax", "gdn"}) {
+    auto m = build_model(recall_model_config(mixer, 64, 32, 16), mixer);
+    bool conv = false, out_gate = false;
+    m->visit([&](const std::string& name, Node&, ParamKind) {
+      conv |= name.find("conv") != std::string::npos;
+      out_gate |= name.find("g_proj") != std::string::npos;
+    });
+    EXPECT_TRUE(conv) << mixer;
+    EXPECT_FALSE(out_gate) << mixer;
+  }
+  EXPECT_EQ(default_recall_lr("softmax"), 1e-2f);
+  EXPECT_EQ(default_recall_lr("kda"), 3e-3f);
+  EXPECT_EQ(default_recall_steps(RecallTask::Mqar), 1500);
+}
+
 TEST(RecallBench, SmokeEveryMixer) {
   for (const std::string& mixer : recall_mixers()) {
     RecallBenchOptions o;
@@ -191,6 +212,7 @@ TEST(RecallBench, SmokeEveryMixer) {
     EXPECT_EQ(r.runs.size(), 1u);
     EXPECT_GT(r.state_elements, 0);
     EXPECT_TRUE(r.to_json().contains("accuracy"));
+    EXPECT_EQ(r.best_lr, default_recall_lr(mixer));
   }
 }
 
