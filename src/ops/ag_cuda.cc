@@ -304,7 +304,6 @@ Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts) {
 }
 
 Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, float z_loss) {
-  if (z_loss != 0.0f) throw error("cross_entropy", "the z-loss has no CUDA form yet");
   const int64_t N = h->value.dim(0), V = w->value.dim(0);
   K3_CHECK(int64_t(targets.size()) == N, "cross_entropy: ", targets.size(), " targets for ", N, " rows");
   int64_t count = 0;
@@ -321,7 +320,7 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
     const int64_t n = std::min(rows, N - r0);
     const Var part = constant(h->value.slice(0, r0, r0 + n));
     const Var logits = gpu::linear(part, w, nullptr, WeightLayout::OutIn);  // [n, V]
-    cuda::cross_entropy(out(logits->value), d_tgt.as<int64_t>() + r0, n, V, out(loss) + r0, nullptr, 1.0f);
+    cuda::cross_entropy(out(logits->value), d_tgt.as<int64_t>() + r0, n, V, out(loss) + r0, nullptr, 1.0f, z_loss);
   }
   const Tensor host = loss.to_device(Device::CPU);
   double sum = 0;

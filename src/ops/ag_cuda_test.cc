@@ -136,6 +136,21 @@ TEST(AgCuda, MixtureOfExpertsRouting) {
             kTol);
 }
 
+// The mean cross-entropy of the head's logits, with and without the z-loss, some targets ignored.
+TEST(AgCuda, CrossEntropyHeadWithZLoss) {
+  Rng rng(9);
+  Var h = rand_var(rng, {37, 24}), w = rand_var(rng, {301, 24}, 0.5f);
+  std::vector<int64_t> targets(37);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 5 == 3 ? -1 : int64_t((i * 97) % 301);
+  const Var hd = to_cuda(h), wd = to_cuda(w);
+  for (float z : {0.0f, 1e-2f, 0.3f}) {
+    // The mean comes back as a host scalar (the per-row losses are summed on the host).
+    const Tensor ref = ag::cross_entropy_head(h, w, targets, 64, z)->value;
+    const Tensor got = ag::cross_entropy_head(hd, wd, targets, 64, z)->value.to_device(Device::CPU);
+    EXPECT_LT(rel(got, ref), kTol) << "z_loss " << z;
+  }
+}
+
 TEST(AgCuda, TrainingThroughACudaFormIsRefusedClearly) {
   Rng rng(8);
   Var x = to_cuda(rand_var(rng, {4, 8}));

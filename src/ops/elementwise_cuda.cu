@@ -107,7 +107,7 @@ __global__ void rope_kernel(T* x, int64_t H, int64_t hd, int64_t offset, int64_t
 
 // One block per row: max, log-sum-exp, loss = lse − logit[target]; dlogits = (p − onehot)·scale.
 __global__ void xent_kernel(const float* logits, const int64_t* targets, int64_t vocab, float* loss, float* dlogits,
-                            float scale) {
+                            float scale, float z_loss) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const float* z = logits + row * vocab;
@@ -124,10 +124,11 @@ __global__ void xent_kernel(const float* logits, const int64_t* targets, int64_t
   float s = 0.0f;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(z[j] - mx);
   const float lse = mx + logf(block_sum(s, scratch));
-  if (threadIdx.x == 0) loss[row] = t < 0 ? 0.0f : lse - zt;
+  if (threadIdx.x == 0) loss[row] = t < 0 ? 0.0f : lse - zt + z_loss * lse * lse;
   if (!dlogits) return;
+  const float zs = 1.0f + 2.0f * z_loss * lse;  // d/dz of lse − z_t + c·lse² is softmax·(1 + 2c·lse) − onehot
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
-    dlogits[row * vocab + j] = t < 0 ? 0.0f : (expf(z[j] - lse) - (j == t ? 1.0f : 0.0f)) * scale;
+    dlogits[row * vocab + j] = t < 0 ? 0.0f : (zs * expf(z[j] - lse) - (j == t ? 1.0f : 0.0f)) * scale;
 }
 
 __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
@@ -285,9 +286,9 @@ void rope_apply(void* x, int64_t M, int64_t H, int64_t hd, int64_t offset, int64
 }
 
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
-                   float* dlogits, float scale) {
+                   float* dlogits, float scale, float z_loss) {
   if (!M) return;
-  xent_kernel<<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, loss, dlogits, scale);
+  xent_kernel<<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, loss, dlogits, scale, z_loss);
   K3_CUDA_LAUNCHED();
 }
 

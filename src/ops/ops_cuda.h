@@ -84,11 +84,11 @@ void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t M, int64_
 void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D);  // inverse
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
 
-// Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored):
-// loss[M] per row, and dlogits [M, Vocab] = (softmax − onehot) · scale (null: no gradient;
-// may be `logits` itself, overwritten in place).
+// Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored), with
+// the z-loss c·lse² (c = z_loss): loss[M] per row, and dlogits [M, Vocab] = (softmax·(1 + 2c·lse)
+// − onehot) · scale (null: no gradient; may be `logits` itself, overwritten in place).
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
-                   float* dlogits, float scale);
+                   float* dlogits, float scale, float z_loss = 0.0f);
 
 // AdamW step on fp32 parameters (train/optimizer.h semantics: decoupled weight decay,
 // bias-corrected moments).
