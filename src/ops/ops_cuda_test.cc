@@ -254,23 +254,27 @@ TEST(OpsCudaOnly, CrossEntropyMatchesClosedForm) {
   auto z = randv(rng, M * V, 4.0f);
   std::vector<int64_t> t(static_cast<size_t>(M));
   for (int64_t m = 0; m < M; ++m) t[size_t(m)] = m == 3 ? -1 : (m * 977) % V;
-  std::vector<float> loss = zeros(M), dz = zeros(M * V);
   const float scale = 1.0f / float(M);
-  for (int64_t m = 0; m < M; ++m) {
-    double mx = -INFINITY, s = 0.0;
-    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(z[size_t(m * V + j)]));
-    for (int64_t j = 0; j < V; ++j) s += std::exp(double(z[size_t(m * V + j)]) - mx);
-    const double lse = mx + std::log(s);
-    const int64_t tm = t[size_t(m)];
-    loss[size_t(m)] = tm < 0 ? 0.0f : float(lse - z[size_t(m * V + tm)]);
-    for (int64_t j = 0; j < V; ++j)
-      dz[size_t(m * V + j)] =
-          tm < 0 ? 0.0f : float((std::exp(double(z[size_t(m * V + j)]) - lse) - (j == tm ? 1.0 : 0.0)) * scale);
+  for (float c : {0.0f, 1e-3f, 0.05f}) {  // z-loss coefficient: loss + c·lse², dz·(1 + 2c·lse) on the softmax
+    std::vector<float> loss = zeros(M), dz = zeros(M * V);
+    for (int64_t m = 0; m < M; ++m) {
+      double mx = -INFINITY, s = 0.0;
+      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(z[size_t(m * V + j)]));
+      for (int64_t j = 0; j < V; ++j) s += std::exp(double(z[size_t(m * V + j)]) - mx);
+      const double lse = mx + std::log(s);
+      const int64_t tm = t[size_t(m)];
+      loss[size_t(m)] = tm < 0 ? 0.0f : float(lse - z[size_t(m * V + tm)] + c * lse * lse);
+      for (int64_t j = 0; j < V; ++j)
+        dz[size_t(m * V + j)] = tm < 0 ? 0.0f
+                                       : float(((1.0 + 2.0 * c * lse) * std::exp(double(z[size_t(m * V + j)]) - lse) -
+                                                (j == tm ? 1.0 : 0.0)) *
+                                               scale);
+    }
+    Buffer gz = up(z), gt = device::upload_new(t.data(), t.size() * 8), gl(size_t(M) * 4), gdz(size_t(M * V) * 4);
+    cuda::cross_entropy(gz.as<float>(), gt.as<int64_t>(), M, V, gl.as<float>(), gdz.as<float>(), scale, c);
+    EXPECT_LE(rel(down(gl, M), loss), 1e-5) << "z-loss " << c;
+    EXPECT_LE(rel(down(gdz, M * V), dz), 1e-5) << "z-loss " << c;
   }
-  Buffer gz = up(z), gt = device::upload_new(t.data(), t.size() * 8), gl(size_t(M) * 4), gdz(size_t(M * V) * 4);
-  cuda::cross_entropy(gz.as<float>(), gt.as<int64_t>(), M, V, gl.as<float>(), gdz.as<float>(), scale);
-  EXPECT_LE(rel(down(gl, M), loss), 1e-5);
-  EXPECT_LE(rel(down(gdz, M * V), dz), 1e-5);
 }
 
 TEST(OpsCudaOnly, AdamWMatchesClosedForm) {
