@@ -88,7 +88,8 @@ void register_bench_recall(CLI::App* bench) {
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   add_runtime_options(cmd, rt);
   cmd->callback([] {
-    apply_runtime_options(rt);
+    apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
+    o.cuda = rt.device == "cuda";
     o.task.task = parse_recall_task(task);
     o.lrs = !lrs.empty() ? split_list<float>(lrs, "--lr-grid") : lr > 0 ? std::vector<float>{lr} : std::vector<float>{};
     std::vector<RecallResult> results;

@@ -11,7 +11,7 @@
 namespace k3::cli {
 
 void register_train(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "Train a model from scratch (default: k3-tiny on the King James Bible, CPU)");
+  auto* cmd = app.add_subcommand("train", "Train a model from scratch (default: k3-tiny on the King James Bible, CPU; --device cuda trains on the GPU in fp32)");
   static TrainConfig c;
   static RuntimeOptions rt;
   cmd->add_option("--preset", c.preset, "Model preset (k3-tiny, kimi-linear-tiny, kda-tiny, gdn-tiny, deltanet-tiny, linear-tiny, gpt2-tiny, and -small versions)")->capture_default_str();
@@ -38,7 +38,8 @@ void register_train(CLI::App& app) {
   cmd->add_flag("--quiet", c.quiet, "No progress bar, summary or sample");
   add_runtime_options(cmd, rt);
   cmd->callback([] {
-    apply_runtime_options(rt);
+    apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
+    c.device = rt.device;
     TrainResult r = run_training(c);
     if (!r.interrupted && !c.quiet && r.val_loss >= r.unigram_loss)
       std::printf("note: validation loss is not below the unigram baseline yet; train longer (--steps)\n");

@@ -161,10 +161,10 @@ Var MoE::forward(const Var& x) const {
     rows_processed_[size_t(d.experts[size_t(j)])] += d.offsets[size_t(j + 1)] - d.offsets[size_t(j)];
   Var r;
 #if defined(K3_HAS_CUDA)
-  if (xr->value.device() == Device::CUDA) {  // inference: all experts in one pass (moe_cuda.h)
-    ag::gpu::forward_only("moe", {xr, w});
+  // Inference: all experts in one pass (moe_cuda.h); training takes the per-expert ops below,
+  // whose CUDA forms have a backward.
+  if (xr->value.device() == Device::CUDA && !(recording() && (needs_grad(xr) || needs_grad(w))))
     r = constant(gpu::moe_routed(xr->value, d, w->value, experts, M));
-  }
 #endif
   if (!r) {
     std::vector<Var> ys;
@@ -214,11 +214,14 @@ void MoE::apply_bias_update(float gamma, const std::vector<int64_t>& load) {
   if (static_cast<int64_t>(load.size()) != E) throw error("moe", "load has ", load.size(), " entries for ", E, " experts");
   if (!router_bias->value.has_storage()) router_bias->value = Tensor::zeros({E});
   const double mean = static_cast<double>(std::accumulate(load.begin(), load.end(), int64_t{0})) / double(E);
-  float* b = router_bias->value.f32();
+  const Device dev = router_bias->value.device();
+  Tensor host = dev == Device::CPU ? router_bias->value : router_bias->value.to_device(Device::CPU);
+  float* b = host.f32();
   for (int64_t e = 0; e < E; ++e) {
     const double diff = mean - double(load[size_t(e)]);
     b[e] += gamma * static_cast<float>((diff > 0) - (diff < 0));  // underloaded up, overloaded down
   }
+  if (dev != Device::CPU) router_bias->value = host.to_device(dev);
 }
 
 Var MoE::balance_loss(int64_t seq_len, float alpha) const {

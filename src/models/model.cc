@@ -144,7 +144,9 @@ void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& 
 
 void save_model(const Model& model, const std::string& dir) {
   std::vector<std::pair<std::string, Tensor>> ts;
-  model.visit([&](const std::string& name, Node& p, ParamKind) { ts.push_back({model.checkpoint_name(name), p.value}); });
+  model.visit([&](const std::string& name, Node& p, ParamKind) {
+    ts.push_back({model.checkpoint_name(name), p.value.device() == Device::CPU ? p.value : p.value.to_device(Device::CPU)});
+  });
   save_safetensors(dir + "/model.safetensors", ts, {{"format", "pt"}});
   std::string tmp = dir + "/config.json.tmp";
   {

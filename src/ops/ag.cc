@@ -12,6 +12,9 @@
 #include "ops/attention.h"
 #include "ops/embedding.h"
 #include "ops/norm.h"
+#if defined(K3_HAS_CUDA)
+#include "ops/ops_cuda.h"
+#endif
 
 namespace k3::ag {
 
@@ -178,6 +181,9 @@ Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<i
 Var reshape(const Var& x, Shape shape) {
   Tensor y = x->value.reshape(std::move(shape));
   return make_node(std::move(y), {x}, [x](Node& self) {
+#if defined(K3_HAS_CUDA)
+    if (gpu::on_cuda(x)) return cuda::add_inplace(x->grad_cuda(), self.grad.cuda_f32(), self.value.numel());
+#endif
     float* d = x->grad_f32();
     const float* g = self.grad.f32();
     for (int64_t i = 0; i < self.value.numel(); ++i) d[i] += g[i];
@@ -334,6 +340,7 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
 }
 
 Var sum(const Var& a) {
+  if (a->value.device() != Device::CPU) throw error("sum", "of the device value ", a->value.describe(), " (no CUDA form)");
   double s = 0;
   for (int64_t i = 0; i < a->value.numel(); ++i) s += a->value.f32()[i];
   Tensor y = Tensor::full({1}, float(s));

@@ -1,6 +1,8 @@
 // The CUDA forms of the differentiable ops (ag_cuda.h): shape checks as in the CPU bodies, then
-// the kernels of ops_cuda.h on k3's stream. Host index lists (token ids, positions, expert rows)
-// are uploaded per call; they are small beside the activations.
+// the kernels of ops_cuda.h on k3's stream, and under Recording a backward closure that runs the
+// backward kernels on the device and accumulates into the inputs' device gradients
+// (Node::grad_cuda). Host index lists (token ids, positions, expert rows) are uploaded per call;
+// they are small beside the activations, and the closures keep the uploaded copies.
 #include "ops/ag_cuda.h"
 
 #include <cmath>
@@ -16,17 +18,30 @@ int64_t last_dim(const Tensor& t) { return t.ndim() ? t.dim(-1) : 1; }
 int64_t rows(const Tensor& t) { return t.numel() / std::max<int64_t>(1, last_dim(t)); }
 float* out(const Tensor& t) { return t.cuda_f32(); }
 
-device::Buffer upload_ids(const std::vector<int64_t>& v) { return device::upload_new(v.data(), v.size() * 8); }
+using Ids = std::shared_ptr<device::Buffer>;
+Ids upload_ids(const std::vector<int64_t>& v) {
+  return std::make_shared<device::Buffer>(device::upload_new(v.data(), v.size() * 8));
+}
 
-Var node(Tensor y, std::vector<Var> parents, const char* op) {
-  forward_only(op, parents);
-  return constant(std::move(y));
+// The inputs' device gradients (null when an input needs none) and the output's.
+float* grad(const Var& x) { return needs_grad(x) ? x->grad_cuda() : nullptr; }
+const float* dy(Node& self) { return self.grad.cuda_f32(); }
+// A zeroed device scratch of x's shape, added to x's gradient by `flush` (kernels that overwrite).
+Tensor zeros_like(const Tensor& t) {
+  Tensor z = empty(t.shape());
+  if (z.nbytes()) device::zero(z.raw(), z.nbytes());
+  return z;
+}
+void flush(const Var& x, const Tensor& g) {
+  if (needs_grad(x)) cuda::add_inplace(x->grad_cuda(), g.cuda_f32(), g.numel());
 }
 
 Var map(const Var& a, cuda::Unary f, float s, const char* op) {
   Tensor y = empty(a->value.shape());
   cuda::unary(in(a, op), out(y), y.numel(), f, s);
-  return node(std::move(y), {a}, op);
+  return make_node(std::move(y), {a}, [a, f, s](Node& self) {
+    cuda::unary_backward(a->value.cuda_f32(), dy(self), a->grad_cuda(), self.value.numel(), f, s);
+  }, op);
 }
 
 Var zip(const Var& a, const Var& b, cuda::Binary f, const char* op) {
@@ -34,7 +49,15 @@ Var zip(const Var& a, const Var& b, cuda::Binary f, const char* op) {
     throw error(op, "shapes differ: ", a->value.describe(), " vs ", b->value.describe());
   Tensor y = empty(a->value.shape());
   cuda::binary(in(a, op), in(b, op), out(y), y.numel(), f);
-  return node(std::move(y), {a, b}, op);
+  return make_node(std::move(y), {a, b}, [a, b, f](Node& self) {
+    const int64_t n = self.value.numel();
+    if (f == cuda::Binary::Add) {
+      if (needs_grad(a)) cuda::add_inplace(a->grad_cuda(), dy(self), n);
+      if (needs_grad(b)) cuda::add_inplace(b->grad_cuda(), dy(self), n);
+    } else {
+      cuda::mul_backward(a->value.cuda_f32(), b->value.cuda_f32(), dy(self), grad(a), grad(b), n);
+    }
+  }, op);
 }
 }  // namespace
 
@@ -78,7 +101,24 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
                0.0f, out(y), out_f, device::Storage::F32);
   }
   if (b) cuda::add_bias(out(y), in(b, "linear"), M, out_f);
-  return node(std::move(y), {x, w, b}, "linear");
+  return make_node(std::move(y), {x, w, b}, [x, w, b, M, in_f, out_f, out_in](Node& self) {
+    if (w->value.dtype() != DType::F32)
+      throw error("linear", "training through bf16 weights on CUDA is not supported (train in fp32)");
+    const float* g = dy(self);
+    const float* wp = w->value.cuda_f32();
+    if (needs_grad(x))  // dx += dy · W (OutIn) or dy · Wᵀ (InOut)
+      cuda::gemm(cuda::Op::N, out_in ? cuda::Op::N : cuda::Op::T, M, in_f, out_f, 1.0f, g, out_f, wp,
+                 out_in ? in_f : out_f, 1.0f, x->grad_cuda(), in_f, device::Storage::F32);
+    if (needs_grad(w)) {
+      if (out_in)  // dW[out, in] += dyᵀ · x
+        cuda::gemm(cuda::Op::T, cuda::Op::N, out_f, in_f, M, 1.0f, g, out_f, x->value.cuda_f32(), in_f, 1.0f,
+                   w->grad_cuda(), in_f, device::Storage::F32);
+      else  // dW[in, out] += xᵀ · dy
+        cuda::gemm(cuda::Op::T, cuda::Op::N, in_f, out_f, M, 1.0f, x->value.cuda_f32(), in_f, g, out_f, 1.0f,
+                   w->grad_cuda(), out_f, device::Storage::F32);
+    }
+    if (needs_grad(b)) cuda::bias_grad(g, b->grad_cuda(), M, out_f);
+  }, "linear");
 }
 
 Var add(const Var& a, const Var& b) { return zip(a, b, cuda::Binary::Add, "add"); }
@@ -91,23 +131,43 @@ Var elu1(const Var& a) { return map(a, cuda::Unary::Elu1, 1.0f, "elu1"); }
 Var gelu_tanh(const Var& a) {
   Tensor y = empty(a->value.shape());
   cuda::gelu_tanh_forward(in(a, "gelu"), out(y), y.numel(), device::Storage::F32);
-  return node(std::move(y), {a}, "gelu");
+  return make_node(std::move(y), {a}, [a](Node& self) {
+    Tensor g = empty(a->value.shape());
+    cuda::gelu_tanh_backward(a->value.cuda_f32(), dy(self), out(g), g.numel(), device::Storage::F32);
+    flush(a, g);
+  }, "gelu");
 }
 
 Var layernorm(const Var& x, const Var& w, const Var& b, float eps) {
+  const int64_t M = rows(x->value), D = last_dim(x->value);
   Tensor y = empty(x->value.shape());
-  cuda::layernorm_forward(in(x, "layernorm"), in(w, "layernorm"), b ? in(b, "layernorm") : nullptr, eps,
-                          rows(x->value), last_dim(x->value), out(y), nullptr, nullptr, device::Storage::F32);
-  return node(std::move(y), {x, w, b}, "layernorm");
+  const bool train = recording();
+  Tensor stats = train ? empty({2, M}) : Tensor();  // mean, rstd
+  cuda::layernorm_forward(in(x, "layernorm"), in(w, "layernorm"), b ? in(b, "layernorm") : nullptr, eps, M, D, out(y),
+                          train ? out(stats) : nullptr, train ? out(stats) + M : nullptr, device::Storage::F32);
+  return make_node(std::move(y), {x, w, b}, [x, w, b, stats, M, D](Node& self) {
+    Tensor dx = needs_grad(x) ? empty(x->value.shape()) : Tensor();
+    cuda::layernorm_backward(x->value.cuda_f32(), w->value.cuda_f32(), stats.cuda_f32(), stats.cuda_f32() + M, dy(self),
+                             M, D, dx.defined() ? dx.raw() : nullptr, grad(w), grad(b), device::Storage::F32);
+    if (dx.defined()) flush(x, dx);
+  }, "layernorm");
 }
 
 Var rmsnorm(const Var& x, const Var& w, float eps) {
   const int64_t D = last_dim(x->value);
   if (!w) return gpu::gated_rmsnorm(x, nullptr, nullptr, D, eps, NormGate::None);
+  const int64_t M = rows(x->value);
   Tensor y = empty(x->value.shape());
-  cuda::rmsnorm_forward(in(x, "rmsnorm"), in(w, "rmsnorm"), eps, rows(x->value), D, out(y), nullptr,
+  const bool train = recording();
+  Tensor rstd = train ? empty({M}) : Tensor();
+  cuda::rmsnorm_forward(in(x, "rmsnorm"), in(w, "rmsnorm"), eps, M, D, out(y), train ? out(rstd) : nullptr,
                         device::Storage::F32);
-  return node(std::move(y), {x, w}, "rmsnorm");
+  return make_node(std::move(y), {x, w}, [x, w, rstd, M, D](Node& self) {
+    Tensor dx = needs_grad(x) ? empty(x->value.shape()) : Tensor();
+    cuda::rmsnorm_backward(x->value.cuda_f32(), w->value.cuda_f32(), rstd.cuda_f32(), dy(self), M, D,
+                           dx.defined() ? dx.raw() : nullptr, grad(w), device::Storage::F32);
+    if (dx.defined()) flush(x, dx);
+  }, "rmsnorm");
 }
 
 Var embedding(const Var& table, const std::vector<int64_t>& ids) {
@@ -116,10 +176,12 @@ Var embedding(const Var& table, const std::vector<int64_t>& ids) {
   for (int64_t id : ids)  // checked here, so the kernel needs no flag read back
     if (id < 0 || id >= vocab) throw error("embedding", "token id ", id, " is outside the vocabulary [0, ", vocab, ")");
   Tensor y = empty({n, D});
-  const device::Buffer d_ids = upload_ids(ids);
-  cuda::embedding_forward(in(table, "embedding"), vocab, d_ids.as<int64_t>(), n, D, out(y), device::Storage::F32,
+  const Ids d_ids = upload_ids(ids);
+  cuda::embedding_forward(in(table, "embedding"), vocab, d_ids->as<int64_t>(), n, D, out(y), device::Storage::F32,
                           /*check_ids=*/false);
-  return node(std::move(y), {table}, "embedding");
+  return make_node(std::move(y), {table}, [table, d_ids, n, D](Node& self) {
+    cuda::embedding_backward(d_ids->as<int64_t>(), n, D, dy(self), table->grad_cuda(), device::Storage::F32);
+  }, "embedding");
 }
 
 Var slice_last(const Var& x, int64_t begin, int64_t end) {
@@ -129,7 +191,9 @@ Var slice_last(const Var& x, int64_t begin, int64_t end) {
   s.back() = n;
   Tensor y = empty(s);
   cuda::copy_blocks(in(x, "slice") + begin, N, 0, out(y), n, 0, M, 1, n);
-  return node(std::move(y), {x}, "slice");
+  return make_node(std::move(y), {x}, [x, begin, n, N, M](Node& self) {
+    cuda::add_blocks(dy(self), n, 0, x->grad_cuda() + begin, N, 0, M, 1, n);
+  }, "slice");
 }
 
 Var concat_last(const std::vector<Var>& xs) {
@@ -149,7 +213,14 @@ Var concat_last(const std::vector<Var>& xs) {
     cuda::copy_blocks(in(x, "concat"), n, 0, out(y) + off, N, 0, M, 1, n);
     off += n;
   }
-  return node(std::move(y), xs, "concat");
+  return make_node(std::move(y), xs, [xs, M, N](Node& self) {
+    int64_t o = 0;
+    for (const auto& x : xs) {
+      const int64_t n = last_dim(x->value);
+      if (needs_grad(x)) cuda::add_blocks(dy(self) + o, N, 0, x->grad_cuda(), n, 0, M, 1, n);
+      o += n;
+    }
+  }, "concat");
 }
 
 Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float sc) {
@@ -160,9 +231,22 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_
            " for B=", B, " T=", T, " H=", H);
   Tensor y = empty({B * T, Dv});
   const cuda::AttnShape a{B, T, T, H, hd, hdv, 0, sc};
-  cuda::attention_forward(in(q, "attention"), in(k, "attention"), in(v, "attention"), out(y), nullptr, a,
-                          device::Storage::F32);
-  return node(std::move(y), {q, k, v}, "attention");
+  const bool train = recording();
+  Tensor lse = train ? empty({B, H, T}) : Tensor();
+  cuda::attention_forward(in(q, "attention"), in(k, "attention"), in(v, "attention"), out(y),
+                          train ? out(lse) : nullptr, a, device::Storage::F32);
+  return make_node(std::move(y), {q, k, v}, [q, k, v, lse, a](Node& self) {
+    // The kernel writes all three gradients: inputs that need none get scratch.
+    auto target = [](const Var& x, Tensor& scratch) {
+      if (needs_grad(x)) return x->grad_cuda();
+      scratch = zeros_like(x->value);
+      return out(scratch);
+    };
+    Tensor sq, sk, sv;
+    float *dq = target(q, sq), *dk = target(k, sk), *dv = target(v, sv);
+    cuda::attention_backward(q->value.cuda_f32(), k->value.cuda_f32(), v->value.cuda_f32(), self.value.cuda_f32(),
+                             lse.cuda_f32(), dy(self), dq, dk, dv, a, device::Storage::F32);
+  }, "attention");
 }
 
 Var head_slice(const Var& x, int64_t H, int64_t begin, int64_t end) {
@@ -171,7 +255,9 @@ Var head_slice(const Var& x, int64_t H, int64_t begin, int64_t end) {
            x->value.describe(), " H=", H);
   Tensor y = empty({M, H * n});
   cuda::copy_blocks(in(x, "head_slice") + begin, cols, hd, out(y), H * n, n, M, H, n);
-  return node(std::move(y), {x}, "head_slice");
+  return make_node(std::move(y), {x}, [x, begin, cols, hd, n, M, H](Node& self) {
+    cuda::add_blocks(dy(self), H * n, n, x->grad_cuda() + begin, cols, hd, M, H, n);
+  }, "head_slice");
 }
 
 Var head_concat(const std::vector<Var>& xs, int64_t H) {
@@ -188,25 +274,42 @@ Var head_concat(const std::vector<Var>& xs, int64_t H) {
     cuda::copy_blocks(in(x, "head_concat"), H * d, d, out(y) + off, H * total, total, M, H, d);
     off += d;
   }
-  return node(std::move(y), xs, "head_concat");
+  return make_node(std::move(y), xs, [xs, M, H, total](Node& self) {
+    int64_t o = 0;
+    for (const auto& x : xs) {
+      const int64_t d = last_dim(x->value) / H;
+      if (needs_grad(x)) cuda::add_blocks(dy(self) + o, H * total, total, x->grad_cuda(), H * d, d, M, H, d);
+      o += d;
+    }
+  }, "head_concat");
 }
 
 Var broadcast_heads(const Var& x, int64_t H) {
   const int64_t M = rows(x->value), d = last_dim(x->value);
   Tensor y = empty({M, H * d});
   cuda::copy_blocks(in(x, "broadcast_heads"), d, 0, out(y), H * d, d, M, H, d);
-  return node(std::move(y), {x}, "broadcast_heads");
+  return make_node(std::move(y), {x}, [x, M, H, d](Node& self) {
+    for (int64_t h = 0; h < H; ++h) cuda::add_blocks(dy(self) + h * d, H * d, 0, x->grad_cuda(), d, 0, M, 1, d);
+  }, "broadcast_heads");
 }
 
 Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t offset, const RopeTable& table) {
   const int64_t M = rows(x->value), hd = last_dim(x->value) / H;
   K3_CHECK(int64_t(positions.size()) == M && offset + table.dim <= hd, "rope: ", x->value.describe(), " H=", H);
   Tensor y = x->value.clone();
-  const device::Buffer pos = upload_ids(positions);
-  const device::Buffer inv = device::upload_new(table.inv_freq.data(), table.inv_freq.size() * sizeof(double));
-  cuda::rope_apply(out(y), M, H, hd, offset, table.dim, pos.as<int64_t>(), inv.as<double>(), table.attention_factor,
+  const Ids pos = upload_ids(positions);
+  const Ids inv =
+      std::make_shared<device::Buffer>(device::upload_new(table.inv_freq.data(), table.inv_freq.size() * sizeof(double)));
+  cuda::rope_apply(out(y), M, H, hd, offset, table.dim, pos->as<int64_t>(), inv->as<double>(), table.attention_factor,
                    +1, device::Storage::F32);
-  return node(std::move(y), {x}, "rope");
+  const int64_t rot = table.dim;
+  const double factor = table.attention_factor;
+  return make_node(std::move(y), {x}, [x, pos, inv, M, H, hd, offset, rot, factor](Node& self) {
+    Tensor g = self.grad.clone();  // the inverse rotation of the gradient
+    cuda::rope_apply(out(g), M, H, hd, offset, rot, pos->as<int64_t>(), inv->as<double>(), factor, -1,
+                     device::Storage::F32);
+    flush(x, g);
+  }, "rope");
 }
 
 Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T) {
@@ -215,13 +318,17 @@ Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T) {
            x->value.describe(), " w ", w->value.describe(), " B=", B, " T=", T);
   Tensor y = empty(x->value.shape());
   cuda::short_conv(in(x, "short_conv"), in(w, "short_conv"), B, T, C, W, out(y));
-  return node(std::move(y), {x, w}, "short_conv");
+  return make_node(std::move(y), {x, w}, [x, w, B, T, C, W](Node& self) {
+    cuda::short_conv_backward(x->value.cuda_f32(), w->value.cuda_f32(), dy(self), B, T, C, W, grad(x), grad(w));
+  }, "short_conv");
 }
 
 Var softmax_last(const Var& x) {
   Tensor y = empty(x->value.shape());
   cuda::softmax_rows(in(x, "softmax"), out(y), rows(x->value), last_dim(x->value));
-  return node(std::move(y), {x}, "softmax");
+  return make_node(std::move(y), {x}, [x](Node& self) {
+    cuda::softmax_rows_backward(self.value.cuda_f32(), dy(self), x->grad_cuda(), rows(x->value), last_dim(x->value));
+  }, "softmax");
 }
 
 Var gather_rows(const Var& x, const std::vector<int64_t>& r) {
@@ -229,9 +336,12 @@ Var gather_rows(const Var& x, const std::vector<int64_t>& r) {
   for (int64_t i : r)
     if (i < 0 || i >= M) throw error("gather_rows", "row ", i, " outside [0, ", M, ")");
   Tensor y = empty({int64_t(r.size()), D});
-  const device::Buffer d_rows = upload_ids(r);
-  cuda::gather_rows(in(x, "gather_rows"), d_rows.as<int64_t>(), int64_t(r.size()), D, out(y));
-  return node(std::move(y), {x}, "gather_rows");
+  const Ids d_rows = upload_ids(r);
+  const int64_t n = int64_t(r.size());
+  cuda::gather_rows(in(x, "gather_rows"), d_rows->as<int64_t>(), n, D, out(y));
+  return make_node(std::move(y), {x}, [x, d_rows, n, D](Node& self) {
+    cuda::scatter_add_rows(dy(self), d_rows->as<int64_t>(), n, D, x->grad_cuda());
+  }, "gather_rows");
 }
 
 Var gather_cols(const Var& s, const std::vector<int64_t>& idx, int64_t K, const Tensor& offset) {
@@ -243,16 +353,21 @@ Var gather_cols(const Var& s, const std::vector<int64_t>& idx, int64_t K, const 
   K3_CHECK(!has_offset || (offset.device() == Device::CUDA && offset.numel() == E), "gather_cols: offset ",
            offset.describe(), " for ", E, " columns on CUDA");
   Tensor y = empty({M, K});
-  const device::Buffer d_idx = upload_ids(idx);
-  cuda::gather_cols(in(s, "gather_cols"), d_idx.as<int64_t>(), has_offset ? offset.cuda_f32() : nullptr, M, E, K,
+  const Ids d_idx = upload_ids(idx);
+  cuda::gather_cols(in(s, "gather_cols"), d_idx->as<int64_t>(), has_offset ? offset.cuda_f32() : nullptr, M, E, K,
                     out(y));
-  return node(std::move(y), {s}, "gather_cols");
+  return make_node(std::move(y), {s}, [s, d_idx, M, E, K](Node& self) {
+    cuda::scatter_cols_add(dy(self), d_idx->as<int64_t>(), M, E, K, s->grad_cuda());
+  }, "gather_cols");
 }
 
 Var normalize_sum_last(const Var& w, float eps) {
   Tensor y = empty(w->value.shape());
   cuda::normalize_sum_rows(in(w, "normalize_sum"), out(y), rows(w->value), last_dim(w->value), eps);
-  return node(std::move(y), {w}, "normalize_sum");
+  return make_node(std::move(y), {w}, [w, eps](Node& self) {
+    cuda::normalize_sum_rows_backward(w->value.cuda_f32(), self.value.cuda_f32(), dy(self), w->grad_cuda(),
+                                      rows(w->value), last_dim(w->value), eps);
+  }, "normalize_sum");
 }
 
 Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M) {
@@ -264,22 +379,32 @@ Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w
              "weighted_combine: expert output ", ys[j]->value.describe());
   Tensor o = empty({M, N});
   if (o.numel()) device::zero(o.raw(), o.nbytes());
-  const device::Buffer d_rows = upload_ids(d.rows), d_slots = upload_ids(d.slots);
+  const Ids d_rows = upload_ids(d.rows), d_slots = upload_ids(d.slots);
   for (size_t j = 0; j < ys.size(); ++j) {
     const int64_t p0 = d.offsets[j], n = d.offsets[j + 1] - p0;
-    cuda::scatter_weighted(in(ys[j], "weighted_combine"), d_rows.as<int64_t>() + p0, d_slots.as<int64_t>() + p0,
+    cuda::scatter_weighted(in(ys[j], "weighted_combine"), d_rows->as<int64_t>() + p0, d_slots->as<int64_t>() + p0,
                            in(w, "weighted_combine"), n, N, out(o));
   }
   std::vector<Var> parents = ys;
   parents.push_back(w);
-  return node(std::move(o), std::move(parents), "weighted_combine");
+  const std::vector<int64_t> offsets = d.offsets;
+  return make_node(std::move(o), std::move(parents), [ys, w, d_rows, d_slots, offsets, N](Node& self) {
+    float* dw = grad(w);
+    for (size_t j = 0; j < ys.size(); ++j) {
+      const int64_t p0 = offsets[j], n = offsets[j + 1] - p0;
+      cuda::scatter_weighted_backward(dy(self), ys[j]->value.cuda_f32(), d_rows->as<int64_t>() + p0,
+                                      d_slots->as<int64_t>() + p0, w->value.cuda_f32(), n, N, grad(ys[j]), dw);
+    }
+  }, "weighted_combine");
 }
 
 Var l2norm(const Var& x, int64_t d, float eps) {
   K3_CHECK(d > 0 && x->value.dim(-1) % d == 0, "l2norm: ", x->value.describe(), " is not made of heads of ", d);
   Tensor y = empty(x->value.shape());
   cuda::l2norm_groups(in(x, "l2norm"), out(y), x->value.numel() / d, d, eps);
-  return node(std::move(y), {x}, "l2norm");
+  return make_node(std::move(y), {x}, [x, d, eps](Node& self) {
+    cuda::l2norm_groups_backward(x->value.cuda_f32(), dy(self), x->grad_cuda(), x->value.numel() / d, d, eps);
+  }, "l2norm");
 }
 
 Var gated_rmsnorm(const Var& x, const Var& gate, const Var& w, int64_t d, float eps, NormGate act) {
@@ -291,16 +416,26 @@ Var gated_rmsnorm(const Var& x, const Var& gate, const Var& w, int64_t d, float 
   const int a = act == NormGate::Sigmoid ? 1 : act == NormGate::Swish ? 2 : 0;
   cuda::gated_rmsnorm_groups(in(x, "gated_rmsnorm"), gate ? in(gate, "gated_rmsnorm") : nullptr,
                              w ? in(w, "gated_rmsnorm") : nullptr, out(y), x->value.numel() / d, d, eps, a);
-  return node(std::move(y), {x, gate, w}, "gated_rmsnorm");
+  return make_node(std::move(y), {x, gate, w}, [x, gate, w, d, eps, a](Node& self) {
+    cuda::gated_rmsnorm_groups_backward(x->value.cuda_f32(), gate ? gate->value.cuda_f32() : nullptr,
+                                        w ? w->value.cuda_f32() : nullptr, dy(self), grad(x), grad(gate), grad(w),
+                                        x->value.numel() / d, d, eps, a);
+  }, "gated_rmsnorm");
 }
 
 Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts) {
   if (gate->value.shape() != up->value.shape())
     throw error("situ", "gate ", gate->value.describe(), " and up ", up->value.describe(), " differ in shape");
   Tensor y = empty(gate->value.shape());
-  cuda::situ_glu_forward(in(gate, "situ"), in(up, "situ"), out(y), y.numel(), opts.beta.value_or(0.0f),
-                         opts.beta_lin.value_or(0.0f), device::Storage::F32);
-  return node(std::move(y), {gate, up}, "situ_glu");
+  const float beta = opts.beta.value_or(0.0f), beta_lin = opts.beta_lin.value_or(0.0f);
+  cuda::situ_glu_forward(in(gate, "situ"), in(up, "situ"), out(y), y.numel(), beta, beta_lin, device::Storage::F32);
+  return make_node(std::move(y), {gate, up}, [gate, up, beta, beta_lin](Node& self) {
+    Tensor dg = empty(gate->value.shape()), du = empty(up->value.shape());
+    cuda::situ_glu_backward(gate->value.cuda_f32(), up->value.cuda_f32(), dy(self), out(dg), out(du), dg.numel(), beta,
+                            beta_lin, device::Storage::F32);
+    flush(gate, dg);
+    flush(up, du);
+  }, "situ_glu");
 }
 
 Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, float z_loss) {
@@ -312,22 +447,45 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
     count += t >= 0;
   }
   in(h, "cross_entropy");
-  const device::Buffer d_tgt = upload_ids(targets);
+  const Ids d_tgt = upload_ids(targets);
   Tensor loss = empty({N});
   // Rows per chunk: at most 64 MiB of logits at a time.
-  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(16) << 20) / std::max<int64_t>(1, V)));
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    const int64_t n = std::min(rows, N - r0);
-    const Var part = constant(h->value.slice(0, r0, r0 + n));
-    const Var logits = gpu::linear(part, w, nullptr, WeightLayout::OutIn);  // [n, V]
-    cuda::cross_entropy(out(logits->value), d_tgt.as<int64_t>() + r0, n, V, out(loss) + r0, nullptr, 1.0f, z_loss);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(16) << 20) / std::max<int64_t>(1, V)));
+  auto logits_of = [h, w](int64_t r0, int64_t n) {  // [n, V] fp32, computed the forward's way
+    NoRecording off;
+    return gpu::linear(constant(h->value.slice(0, r0, r0 + n)), w, nullptr, WeightLayout::OutIn);
+  };
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t n = std::min(chunk, N - r0);
+    const Var logits = logits_of(r0, n);
+    cuda::cross_entropy(out(logits->value), d_tgt->as<int64_t>() + r0, n, V, out(loss) + r0, nullptr, 1.0f, z_loss);
   }
   const Tensor host = loss.to_device(Device::CPU);
   double sum = 0;
   for (int64_t i = 0; i < N; ++i)
     if (targets[size_t(i)] >= 0) sum += host.f32()[i];
-  forward_only("cross_entropy", {h, w});
-  return constant(Tensor::full({1}, count ? float(sum / double(count)) : 0.0f));
+  // The loss is a host scalar; its backward recomputes each chunk's logits, turns them into
+  // dlogits in place and runs the two GEMMs of the head.
+  return make_node(Tensor::full({1}, count ? float(sum / double(count)) : 0.0f), {h, w},
+                   [h, w, d_tgt, logits_of, N, V, chunk, count, z_loss](Node& self) {
+    if (w->value.dtype() != DType::F32)
+      throw error("cross_entropy", "training through a bf16 head on CUDA is not supported (train in fp32)");
+    const float g = self.grad.to_device(Device::CPU).f32()[0] / float(std::max<int64_t>(count, 1));
+    const int64_t D = h->value.dim(1);
+    Tensor scratch = empty({chunk});
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+      const int64_t n = std::min(chunk, N - r0);
+      const Var logits = logits_of(r0, n);
+      float* dz = out(logits->value);
+      cuda::cross_entropy(dz, d_tgt->as<int64_t>() + r0, n, V, out(scratch), dz, g, z_loss);
+      if (needs_grad(h))  // dh[r0 : r0 + n] += dz · W
+        cuda::gemm(cuda::Op::N, cuda::Op::N, n, D, V, 1.0f, dz, V, w->value.cuda_f32(), D, 1.0f,
+                   h->grad_cuda() + r0 * D, D, device::Storage::F32);
+      if (needs_grad(w))  // dW += dzᵀ · h[r0 : r0 + n]
+        cuda::gemm(cuda::Op::T, cuda::Op::N, V, D, n, 1.0f, dz, V, h->value.cuda_f32() + r0 * D, D, 1.0f,
+                   w->grad_cuda(), D, device::Storage::F32);
+    }
+  }, "cross_entropy");
 }
 
 }  // namespace k3::ag::gpu

@@ -1,6 +1,7 @@
 // The differentiable ops' CUDA forms (ag_cuda.h) against their CPU forms on random inputs: the
-// same call on host Vars and on device Vars, fp32, within 1e-5 relative L2 (the CPU forms are
-// tested against fixtures and finite differences elsewhere). Needs a GPU: label "gpu".
+// same call on host Vars and on device Vars, forward and backward from the same cotangent, fp32,
+// within 1e-5 relative L2 for the output and every input's gradient (the CPU forms are tested
+// against fixtures and finite differences elsewhere). Needs a GPU: label "gpu".
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include "ops/ag.h"
 #include "ops/ag_conv.h"
 #include "ops/ag_cuda.h"
+#include "ops/ag_cuda_testing.h"
 #include "ops/ag_heads.h"
 #include "ops/ag_moe.h"
 #include "ops/ag_norms.h"
@@ -19,31 +21,15 @@
 namespace k3 {
 namespace {
 
-Var rand_var(Rng& rng, Shape s, float scale = 1.0f) {
-  Tensor t = Tensor::empty(std::move(s));
-  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = scale * rng.normal();
-  return constant(std::move(t));
-}
+using testing::rand_var;
 Var to_cuda(const Var& v) { return v ? constant(v->value.to_device(Device::CUDA)) : nullptr; }
 
-double rel(const Tensor& x, const Tensor& ref) {
-  EXPECT_EQ(x.shape(), ref.shape());
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    if (!std::isfinite(x.f32()[i])) return INFINITY;
-    num += std::pow(double(x.f32()[i]) - ref.f32()[i], 2);
-    den += std::pow(double(ref.f32()[i]), 2);
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-// Runs f on the host inputs and on their device copies; returns the relative difference.
+// Output and gradients of f on the host and on the device; the largest relative difference.
 double compare(const std::vector<Var>& inputs, const std::function<Var(const std::vector<Var>&)>& f) {
-  std::vector<Var> dev;
-  for (const Var& v : inputs) dev.push_back(to_cuda(v));
-  const Var ref = f(inputs), got = f(dev);
-  EXPECT_EQ(got->value.device(), Device::CUDA);
-  return rel(got->value.to_device(Device::CPU), ref->value);
+  std::string what;
+  const double d = testing::compare_with_grads(inputs, f, &what);
+  EXPECT_LT(d, 1e-5) << "worst: " << what;
+  return d;
 }
 
 constexpr double kTol = 1e-5;
@@ -136,32 +122,44 @@ TEST(AgCuda, MixtureOfExpertsRouting) {
             kTol);
 }
 
-// The mean cross-entropy of the head's logits, with and without the z-loss, some targets ignored.
+// The mean cross-entropy of the head's logits, with and without the z-loss, some targets ignored;
+// its gradients with respect to the hidden states and the head.
 TEST(AgCuda, CrossEntropyHeadWithZLoss) {
   Rng rng(9);
   Var h = rand_var(rng, {37, 24}), w = rand_var(rng, {301, 24}, 0.5f);
   std::vector<int64_t> targets(37);
   for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 5 == 3 ? -1 : int64_t((i * 97) % 301);
-  const Var hd = to_cuda(h), wd = to_cuda(w);
-  for (float z : {0.0f, 1e-2f, 0.3f}) {
-    // The mean comes back as a host scalar (the per-row losses are summed on the host).
-    const Tensor ref = ag::cross_entropy_head(h, w, targets, 64, z)->value;
-    const Tensor got = ag::cross_entropy_head(hd, wd, targets, 64, z)->value.to_device(Device::CPU);
-    EXPECT_LT(rel(got, ref), kTol) << "z_loss " << z;
-  }
+  for (float z : {0.0f, 1e-2f, 0.3f})  // the loss is a host scalar on both devices
+    EXPECT_LT(compare({h, w}, [&](auto& v) { return ag::cross_entropy_head(v[0], v[1], targets, 64, z); }), kTol)
+        << "z_loss " << z;
 }
 
-TEST(AgCuda, TrainingThroughACudaFormIsRefusedClearly) {
+// Gradients flow through a chain of ops into the same leaf twice (accumulation on the device).
+TEST(AgCuda, GradientsAccumulateAcrossUses) {
+  Rng rng(10);
+  Var x = rand_var(rng, {5, 16}), w = rand_var(rng, {16, 16});
+  EXPECT_LT(compare({x, w}, [](auto& v) {
+              Var h = ag::silu(ag::linear(v[0], v[1], nullptr, WeightLayout::OutIn));
+              return ag::mul(ag::add(h, v[0]), ag::linear(h, v[1], nullptr, WeightLayout::InOut));
+            }),
+            kTol);
+}
+
+TEST(AgCuda, TrainingThroughBf16WeightsIsRefusedClearly) {
   Rng rng(8);
   Var x = to_cuda(rand_var(rng, {4, 8}));
-  Var w = to_cuda(rand_var(rng, {8, 8}));
-  w->requires_grad = true;
-  Recording rec;
+  x->requires_grad = true;
+  Var w = constant(rand_var(rng, {8, 8})->value.to(DType::BF16).to_device(Device::CUDA));
+  Var y;
+  {
+    Recording rec;
+    y = ag::linear(x, w, nullptr, WeightLayout::OutIn);
+  }
   try {
-    ag::linear(x, w, nullptr, WeightLayout::OutIn);
+    backward(y, Tensor::full({4, 8}, 1.0f));
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("forward-only"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
   }
 }
 

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "core/device.h"
+
 namespace k3 {
 
 namespace {
@@ -12,10 +14,25 @@ thread_local bool g_recording = false;
 bool recording() { return g_recording; }
 Recording::Recording() : saved_(g_recording) { g_recording = true; }
 Recording::~Recording() { g_recording = saved_; }
+NoRecording::NoRecording() : saved_(g_recording) { g_recording = false; }
+NoRecording::~NoRecording() { g_recording = saved_; }
 
 float* Node::grad_f32() {
+  if (value.device() == Device::CUDA)
+    throw error("autograd", "a host gradient was asked of the device value ", value.describe(), " (op ", op,
+                "): this op has no CUDA backward");
   if (!grad.defined() || !grad.has_storage()) grad = Tensor::zeros(value.shape());
   return grad.f32();
+}
+
+float* Node::grad_cuda() {
+  if (value.device() != Device::CUDA)
+    throw error("autograd", "a device gradient was asked of the host value ", value.describe(), " (op ", op, ")");
+  if (!grad.defined() || !grad.has_storage()) {
+    grad = Tensor::empty_on(Device::CUDA, value.shape());
+    if (grad.nbytes()) device::zero(grad.raw(), grad.nbytes());
+  }
+  return grad.cuda_f32();
 }
 
 Var constant(Tensor t) {
@@ -69,10 +86,10 @@ void backward(const Var& out, const Tensor& seed) {
     }
   }
   if (seed.defined()) {
-    out->grad = seed.clone();
+    out->grad = seed.device() == out->value.device() ? seed.clone() : seed.to_device(out->value.device());
   } else {
-    float* g = out->grad_f32();
-    for (int64_t i = 0; i < out->value.numel(); ++i) g[i] = 1.0f;
+    Tensor ones = Tensor::full(out->value.shape(), 1.0f);
+    out->grad = out->value.device() == Device::CPU ? ones : ones.to_device(out->value.device());
   }
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* n = *it;

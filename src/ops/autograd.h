@@ -28,8 +28,11 @@ struct Node {
   std::function<void(Node& self)> backward;  // reads self.grad, accumulates into parents
   const char* op = "leaf";
 
-  // Zero-initialised gradient buffer shaped like value (allocated on first use).
+  // Zero-initialised gradient buffer shaped like value (allocated on first use): on the host for a
+  // host value (grad_f32; throws for a device value), on the device for a CUDA value (grad_cuda,
+  // a device pointer; the ops' CUDA backward closures use it).
   float* grad_f32();
+  float* grad_cuda();
 };
 
 // Whether ops record the graph. Off by default; a Recording scope turns it on.
@@ -40,6 +43,18 @@ class Recording {
   ~Recording();
   Recording(const Recording&) = delete;
   Recording& operator=(const Recording&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// Turns recording off for its scope (work inside a backward closure that reuses forward ops).
+class NoRecording {
+ public:
+  NoRecording();
+  ~NoRecording();
+  NoRecording(const NoRecording&) = delete;
+  NoRecording& operator=(const NoRecording&) = delete;
 
  private:
   bool saved_;

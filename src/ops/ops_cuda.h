@@ -143,4 +143,26 @@ void l2norm_groups(const float* x, float* y, int64_t G, int64_t d, float eps);
 void gated_rmsnorm_groups(const float* x, const float* gate, const float* w, float* y, int64_t G, int64_t d, float eps,
                           int act);
 
+// Backward kernels of the ops above (backward_cuda.cu); each accumulates (+=) into its gradients
+// (null ones are skipped), as the CPU closures do.
+void unary_backward(const float* x, const float* dy, float* dx, int64_t n, Unary op, float s = 1.0f);
+void mul_backward(const float* a, const float* b, const float* dy, float* da, float* db, int64_t n);
+// copy_blocks' layout with dst += src (the backward of slices, concatenations and head layouts).
+void add_blocks(const float* src, int64_t s_row, int64_t s_head, float* dst, int64_t d_row, int64_t d_head, int64_t M,
+                int64_t H, int64_t w);
+void scatter_add_rows(const float* dy, const int64_t* rows, int64_t n, int64_t D, float* dx);  // dx[rows[i]] += dy[i]
+void scatter_cols_add(const float* dy, const int64_t* idx, int64_t M, int64_t E, int64_t K, float* ds);
+void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t M, int64_t N);
+void normalize_sum_rows_backward(const float* x, const float* y, const float* dy, float* dx, int64_t M, int64_t N,
+                                 float eps);
+void scatter_weighted_backward(const float* dout, const float* ys, const int64_t* rows, const int64_t* slots,
+                               const float* w, int64_t n, int64_t D, float* dys, float* dw);
+void short_conv_backward(const float* x, const float* w, const float* dy, int64_t B, int64_t T, int64_t C, int64_t W,
+                         float* dx, float* dw);
+void l2norm_groups_backward(const float* x, const float* dy, float* dx, int64_t G, int64_t d, float eps);
+void gated_rmsnorm_groups_backward(const float* x, const float* gate, const float* w, const float* dy, float* dx,
+                                   float* dgate, float* dw, int64_t G, int64_t d, float eps, int act);
+// *acc += Σ x² (acc: one double on the device; gradient clipping reads it back once per step).
+void sum_squares(const float* x, int64_t n, double* acc);
+
 }  // namespace k3::cuda

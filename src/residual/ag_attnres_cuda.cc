@@ -1,4 +1,5 @@
-// The CUDA form of ag::attnres (ag_attnres.h), forward only: attnres_cuda.cu over device sources.
+// The CUDA form of ag::attnres (ag_attnres.h): attnres_cuda.cu over device sources, forward and
+// (under Recording) backward.
 #include "residual/ag_attnres_cuda.h"
 
 #include "ops/ag_cuda.h"
@@ -22,8 +23,17 @@ Var attnres(const std::vector<Var>& sources, const Var& query, const Var& rmsw, 
   std::vector<Var> parents = sources;
   parents.push_back(query);
   parents.push_back(rmsw);
-  forward_only("attnres", parents);
-  return constant(std::move(y));
+  return make_node(std::move(y), parents, [sources, query, rmsw, eps, M, D](Node& self) {
+    std::vector<const float*> s;
+    std::vector<float*> ds;
+    for (const auto& x : sources) {
+      s.push_back(x->value.cuda_f32());
+      ds.push_back(needs_grad(x) ? x->grad_cuda() : nullptr);
+    }
+    k3::cuda::attnres_backward(s, query->value.cuda_f32(), rmsw->value.cuda_f32(), eps, self.grad.cuda_f32(), ds,
+                               needs_grad(query) ? query->grad_cuda() : nullptr,
+                               needs_grad(rmsw) ? rmsw->grad_cuda() : nullptr, AttnResShape{M, D});
+  }, "attnres");
 }
 
 }  // namespace k3::ag::gpu

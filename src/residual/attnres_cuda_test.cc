@@ -10,6 +10,8 @@
 #include "core/device.h"
 #include "core/random.h"
 #include "io/safetensors.h"
+#include "ops/ag_cuda_testing.h"
+#include "residual/ag_attnres.h"
 #include "residual/attnres.h"
 #include "residual/attnres_cuda.h"
 
@@ -101,6 +103,23 @@ TEST(AttnResCuda, MatchesCpuOnManySources) {
   EXPECT_LE(rel(r.dq, dq), 1e-4);
   EXPECT_LE(rel(r.dw, dw), 1e-4);
   for (size_t j = 0; j < src.size(); ++j) EXPECT_LE(rel(r.dsrc[j], dsrc[j]), 1e-4) << j;
+}
+
+
+// The differentiable op (ag::attnres) on the device against the CPU: output and the gradients of
+// every source, the pseudo-query and the norm weight.
+TEST(AttnResCuda, AutogradMatchesCpu) {
+  Rng rng(21);
+  const int64_t M = 13, D = 40;
+  std::vector<Var> in;
+  for (int j = 0; j < 4; ++j) in.push_back(testing::rand_var(rng, {M, D}));
+  in.push_back(testing::rand_var(rng, {1, D}, 0.3f));
+  in.push_back(testing::rand_var(rng, {D}));
+  std::string what;
+  const double d = testing::compare_with_grads(in, [](const std::vector<Var>& v) {
+    return ag::attnres(std::vector<Var>(v.begin(), v.begin() + 4), v[4], v[5], 1e-6f);
+  }, &what);
+  EXPECT_LT(d, 1e-5) << "worst: " << what;
 }
 
 }  // namespace

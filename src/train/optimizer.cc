@@ -2,7 +2,11 @@
 
 #include <cmath>
 
+#include "core/device.h"
 #include "io/safetensors.h"
+#if defined(K3_HAS_CUDA)
+#include "ops/ops_cuda.h"
+#endif
 
 namespace k3 {
 
@@ -19,6 +23,15 @@ void AdamW::step(const Model& model, float lr) {
     }
     const bool decay = kind == ParamKind::Weight || (kind == ParamKind::Embedding && o_.decay_embeddings);
     const float wd = decay ? o_.weight_decay : 0.0f;
+    if (p.value.device() == Device::CUDA) {  // the moments live beside the parameter
+#if defined(K3_HAS_CUDA)
+      if (p.value.dtype() != DType::F32) throw error("optimizer", "parameter '", name, "' is not fp32 on the device");
+      if (m.device() != Device::CUDA) m = m.to_device(Device::CUDA), v = v.to_device(Device::CUDA);
+      cuda::adamw(p.value.cuda_f32(), p.grad.cuda_f32(), m.cuda_f32(), v.cuda_f32(), p.value.numel(),
+                  cuda::AdamWStep{lr, b1, b2, o_.eps, wd, t_});
+      return;
+#endif
+    }
     float* w = p.value.f32();
     const float* g = p.grad.f32();
     float* pm = m.f32();
@@ -35,8 +48,8 @@ void AdamW::step(const Model& model, float lr) {
 void AdamW::save(const std::string& path) const {
   std::vector<std::pair<std::string, Tensor>> ts;
   for (const auto& [name, mv] : state_) {
-    ts.push_back({"exp_avg." + name, mv.first});
-    ts.push_back({"exp_avg_sq." + name, mv.second});
+    ts.push_back({"exp_avg." + name, mv.first.to_device(Device::CPU)});
+    ts.push_back({"exp_avg_sq." + name, mv.second.to_device(Device::CPU)});
   }
   save_safetensors(path, ts, {{"step", std::to_string(t_)}, {"format", "k3-adamw"}});
 }
@@ -63,15 +76,38 @@ void zero_grad(const Model& model) {
 
 double clip_grad_norm(const Model& model, double max_norm) {
   double sq = 0;
+#if defined(K3_HAS_CUDA)
+  device::Buffer dev_sq;  // Σ g² of the device gradients, read back once
+#endif
   model.visit([&](const std::string&, Node& p, ParamKind) {
     if (!p.grad.defined()) return;
+    if (p.grad.device() == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+      if (!dev_sq.get()) dev_sq = device::zeros_f32(2);
+      cuda::sum_squares(p.grad.cuda_f32(), p.grad.numel(), dev_sq.as<double>());
+#endif
+      return;
+    }
     for (int64_t i = 0; i < p.grad.numel(); ++i) sq += double(p.grad.f32()[i]) * p.grad.f32()[i];
   });
+#if defined(K3_HAS_CUDA)
+  if (dev_sq.get()) {
+    double d = 0;
+    device::download(&d, dev_sq.get(), sizeof d);
+    sq += d;
+  }
+#endif
   double norm = std::sqrt(sq);
   if (max_norm > 0 && norm > max_norm) {
     float s = float(max_norm / (norm + 1e-6));
     model.visit([&](const std::string&, Node& p, ParamKind) {
       if (!p.grad.defined()) return;
+      if (p.grad.device() == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+        cuda::unary(p.grad.cuda_f32(), p.grad.cuda_f32(), p.grad.numel(), cuda::Unary::Scale, s);
+#endif
+        return;
+      }
       for (int64_t i = 0; i < p.grad.numel(); ++i) p.grad.f32()[i] *= s;
     });
   }

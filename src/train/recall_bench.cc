@@ -152,6 +152,7 @@ RecallRun train_once(const RecallBenchOptions& o, const Json& config, float lr) 
   auto model = build_model(config, "recall-" + o.mixer);
   model->init_random(o.seed);
   if (o.mixer == "gdn") slow_forgetting_init(*model, o.seed);
+  if (o.cuda) move_to(*model, Device::CUDA);
   AdamWOptions ao;
   ao.lr = lr;
   ao.weight_decay = o.weight_decay;
@@ -169,7 +170,7 @@ RecallRun train_once(const RecallBenchOptions& o, const Json& config, float lr) 
       Recording rec;
       Var l = model->loss(TokenBatch{b.ids.data(), b.B, b.T, nullptr}, b.targets);
       backward(l);
-      loss = l->value.f32()[0];
+      loss = l->value.to_device(Device::CPU).f32()[0];
     }
     if (!std::isfinite(loss)) throw error("recall", o.mixer, ": the loss became ", loss, " at step ", step, " (lr ", lr, ")");
     clip_grad_norm(*model, 1.0);
@@ -188,6 +189,7 @@ RecallRun train_once(const RecallBenchOptions& o, const Json& config, float lr) 
   }
   run.final_train_loss = avg;
   run.train_seconds = seconds_since(t0);
+  if (o.cuda) move_to(*model, Device::CPU);
   run.accuracy = evaluate(*model, o.task, recall_test_seed(o.seed), o.test_examples);
   return run;
 }
@@ -269,6 +271,7 @@ Json RecallResult::to_json() const {
               {"warmup_frac", options.warmup_frac},
               {"test_examples", options.test_examples},
               {"seed", options.seed},
+              {"device", options.cuda ? "cuda" : "cpu"},
               {"train_seconds", train_seconds},
               {"runs", runs_j},
               {"model_config", recall_model_config(options.mixer, options.task.vocab, options.task.seq_len, options.d_model)}};

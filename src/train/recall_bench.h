@@ -31,6 +31,7 @@ struct RecallBenchOptions {
   uint64_t seed = 1;
   bool quiet = false;         // progress on stderr unless quiet
   int64_t log_every = 50;
+  bool cuda = false;          // train on the GPU (fp32); the held-out evaluation runs on the host
 };
 
 struct RecallRun {

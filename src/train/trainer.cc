@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/device.h"
 #include "infer/sampler.h"
 #include "ops/ag.h"
 #include "models/presets.h"
@@ -237,6 +238,13 @@ TrainResult run_training(TrainConfig cfg) {
     model = build_model(config, cfg.preset);
     model->init_random(cfg.seed);
   }
+  if (cfg.device != "cpu" && cfg.device != "cuda") throw error("train", "--device ", cfg.device, ": cpu or cuda");
+  if (cfg.device == "cuda") {
+    if (cfg.aux_loss > 0)
+      throw error("train", "--aux-loss has no CUDA form yet (the bias update balances the experts without it); "
+                           "drop it or train on the CPU");
+    move_to(*model, Device::CUDA);  // fp32 parameters; gradients and AdamW moments follow them there
+  }
   if (cfg.seq_len > model->max_positions())
     throw error("train", "--seq-len ", cfg.seq_len, " exceeds the model's ", model->max_positions(), " positions");
   AdamWOptions ao;
@@ -277,9 +285,11 @@ TrainResult run_training(TrainConfig cfg) {
     std::fprintf(stderr, "k3 train: %s, %s parameters, vocab %d, %lld train / %lld val tokens%s\n", cfg.preset.c_str(),
                  std::to_string(model->total_params()).c_str(), tok.vocab_size(), (long long)data.size(Split::Train),
                  (long long)data.size(Split::Val), data.from_cache() ? " (cached)" : "");
-    std::fprintf(stderr, "batch %lld x %lld tokens x %lld accumulation, lr %.2e (warmup %lld, cosine over %lld), steps %lld..%lld -> %s\n",
+    std::fprintf(stderr, "batch %lld x %lld tokens x %lld accumulation, lr %.2e (warmup %lld, cosine over %lld), steps %lld..%lld on %s -> %s\n",
                  (long long)cfg.batch, (long long)cfg.seq_len, (long long)cfg.grad_accum, cfg.lr, (long long)cfg.warmup,
-                 (long long)cfg.decay_steps, (long long)start_step, (long long)cfg.steps, cfg.out.c_str());
+                 (long long)cfg.decay_steps, (long long)start_step, (long long)cfg.steps,
+                 cfg.device == "cuda" ? ("CUDA (" + std::string(device::describe()) + ", fp32)").c_str() : "the CPU",
+                 cfg.out.c_str());
   }
 
   auto save_checkpoint = [&](int64_t step) {

@@ -28,6 +28,7 @@ struct TrainConfig {
   int64_t eval_every = 100, eval_batches = 8, save_every = 0;
   int64_t sample_tokens = 120;
   bool quiet = false;                  // no progress bar (tests)
+  std::string device = "cpu";          // cpu | cuda: where the parameters, activations, gradients and moments live
 };
 
 struct TrainResult {

@@ -1,6 +1,7 @@
-// CUDA forms of the delta-rule layer's differentiable ops (ag_delta.h), forward only: the
-// recurrent kernel of delta_cuda.cu over B whole sequences, and the KDA gates. Dispatched from
-// ag_delta.cc when the inputs live on the device (ops/ag_cuda.h).
+// CUDA forms of the delta-rule layer's differentiable ops (ag_delta.h): the recurrent kernels of
+// delta_cuda.cu over B whole sequences (forward, and under Recording the backward that
+// recomputes the states), and the KDA gates. Dispatched from ag_delta.cc when the inputs live on
+// the device (ops/ag_cuda.h).
 #include "mixers/linear/ag_delta_cuda.h"
 
 #include "core/device.h"
@@ -42,15 +43,45 @@ Var delta_rule(const Var& q, const Var& k, const Var& v, const Var& beta, const 
            " (with beta / g) do not fit B=", s.B, " T=", s.T, " H=", s.H, " HV=", s.HV, " K=", s.K, " V=", s.V);
   std::vector<int64_t> row0(size_t(s.B)), len(size_t(s.B), s.T);
   for (int64_t b = 0; b < s.B; ++b) row0[size_t(b)] = b * s.T;
-  const device::Buffer d_row0 = device::upload_new(row0.data(), row0.size() * 8);
-  const device::Buffer d_len = device::upload_new(len.data(), len.size() * 8);
-  a.row0 = d_row0.as<int64_t>();
-  a.len = d_len.as<int64_t>();
+  auto d_seqs = std::make_shared<std::pair<device::Buffer, device::Buffer>>(
+      device::upload_new(row0.data(), row0.size() * 8), device::upload_new(len.data(), len.size() * 8));
+  a.row0 = d_seqs->first.as<int64_t>();
+  a.len = d_seqs->second.as<int64_t>();
   Tensor o = empty({s.B * s.T, s.HV * s.V});
   a.o = o.cuda_f32();
   linear::cuda::forward(a);
-  forward_only("delta_rule", parents);
-  return constant(std::move(o));
+  a.o = nullptr;
+  return make_node(std::move(o), parents, [q, k, v, beta, g, a, d_seqs, T = s.T](Node& self) {
+    // The kernel writes every gradient it has into zeroed buffers (sums over value blocks and
+    // grouped heads): scratch, then added to the inputs' gradients.
+    auto zeroed = [](const Var& x) {
+      Tensor t = empty(x->value.shape());
+      if (t.nbytes()) device::zero(t.raw(), t.nbytes());
+      return t;
+    };
+    auto add = [](const Var& x, const Tensor& t) {
+      if (x && needs_grad(x)) k3::cuda::add_inplace(x->grad_cuda(), t.cuda_f32(), t.numel());
+    };
+    Tensor dq = zeroed(q), dk = zeroed(k), dv = zeroed(v);
+    Tensor dbeta = a.beta ? zeroed(beta) : Tensor(), dg = a.g ? zeroed(g) : Tensor();
+    linear::cuda::DeviceGrads gr;
+    gr.d_o = self.grad.cuda_f32();
+    gr.do_dtype = DType::F32;
+    gr.dq = dq.cuda_f32();
+    gr.dk = dk.cuda_f32();
+    gr.dv = dv.cuda_f32();
+    gr.dbeta = a.beta ? dbeta.cuda_f32() : nullptr;
+    gr.dg = a.g ? dg.cuda_f32() : nullptr;
+    gr.longest = T;
+    device::Buffer dh0(size_t(a.N * a.HV * a.K * a.V) * sizeof(float));  // the kernel writes dh0 unconditionally
+    gr.dh0 = dh0.as<float>();
+    linear::cuda::backward(a, gr);
+    add(q, dq);
+    add(k, dk);
+    add(v, dv);
+    if (a.beta) add(beta, dbeta);
+    if (a.g) add(g, dg);
+  }, "delta_rule");
 }
 
 Var kda_gate(const Var& x, const Var& A_log, const Var& dt_bias, int64_t H, int64_t K, KdaGateForm form,
@@ -63,8 +94,17 @@ Var kda_gate(const Var& x, const Var& A_log, const Var& dt_bias, int64_t H, int6
   else
     k3::cuda::gate_lowerbound_forward(in(x, "kda_gate"), in(A_log, "kda_gate"), in(dt_bias, "kda_gate"), lower_bound,
                                       y.cuda_f32(), gs);
-  forward_only("kda_gate", {x, A_log, dt_bias});
-  return constant(std::move(y));
+  return make_node(std::move(y), {x, A_log, dt_bias}, [x, A_log, dt_bias, form, lower_bound, gs](Node& self) {
+    float* dx = needs_grad(x) ? x->grad_cuda() : nullptr;
+    float* dA = needs_grad(A_log) ? A_log->grad_cuda() : nullptr;
+    float* db = needs_grad(dt_bias) ? dt_bias->grad_cuda() : nullptr;
+    if (form == KdaGateForm::Softplus)
+      k3::cuda::gate_softplus_backward(x->value.cuda_f32(), A_log->value.cuda_f32(), dt_bias->value.cuda_f32(),
+                                       self.grad.cuda_f32(), dx, dA, db, gs);
+    else
+      k3::cuda::gate_lowerbound_backward(x->value.cuda_f32(), A_log->value.cuda_f32(), dt_bias->value.cuda_f32(),
+                                         lower_bound, self.grad.cuda_f32(), dx, dA, db, gs);
+  }, "kda_gate");
 }
 
 }  // namespace k3::ag::gpu
