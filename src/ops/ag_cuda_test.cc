@@ -105,6 +105,9 @@ TEST(AgCuda, MixtureOfExpertsRouting) {
   std::vector<int64_t> idx;
   for (int64_t m = 0; m < M; ++m) idx.insert(idx.end(), {m % E, (m * 5 + 1) % E == m % E ? (m + 1) % E : (m * 5 + 1) % E});
   EXPECT_LT(compare({logits, offset}, [&](auto& v) { return ag::gather_cols(v[0], idx, K, v[1]->value); }), kTol);
+  // The sequence-level balance loss (3 sequences of 3 tokens): a host scalar from device scores.
+  EXPECT_LT(compare({logits}, [&](auto& v) { return ag::seq_balance_loss(ag::softmax_last(v[0]), idx, K, 3, 0.1f); }),
+            kTol);
   Var w = constant(Tensor::full({M, K}, 0.5f));
   for (int64_t i = 0; i < M * K; ++i) w->value.f32()[i] = 0.1f + float(i % 7);
   EXPECT_LT(compare({w}, [](auto& v) { return ag::normalize_sum_last(v[0], 1e-20f); }), kTol);

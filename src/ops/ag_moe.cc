@@ -7,6 +7,9 @@
 #include <cstring>
 
 #include "core/parallel.h"
+#if defined(K3_HAS_CUDA)
+#include "ops/ops_cuda.h"
+#endif
 
 namespace k3::ag {
 
@@ -203,7 +206,11 @@ Var seq_balance_loss(const Var& scores, const std::vector<int64_t>& idx, int64_t
   auto f = std::make_shared<std::vector<float>>(static_cast<size_t>(B * E), 0.0f);
   const float fscale = static_cast<float>(E) / static_cast<float>(K * T);
   for (int64_t p = 0; p < M * K; ++p) (*f)[size_t((p / K) / T * E + idx[size_t(p)])] += fscale;
-  const float* ps = scores->value.f32();
+  // On CUDA the [M, E] scores come to the host (small beside the activations; the routing read
+  // them there already) and the gradient goes back in the backward.
+  const bool dev = scores->value.device() == Device::CUDA;
+  const Tensor host = dev ? scores->value.to_device(Device::CPU) : scores->value;
+  const float* ps = host.f32();
   double loss = 0;
   for (int64_t m = 0; m < M; ++m) {
     const float* r = ps + m * E;
@@ -217,11 +224,12 @@ Var seq_balance_loss(const Var& scores, const std::vector<int64_t>& idx, int64_t
   }
   const double c = double(alpha) / double(B * T);
   Tensor y = Tensor::full({1}, static_cast<float>(c * loss));
-  return make_node(std::move(y), {scores}, [scores, f, E, M, T, c](Node& self) {
+  return make_node(std::move(y), {scores}, [scores, host, dev, f, E, M, T, c](Node& self) {
     // d/ds_{t,j} of (Σ_e f_e s_e)/S = (f_j − (Σ_e f_e s_e)/S) / S
     const double g = double(self.grad.f32()[0]) * c;
-    const float* ps2 = scores->value.f32();
-    float* d = scores->grad_f32();
+    const float* ps2 = host.f32();
+    Tensor staged = dev ? Tensor::zeros(host.shape()) : Tensor();
+    float* d = dev ? staged.f32() : scores->grad_f32();
     for (int64_t m = 0; m < M; ++m) {
       const float* r = ps2 + m * E;
       const float* fb = f->data() + (m / T) * E;
@@ -232,6 +240,12 @@ Var seq_balance_loss(const Var& scores, const std::vector<int64_t>& idx, int64_t
       }
       for (int64_t e = 0; e < E; ++e) d[m * E + e] += static_cast<float>(g * (fb[e] - dot / S) / S);
     }
+#if defined(K3_HAS_CUDA)
+    if (dev) {
+      const Tensor up = staged.to_device(Device::CUDA);
+      cuda::add_inplace(scores->grad_cuda(), up.cuda_f32(), up.numel());
+    }
+#endif
   }, "seq_balance_loss");
 }
 

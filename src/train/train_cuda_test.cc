@@ -1,8 +1,8 @@
 // Training on CUDA against training on the CPU: every trainable tiny preset, the same init and
-// the same batches, 12 AdamW steps with clipping and the MoE bias update on each device. The
-// losses of every step agree within 1e-3 relative and the final parameters within 5e-3 (fp32
-// on both; the CPU path is the one the fixtures and finite differences test). Needs a GPU:
-// label "gpu".
+// the same batches, 12 AdamW steps with clipping, the MoE balance loss and bias update on each
+// device. The losses of every step agree within 1e-3 relative and the final parameters within
+// 5e-3 (fp32 on both; the CPU path is the one the fixtures and finite differences test). Needs
+// a GPU: label "gpu".
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,7 +41,9 @@ TrainRun train(const std::string& preset, Device device) {
     {
       Recording rec;
       l = r.model->loss(TokenBatch{ids.data(), B, T, nullptr}, targets);
-      backward(l);
+      Var total = l;
+      if (Var aux = r.model->aux_loss(T, 0.01f)) total = ag::add(l, aux);  // MoE presets: the balance loss too
+      backward(total);
     }
     r.losses.push_back(l->value.to_device(Device::CPU).f32()[0]);
     clip_grad_norm(*r.model, 0.5);  // small enough to clip: the device norm path scales too

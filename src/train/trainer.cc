@@ -239,12 +239,7 @@ TrainResult run_training(TrainConfig cfg) {
     model->init_random(cfg.seed);
   }
   if (cfg.device != "cpu" && cfg.device != "cuda") throw error("train", "--device ", cfg.device, ": cpu or cuda");
-  if (cfg.device == "cuda") {
-    if (cfg.aux_loss > 0)
-      throw error("train", "--aux-loss has no CUDA form yet (the bias update balances the experts without it); "
-                           "drop it or train on the CPU");
-    move_to(*model, Device::CUDA);  // fp32 parameters; gradients and AdamW moments follow them there
-  }
+  if (cfg.device == "cuda") move_to(*model, Device::CUDA);  // fp32 parameters; gradients and AdamW moments follow
   if (cfg.seq_len > model->max_positions())
     throw error("train", "--seq-len ", cfg.seq_len, " exceeds the model's ", model->max_positions(), " positions");
   AdamWOptions ao;
