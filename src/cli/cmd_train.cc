@@ -35,6 +35,9 @@ void register_train(CLI::App& app) {
   cmd->add_option("--eval-batches", c.eval_batches, "Batches per validation estimate")->capture_default_str();
   cmd->add_option("--save-every", c.save_every, "Write a checkpoint every N steps (always at the end and on Ctrl-C)")->capture_default_str();
   cmd->add_option("--sample-tokens", c.sample_tokens, "Tokens of sample text printed at the end")->capture_default_str();
+  cmd->add_option("--dtype", c.dtype, "GEMM operands with --device cuda: f32, or bf16 (fp32 accumulation, gradients and master weights)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--quiet", c.quiet, "No progress bar, summary or sample");
   add_runtime_options(cmd, rt);
   cmd->callback([] {

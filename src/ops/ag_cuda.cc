@@ -63,6 +63,26 @@ Var zip(const Var& a, const Var& b, cuda::Binary f, const char* op) {
 
 bool on_cuda(const Var& x) { return x && x->value.device() == Device::CUDA; }
 
+namespace {
+thread_local bool g_bf16_gemms = false;
+
+// An fp32 device array as a GEMM operand of storage `st` (a bf16 copy, or the array itself).
+struct Operand {
+  Tensor copy;
+  const void* ptr;
+  Operand(const float* x, int64_t n, device::Storage st) : ptr(x) {
+    if (st == device::Storage::F32) return;
+    copy = Tensor::empty_on(Device::CUDA, {n}, DType::BF16);
+    cuda::cast(x, copy.raw(), n, st);
+    ptr = copy.raw();
+  }
+};
+}  // namespace
+
+Bf16Gemms::Bf16Gemms() : saved_(g_bf16_gemms) { g_bf16_gemms = true; }
+Bf16Gemms::~Bf16Gemms() { g_bf16_gemms = saved_; }
+bool bf16_gemms() { return g_bf16_gemms; }
+
 void forward_only(const char* op, const std::vector<Var>& inputs) {
   if (!recording()) return;
   for (const Var& v : inputs)
@@ -90,34 +110,40 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
   Tensor y = empty(ys);
   const bool out_in = layout == WeightLayout::OutIn;
   const cuda::Op tb = out_in ? cuda::Op::T : cuda::Op::N;
-  if (W.dtype() == DType::BF16) {  // bf16 operands, fp32 accumulation and output
+  // bf16 operands (bf16 weights, or fp32 ones under Bf16Gemms), fp32 accumulation and output.
+  const device::Storage st =
+      W.dtype() == DType::BF16 || g_bf16_gemms ? device::Storage::BF16 : device::Storage::F32;
+  if (W.dtype() == DType::BF16) {
     if (W.device() != Device::CUDA) throw error("linear", "weight ", W.describe(), " is not on the device");
-    Tensor xb = Tensor::empty_on(Device::CUDA, {M, in_f}, DType::BF16);
-    cuda::cast(in(x, "linear"), xb.raw(), M * in_f, device::Storage::BF16);
-    cuda::gemm(cuda::Op::N, tb, M, out_f, in_f, 1.0f, xb.raw(), in_f, W.raw(), out_in ? in_f : out_f, 0.0f, out(y),
-               out_f, device::Storage::BF16);
+    const Operand xb(in(x, "linear"), M * in_f, st);
+    cuda::gemm(cuda::Op::N, tb, M, out_f, in_f, 1.0f, xb.ptr, in_f, W.raw(), out_in ? in_f : out_f, 0.0f, out(y),
+               out_f, st);
   } else {
-    cuda::gemm(cuda::Op::N, tb, M, out_f, in_f, 1.0f, in(x, "linear"), in_f, in(w, "linear"), out_in ? in_f : out_f,
-               0.0f, out(y), out_f, device::Storage::F32);
+    const Operand xb(in(x, "linear"), M * in_f, st), wb(in(w, "linear"), W.numel(), st);
+    cuda::gemm(cuda::Op::N, tb, M, out_f, in_f, 1.0f, xb.ptr, in_f, wb.ptr, out_in ? in_f : out_f, 0.0f, out(y), out_f,
+               st);
   }
   if (b) cuda::add_bias(out(y), in(b, "linear"), M, out_f);
-  return make_node(std::move(y), {x, w, b}, [x, w, b, M, in_f, out_f, out_in](Node& self) {
+  return make_node(std::move(y), {x, w, b}, [x, w, b, M, in_f, out_f, out_in, st](Node& self) {
     if (w->value.dtype() != DType::F32)
-      throw error("linear", "training through bf16 weights on CUDA is not supported (train in fp32)");
-    const float* g = dy(self);
-    const float* wp = w->value.cuda_f32();
-    if (needs_grad(x))  // dx += dy · W (OutIn) or dy · Wᵀ (InOut)
-      cuda::gemm(cuda::Op::N, out_in ? cuda::Op::N : cuda::Op::T, M, in_f, out_f, 1.0f, g, out_f, wp,
-                 out_in ? in_f : out_f, 1.0f, x->grad_cuda(), in_f, device::Storage::F32);
-    if (needs_grad(w)) {
-      if (out_in)  // dW[out, in] += dyᵀ · x
-        cuda::gemm(cuda::Op::T, cuda::Op::N, out_f, in_f, M, 1.0f, g, out_f, x->value.cuda_f32(), in_f, 1.0f,
-                   w->grad_cuda(), in_f, device::Storage::F32);
-      else  // dW[in, out] += xᵀ · dy
-        cuda::gemm(cuda::Op::T, cuda::Op::N, in_f, out_f, M, 1.0f, x->value.cuda_f32(), in_f, g, out_f, 1.0f,
-                   w->grad_cuda(), out_f, device::Storage::F32);
+      throw error("linear", "training through bf16 weights on CUDA is not supported (keep fp32 master weights; "
+                            "--dtype bf16 rounds the GEMM operands instead)");
+    const Operand g(dy(self), M * out_f, st);
+    if (needs_grad(x)) {  // dx += dy · W (OutIn) or dy · Wᵀ (InOut)
+      const Operand wb(w->value.cuda_f32(), w->value.numel(), st);
+      cuda::gemm(cuda::Op::N, out_in ? cuda::Op::N : cuda::Op::T, M, in_f, out_f, 1.0f, g.ptr, out_f, wb.ptr,
+                 out_in ? in_f : out_f, 1.0f, x->grad_cuda(), in_f, st);
     }
-    if (needs_grad(b)) cuda::bias_grad(g, b->grad_cuda(), M, out_f);
+    if (needs_grad(w)) {
+      const Operand xb(x->value.cuda_f32(), M * in_f, st);
+      if (out_in)  // dW[out, in] += dyᵀ · x
+        cuda::gemm(cuda::Op::T, cuda::Op::N, out_f, in_f, M, 1.0f, g.ptr, out_f, xb.ptr, in_f, 1.0f, w->grad_cuda(),
+                   in_f, st);
+      else  // dW[in, out] += xᵀ · dy
+        cuda::gemm(cuda::Op::T, cuda::Op::N, in_f, out_f, M, 1.0f, xb.ptr, in_f, g.ptr, out_f, 1.0f, w->grad_cuda(),
+                   out_f, st);
+    }
+    if (needs_grad(b)) cuda::bias_grad(dy(self), b->grad_cuda(), M, out_f);
   }, "linear");
 }
 
@@ -451,9 +477,14 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
   Tensor loss = empty({N});
   // Rows per chunk: at most 64 MiB of logits at a time.
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(16) << 20) / std::max<int64_t>(1, V)));
-  auto logits_of = [h, w](int64_t r0, int64_t n) {  // [n, V] fp32, computed the forward's way
+  const bool bf16 = g_bf16_gemms;
+  auto logits_of = [h, w, bf16](int64_t r0, int64_t n) {  // [n, V] fp32, computed the forward's way
     NoRecording off;
-    return gpu::linear(constant(h->value.slice(0, r0, r0 + n)), w, nullptr, WeightLayout::OutIn);
+    const bool saved = g_bf16_gemms;
+    g_bf16_gemms = bf16;
+    Var z = gpu::linear(constant(h->value.slice(0, r0, r0 + n)), w, nullptr, WeightLayout::OutIn);
+    g_bf16_gemms = saved;
+    return z;
   };
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
@@ -467,23 +498,28 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
   // The loss is a host scalar; its backward recomputes each chunk's logits, turns them into
   // dlogits in place and runs the two GEMMs of the head.
   return make_node(Tensor::full({1}, count ? float(sum / double(count)) : 0.0f), {h, w},
-                   [h, w, d_tgt, logits_of, N, V, chunk, count, z_loss](Node& self) {
+                   [h, w, d_tgt, logits_of, N, V, chunk, count, z_loss, bf16](Node& self) {
     if (w->value.dtype() != DType::F32)
-      throw error("cross_entropy", "training through a bf16 head on CUDA is not supported (train in fp32)");
+      throw error("cross_entropy", "training through a bf16 head on CUDA is not supported (keep fp32 master weights; "
+                                   "--dtype bf16 rounds the GEMM operands instead)");
     const float g = self.grad.to_device(Device::CPU).f32()[0] / float(std::max<int64_t>(count, 1));
     const int64_t D = h->value.dim(1);
+    const device::Storage st = bf16 ? device::Storage::BF16 : device::Storage::F32;
+    const Operand wb(w->value.cuda_f32(), w->value.numel(), st);
     Tensor scratch = empty({chunk});
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t n = std::min(chunk, N - r0);
       const Var logits = logits_of(r0, n);
       float* dz = out(logits->value);
       cuda::cross_entropy(dz, d_tgt->as<int64_t>() + r0, n, V, out(scratch), dz, g, z_loss);
+      const Operand dzb(dz, n * V, st);
       if (needs_grad(h))  // dh[r0 : r0 + n] += dz · W
-        cuda::gemm(cuda::Op::N, cuda::Op::N, n, D, V, 1.0f, dz, V, w->value.cuda_f32(), D, 1.0f,
-                   h->grad_cuda() + r0 * D, D, device::Storage::F32);
-      if (needs_grad(w))  // dW += dzᵀ · h[r0 : r0 + n]
-        cuda::gemm(cuda::Op::T, cuda::Op::N, V, D, n, 1.0f, dz, V, h->value.cuda_f32() + r0 * D, D, 1.0f,
-                   w->grad_cuda(), D, device::Storage::F32);
+        cuda::gemm(cuda::Op::N, cuda::Op::N, n, D, V, 1.0f, dzb.ptr, V, wb.ptr, D, 1.0f, h->grad_cuda() + r0 * D, D,
+                   st);
+      if (needs_grad(w)) {  // dW += dzᵀ · h[r0 : r0 + n]
+        const Operand hb(h->value.cuda_f32() + r0 * D, n * D, st);
+        cuda::gemm(cuda::Op::T, cuda::Op::N, V, D, n, 1.0f, dzb.ptr, V, hb.ptr, D, 1.0f, w->grad_cuda(), D, st);
+      }
     }
   }, "cross_entropy");
 }

@@ -3,8 +3,8 @@
 // here when its first input is a CUDA tensor (K3_AG_CUDA below), so every model composed of these
 // ops runs its forward on the GPU unchanged. fp32 values; kernels in ops_cuda.h.
 //
-// Forward only for now: under Recording, an input that needs a gradient makes the op throw
-// (training on CUDA goes through the dedicated runners, models/gpt2_cuda.h).
+// Under Recording each form keeps a backward closure that runs the backward kernels on the
+// device and accumulates into the inputs' device gradients (Node::grad_cuda).
 #pragma once
 
 #include <optional>
@@ -19,6 +19,22 @@
 namespace k3::ag::gpu {
 
 bool on_cuda(const Var& x);
+
+// Mixed precision for the GEMMs of linear and the cross-entropy head while a Bf16Gemms scope is
+// alive on this thread: fp32 weights and activations are rounded to bf16 as GEMM operands (both
+// in the forward and in the backward's dX / dW products), products accumulate in fp32 and the
+// gradients and master weights stay fp32. Every other op keeps fp32 (PyTorch autocast's split).
+class Bf16Gemms {
+ public:
+  Bf16Gemms();
+  ~Bf16Gemms();
+  Bf16Gemms(const Bf16Gemms&) = delete;
+  Bf16Gemms& operator=(const Bf16Gemms&) = delete;
+
+ private:
+  bool saved_;
+};
+bool bf16_gemms();
 // Throws "[op] ..." when recording would need a backward through these inputs.
 void forward_only(const char* op, const std::vector<Var>& inputs);
 // A constant Var with a fresh CUDA tensor of `shape`.

@@ -137,6 +137,31 @@ TEST(AgCuda, CrossEntropyHeadWithZLoss) {
         << "z_loss " << z;
 }
 
+// Mixed precision: under Bf16Gemms the GEMM operands of linear and the head are rounded to bf16
+// (fp32 accumulation): the output and every gradient stay within the bf16 tolerance (5e-3
+// relative) of the fp32 CPU, and differ from it by more than fp32 noise (the path is taken).
+TEST(AgCuda, Bf16GemmsStayWithinTheBf16Tolerance) {
+  Rng rng(12);
+  Var x = rand_var(rng, {2, 29, 96}), w_oi = rand_var(rng, {80, 96}), w_io = rand_var(rng, {96, 80}), b = rand_var(rng, {80});
+  Var h = rand_var(rng, {37, 64}), head = rand_var(rng, {301, 64}, 0.5f);
+  std::vector<int64_t> targets(37);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 5 == 3 ? -1 : int64_t((i * 97) % 301);
+  ag::gpu::Bf16Gemms bf16;
+  for (const auto& [name, d] :
+       {std::pair{"linear out-in", testing::compare_with_grads({x, w_oi, b}, [](auto& v) {
+          return ag::linear(v[0], v[1], v[2], WeightLayout::OutIn);
+        })},
+        std::pair{"linear in-out", testing::compare_with_grads({x, w_io}, [](auto& v) {
+          return ag::linear(v[0], v[1], nullptr, WeightLayout::InOut);
+        })},
+        std::pair{"head", testing::compare_with_grads({h, head}, [&](auto& v) {
+          return ag::cross_entropy_head(v[0], v[1], targets, 64, 0.0f);
+        })}}) {
+    EXPECT_LT(d, 5e-3) << name;
+    EXPECT_GT(d, 1e-4) << name << ": no bf16 rounding seen";
+  }
+}
+
 // Gradients flow through a chain of ops into the same leaf twice (accumulation on the device).
 TEST(AgCuda, GradientsAccumulateAcrossUses) {
   Rng rng(10);

@@ -14,6 +14,9 @@
 #include "core/device.h"
 #include "infer/sampler.h"
 #include "ops/ag.h"
+#if defined(K3_HAS_CUDA)
+#include "ops/ag_cuda.h"
+#endif
 #include "models/presets.h"
 #include "models/registry.h"
 #include "tokenizer/bpe_train.h"
@@ -239,6 +242,9 @@ TrainResult run_training(TrainConfig cfg) {
     model->init_random(cfg.seed);
   }
   if (cfg.device != "cpu" && cfg.device != "cuda") throw error("train", "--device ", cfg.device, ": cpu or cuda");
+  if (cfg.dtype != "f32" && cfg.dtype != "bf16") throw error("train", "--dtype ", cfg.dtype, ": f32 or bf16");
+  if (cfg.dtype == "bf16" && cfg.device != "cuda")
+    throw error("train", "--dtype bf16 (bf16 GEMM operands) applies to --device cuda; the CPU trains in fp32");
   if (cfg.device == "cuda") move_to(*model, Device::CUDA);  // fp32 parameters; gradients and AdamW moments follow
   if (cfg.seq_len > model->max_positions())
     throw error("train", "--seq-len ", cfg.seq_len, " exceeds the model's ", model->max_positions(), " positions");
@@ -283,7 +289,9 @@ TrainResult run_training(TrainConfig cfg) {
     std::fprintf(stderr, "batch %lld x %lld tokens x %lld accumulation, lr %.2e (warmup %lld, cosine over %lld), steps %lld..%lld on %s -> %s\n",
                  (long long)cfg.batch, (long long)cfg.seq_len, (long long)cfg.grad_accum, cfg.lr, (long long)cfg.warmup,
                  (long long)cfg.decay_steps, (long long)start_step, (long long)cfg.steps,
-                 cfg.device == "cuda" ? ("CUDA (" + std::string(device::describe()) + ", fp32)").c_str() : "the CPU",
+                 cfg.device == "cuda" ? ("CUDA (" + std::string(device::describe()) +
+                                         (cfg.dtype == "bf16" ? ", bf16 GEMMs, fp32 weights)" : ", fp32)")).c_str()
+                                      : "the CPU",
                  cfg.out.c_str());
   }
 
@@ -320,6 +328,10 @@ TrainResult run_training(TrainConfig cfg) {
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       data.batch(Split::Train, cfg.batch, cfg.seq_len, cfg.seed, step * cfg.grad_accum + micro, ids, targets);
       Recording rec;
+#if defined(K3_HAS_CUDA)
+      std::optional<ag::gpu::Bf16Gemms> bf16;
+      if (cfg.dtype == "bf16") bf16.emplace();
+#endif
       Var l = model->loss(TokenBatch{ids.data(), cfg.batch, cfg.seq_len, nullptr}, targets, cfg.z_loss);
       loss += l->value.f32()[0] / double(cfg.grad_accum);
       if (cfg.aux_loss > 0)

@@ -29,6 +29,7 @@ struct TrainConfig {
   int64_t sample_tokens = 120;
   bool quiet = false;                  // no progress bar (tests)
   std::string device = "cpu";          // cpu | cuda: where the parameters, activations, gradients and moments live
+  std::string dtype = "f32";           // f32 | bf16: GEMM operands on CUDA (bf16: fp32 accumulation, fp32 master weights)
 };
 
 struct TrainResult {
