@@ -27,6 +27,7 @@ struct Gpt2Runner::Impl {
   std::map<std::string, bool> decay;
   std::map<std::string, int64_t> numel;
   int64_t step = 0;
+  bool bf16_gemms = false;  // train_step's GEMM operands in bf16
   float* gr(const std::string& name) const { return grad.at(name).as<float>(); }
 
   const float* f(const std::string& name) const { return at(name).as<float>(); }
@@ -163,7 +164,14 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   add_inplace(x.as<float>(), tmp.as<float>(), M * D);
   const AttnShape as{B, T, T, H, hd, hd, 0, 1.0f / std::sqrt(float(hd))};
   auto mm = [&](const float* a, Op ta, const float* b, Op tb, int64_t rows, int64_t cols, int64_t inner, float* out,
-                float beta) { gemm(ta, tb, rows, cols, inner, 1.0f, a, 0, b, 0, beta, out, 0, s); };
+                float beta) {
+    if (!m.bf16_gemms) return gemm(ta, tb, rows, cols, inner, 1.0f, a, 0, b, 0, beta, out, 0, s);
+    const auto bf = device::Storage::BF16;  // round both operands, accumulate in fp32
+    Buffer ab(size_t(rows * inner) * 2), bb(size_t(inner * cols) * 2);
+    cast(a, ab.get(), rows * inner, bf);
+    cast(b, bb.get(), inner * cols, bf);
+    gemm(ta, tb, rows, cols, inner, 1.0f, ab.get(), 0, bb.get(), 0, beta, out, 0, bf);
+  };
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
     Saved& a = sv[size_t(l)];
@@ -250,6 +258,8 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   device::synchronize();
   return float(total / double(std::max<int64_t>(count, 1)));
 }
+
+void Gpt2Runner::set_bf16_gemms(bool on) { impl_->bf16_gemms = on; }
 
 void Gpt2Runner::copy_to(const Gpt2Model& model) const {
   if (impl_->st != device::Storage::F32) throw error("gpt2 cuda", "copy_to needs fp32 weights");

@@ -32,6 +32,9 @@ class Gpt2Runner {
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
   };
   float train_step(const int64_t* ids, const int64_t* targets, int64_t B, int64_t T, float lr, const Adam& adam);
+  // Mixed precision for train_step: every GEMM's operands rounded to bf16 (forward and backward),
+  // fp32 accumulation, fp32 activations, gradients, moments and master weights.
+  void set_bf16_gemms(bool on);
   // Copies the GPU weights back into a model of the same configuration.
   void copy_to(const Gpt2Model& model) const;
 
