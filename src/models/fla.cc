@@ -32,6 +32,9 @@ DeltaLayerOptions fla_layer_options(const FlaConfig& c) {
       o.gate_form = ag::KdaGateForm::LowerBound;
       o.gate_lower_bound = float(*c.lower_bound);
     }
+    // fla's KDA always gates its output norm; use_gate: false (a k3 extension for KDA) drops the
+    // gate and keeps the RMSNorm, so a study can compare memories without the gate.
+    if (!c.use_gate.value_or(true)) o.output_gate = DeltaOutputGate::None;
   }
   if (c.model_type != "linear_attn") o.conv_size = c.use_short_conv ? c.conv_size : 0;
   o.norm_eps = float(c.norm_eps);

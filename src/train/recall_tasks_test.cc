@@ -180,16 +180,23 @@ TEST(RecallBench, StateElements) {
 TEST(RecallBench, ModelsDifferInTheirMemoryOnly) {
   EXPECT_EQ(recall_model_config("softmax", 64, 32, 16).value("k3_short_conv", 0), 4);
   EXPECT_EQ(recall_model_config("gdn", 64, 32, 16).value("use_gate", true), false);
-  for (const std::string mixer : {"softmax", "gdn"}) {
-    auto m = build_model(recall_model_config(mixer, 64, 32, 16), mixer);
-    bool conv = false, out_gate = false;
-    m->visit([&](const std::string& name, Node&, ParamKind) {
-      conv |= name.find("conv") != std::string::npos;
-      out_gate |= name.find("g_proj") != std::string::npos;
+  EXPECT_EQ(recall_model_config("kda", 64, 32, 16).value("use_gate", true), false);
+  auto has = [](const Model& m, std::initializer_list<const char*> parts) {
+    bool found = false;
+    m.visit([&](const std::string& name, Node&, ParamKind) {
+      for (const char* p : parts) found |= name.find(p) != std::string::npos;
     });
-    EXPECT_TRUE(conv) << mixer;
-    EXPECT_FALSE(out_gate) << mixer;
+    return found;
+  };
+  for (const std::string mixer : {"softmax", "deltanet", "gdn", "kda"}) {
+    auto m = build_model(recall_model_config(mixer, 64, 32, 16), mixer);
+    EXPECT_TRUE(has(*m, {"conv"})) << mixer;
+    EXPECT_FALSE(has(*m, {"g_proj", "g_a_proj", "g_b_proj"})) << mixer << " has an output gate";
   }
+  // use_gate: false is what removes KDA's gate (fla's KDA has one).
+  Json kda = recall_model_config("kda", 64, 32, 16);
+  kda.erase("use_gate");
+  EXPECT_TRUE(has(*build_model(kda, "kda"), {"g_proj"}));
   EXPECT_EQ(default_recall_lr("softmax"), 1e-2f);
   EXPECT_EQ(default_recall_lr("kda"), 3e-3f);
   EXPECT_EQ(default_recall_steps(RecallTask::Mqar), 1500);
