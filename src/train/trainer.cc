@@ -217,6 +217,10 @@ TrainResult run_training(TrainConfig cfg) {
   if (cfg.lr <= 0) cfg.lr = d.lr;
   if (cfg.warmup < 0) cfg.warmup = d.warmup;
   if (cfg.grad_accum < 1) throw error("train", "--grad-accum must be >= 1");
+  if (cfg.device != "cpu" && cfg.device != "cuda") throw error("train", "--device ", cfg.device, ": cpu or cuda");
+  if (cfg.dtype != "f32" && cfg.dtype != "bf16") throw error("train", "--dtype ", cfg.dtype, ": f32 or bf16");
+  if (cfg.dtype == "bf16" && cfg.device != "cuda")
+    throw error("train", "--dtype bf16 (bf16 GEMM operands) applies to --device cuda; the CPU trains in fp32");
   if (cfg.out.empty()) cfg.out = "runs/" + cfg.preset;
   if (cfg.data.empty()) cfg.data = {default_corpus_path()};
   if (start_step >= cfg.steps)
@@ -241,10 +245,6 @@ TrainResult run_training(TrainConfig cfg) {
     model = build_model(config, cfg.preset);
     model->init_random(cfg.seed);
   }
-  if (cfg.device != "cpu" && cfg.device != "cuda") throw error("train", "--device ", cfg.device, ": cpu or cuda");
-  if (cfg.dtype != "f32" && cfg.dtype != "bf16") throw error("train", "--dtype ", cfg.dtype, ": f32 or bf16");
-  if (cfg.dtype == "bf16" && cfg.device != "cuda")
-    throw error("train", "--dtype bf16 (bf16 GEMM operands) applies to --device cuda; the CPU trains in fp32");
   if (cfg.device == "cuda") move_to(*model, Device::CUDA);  // fp32 parameters; gradients and AdamW moments follow
   if (cfg.seq_len > model->max_positions())
     throw error("train", "--seq-len ", cfg.seq_len, " exceeds the model's ", model->max_positions(), " positions");
@@ -304,7 +304,7 @@ TrainResult run_training(TrainConfig cfg) {
                {"warmup", cfg.warmup}, {"decay_steps", cfg.decay_steps}, {"grad_accum", cfg.grad_accum},
                {"seed", cfg.seed},     {"weight_decay", cfg.weight_decay}, {"clip", cfg.clip},
                {"beta2", cfg.beta2},   {"min_lr_ratio", cfg.min_lr_ratio}, {"z_loss", cfg.z_loss},
-               {"aux_loss", cfg.aux_loss}};
+               {"aux_loss", cfg.aux_loss}, {"device", cfg.device},     {"dtype", cfg.dtype}};
     write_text_atomic(cfg.out + "/trainer_state.json", st.dump(2) + "\n");  // last: marks the checkpoint complete
   };
 
