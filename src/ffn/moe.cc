@@ -163,8 +163,10 @@ Var MoE::forward(const Var& x) const {
 #if defined(K3_HAS_CUDA)
   // Inference: all experts in one pass (moe_cuda.h); training takes the per-expert ops below,
   // whose CUDA forms have a backward.
-  if (xr->value.device() == Device::CUDA && !(recording() && (needs_grad(xr) || needs_grad(w))))
-    r = constant(gpu::moe_routed(xr->value, d, w->value, experts, M));
+  bool train = recording() && (needs_grad(xr) || needs_grad(w));
+  if (recording() && !train)  // frozen input and router, trainable experts
+    for (const auto& e : experts) e.visit("", [&](const std::string&, Node& p, ParamKind) { train |= p.requires_grad; });
+  if (xr->value.device() == Device::CUDA && !train) r = constant(gpu::moe_routed(xr->value, d, w->value, experts, M));
 #endif
   if (!r) {
     std::vector<Var> ys;

@@ -161,7 +161,7 @@ Var rmsnorm(const Var& x, const Var& w, float eps) {
 }
 
 Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx) {
-  K3_AG_CUDA(table, embedding(table, ids));
+  K3_AG_CUDA(table, embedding(table, ids, padding_idx));
   const int64_t D = table->value.dim(1), n = int64_t(ids.size());
   Tensor y = Tensor::empty({n, D});
   embedding_forward(table->value, ids.data(), n, y.f32());

@@ -196,7 +196,7 @@ Var rmsnorm(const Var& x, const Var& w, float eps) {
   }, "rmsnorm");
 }
 
-Var embedding(const Var& table, const std::vector<int64_t>& ids) {
+Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx) {
   const int64_t D = table->value.dim(1), n = int64_t(ids.size());
   const int64_t vocab = table->value.dim(0);
   for (int64_t id : ids)  // checked here, so the kernel needs no flag read back
@@ -205,8 +205,21 @@ Var embedding(const Var& table, const std::vector<int64_t>& ids) {
   const Ids d_ids = upload_ids(ids);
   cuda::embedding_forward(in(table, "embedding"), vocab, d_ids->as<int64_t>(), n, D, out(y), device::Storage::F32,
                           /*check_ids=*/false);
-  return make_node(std::move(y), {table}, [table, d_ids, n, D](Node& self) {
-    cuda::embedding_backward(d_ids->as<int64_t>(), n, D, dy(self), table->grad_cuda(), device::Storage::F32);
+  // The padding row gets no gradient (as on the CPU): the backward adds the other rows only.
+  std::vector<int64_t> rows, kept;
+  if (padding_idx)
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[size_t(i)] != *padding_idx) rows.push_back(i), kept.push_back(ids[size_t(i)]);
+  const bool skip = padding_idx && int64_t(kept.size()) < n;
+  const Ids d_rows = skip ? upload_ids(rows) : nullptr, d_kept = skip ? upload_ids(kept) : nullptr;
+  const int64_t n_kept = skip ? int64_t(kept.size()) : n;
+  return make_node(std::move(y), {table}, [table, d_ids, d_rows, d_kept, n_kept, D](Node& self) {
+    if (!d_rows)
+      return cuda::embedding_backward(d_ids->as<int64_t>(), n_kept, D, dy(self), table->grad_cuda(),
+                                      device::Storage::F32);
+    Tensor g = empty({n_kept, D});
+    cuda::gather_rows(dy(self), d_rows->as<int64_t>(), n_kept, D, out(g));
+    cuda::embedding_backward(d_kept->as<int64_t>(), n_kept, D, out(g), table->grad_cuda(), device::Storage::F32);
   }, "embedding");
 }
 

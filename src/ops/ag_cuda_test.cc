@@ -74,6 +74,8 @@ TEST(AgCuda, EmbeddingAndLayouts) {
   Var table = rand_var(rng, {50, 24}), x = rand_var(rng, {6, 4 * 12}), y = rand_var(rng, {6, 4 * 5}), r = rand_var(rng, {6, 5});
   const std::vector<int64_t> ids = {3, 49, 0, 3, 17};
   EXPECT_LT(compare({table}, [&](auto& v) { return ag::embedding(v[0], ids); }), kTol);
+  // A padding id gets no gradient (row 3 appears twice; the CPU form is the reference).
+  EXPECT_LT(compare({table}, [&](auto& v) { return ag::embedding(v[0], ids, 3); }), kTol);
   EXPECT_LT(compare({x}, [](auto& v) { return ag::slice_last(v[0], 7, 30); }), kTol);
   EXPECT_LT(compare({x, y}, [](auto& v) { return ag::concat_last({v[0], v[1], v[0]}); }), kTol);
   EXPECT_LT(compare({x}, [](auto& v) { return ag::head_slice(v[0], 4, 3, 10); }), kTol);
