@@ -26,15 +26,6 @@ Ids upload_ids(const std::vector<int64_t>& v) {
 // The inputs' device gradients (null when an input needs none) and the output's.
 float* grad(const Var& x) { return needs_grad(x) ? x->grad_cuda() : nullptr; }
 const float* dy(Node& self) { return self.grad.cuda_f32(); }
-// A zeroed device scratch of x's shape, added to x's gradient by `flush` (kernels that overwrite).
-Tensor zeros_like(const Tensor& t) {
-  Tensor z = empty(t.shape());
-  if (z.nbytes()) device::zero(z.raw(), z.nbytes());
-  return z;
-}
-void flush(const Var& x, const Tensor& g) {
-  if (needs_grad(x)) cuda::add_inplace(x->grad_cuda(), g.cuda_f32(), g.numel());
-}
 
 Var map(const Var& a, cuda::Unary f, float s, const char* op) {
   Tensor y = empty(a->value.shape());
@@ -91,6 +82,16 @@ void forward_only(const char* op, const std::vector<Var>& inputs) {
 }
 
 Tensor empty(Shape shape) { return Tensor::empty_on(Device::CUDA, std::move(shape)); }
+
+Tensor zeros(Shape shape) {
+  Tensor z = empty(std::move(shape));
+  if (z.nbytes()) device::zero(z.raw(), z.nbytes());
+  return z;
+}
+
+void flush(const Var& x, const Tensor& g) {
+  if (x && needs_grad(x)) cuda::add_inplace(x->grad_cuda(), g.cuda_f32(), g.numel());
+}
 
 const float* in(const Var& x, const char* op) {
   if (!x) throw error(op, "missing input");
@@ -278,7 +279,7 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_
     // The kernel writes all three gradients: inputs that need none get scratch.
     auto target = [](const Var& x, Tensor& scratch) {
       if (needs_grad(x)) return x->grad_cuda();
-      scratch = zeros_like(x->value);
+      scratch = zeros(x->value.shape());
       return out(scratch);
     };
     Tensor sq, sk, sv;

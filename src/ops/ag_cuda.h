@@ -39,6 +39,10 @@ bool bf16_gemms();
 void forward_only(const char* op, const std::vector<Var>& inputs);
 // A constant Var with a fresh CUDA tensor of `shape`.
 Tensor empty(Shape shape);
+// A zero-filled CUDA tensor of `shape` (scratch for backward kernels that overwrite), and the
+// step that adds such a scratch gradient to x's device gradient (nothing when x needs none).
+Tensor zeros(Shape shape);
+void flush(const Var& x, const Tensor& g);
 const float* in(const Var& x, const char* op);  // device pointer of a contiguous fp32 CUDA input
 
 Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout);

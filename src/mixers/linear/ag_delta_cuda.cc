@@ -54,14 +54,7 @@ Var delta_rule(const Var& q, const Var& k, const Var& v, const Var& beta, const 
   return make_node(std::move(o), parents, [q, k, v, beta, g, a, d_seqs, T = s.T](Node& self) {
     // The kernel writes every gradient it has into zeroed buffers (sums over value blocks and
     // grouped heads): scratch, then added to the inputs' gradients.
-    auto zeroed = [](const Var& x) {
-      Tensor t = empty(x->value.shape());
-      if (t.nbytes()) device::zero(t.raw(), t.nbytes());
-      return t;
-    };
-    auto add = [](const Var& x, const Tensor& t) {
-      if (x && needs_grad(x)) k3::cuda::add_inplace(x->grad_cuda(), t.cuda_f32(), t.numel());
-    };
+    auto zeroed = [](const Var& x) { return zeros(x->value.shape()); };
     Tensor dq = zeroed(q), dk = zeroed(k), dv = zeroed(v);
     Tensor dbeta = a.beta ? zeroed(beta) : Tensor(), dg = a.g ? zeroed(g) : Tensor();
     linear::cuda::DeviceGrads gr;
@@ -76,11 +69,11 @@ Var delta_rule(const Var& q, const Var& k, const Var& v, const Var& beta, const 
     device::Buffer dh0(size_t(a.N * a.HV * a.K * a.V) * sizeof(float));  // the kernel writes dh0 unconditionally
     gr.dh0 = dh0.as<float>();
     linear::cuda::backward(a, gr);
-    add(q, dq);
-    add(k, dk);
-    add(v, dv);
-    if (a.beta) add(beta, dbeta);
-    if (a.g) add(g, dg);
+    flush(q, dq);
+    flush(k, dk);
+    flush(v, dv);
+    if (a.beta) flush(beta, dbeta);
+    if (a.g) flush(g, dg);
   }, "delta_rule");
 }
 
