@@ -141,7 +141,8 @@ void run_kernels(const KernelArgs& args) {
             tf);
   }
 
-  // The delta rule family, recurrent form, prefill at B = 1.
+  // The delta rule family, prefill at B = 1: the chunked and the recurrent forward, and the
+  // chunked forward + backward.
   struct Var {
     const char* name;
     linear::Write w;
@@ -170,15 +171,30 @@ void run_kernels(const KernelArgs& args) {
         da.row0 = row0.as<int64_t>(), da.len = len.as<int64_t>();
         da.q = q.get(), da.k = k.get(), da.v = v.get(), da.beta = beta.as<float>(), da.g = g.as<float>();
         da.o = o.get(), da.ht = ht.as<float>();
-        const double ms = median_ms(std::max(3, args.reps / 4), [&] { linear::cuda::forward(da); });
         const std::string key = std::string(var.name) + "_fwd_T" + std::to_string(T) + "_H" + std::to_string(H);
-        const double tps = double(T) / (ms * 1e-3);
-        const double flops = 6.0 * double(T) * H * K * V;  // decay+u, write, read: 3 multiply-adds per element
-        rep.add(key + "_ms",
-                {std::string(var.name) + " recurrent fwd B1 T" + std::to_string(T) + " H" + std::to_string(H),
-                 fmt2("%.2f ms %.2fM tok/s", ms, tps / 1e6), fmt("%.2f TFLOP/s (fp32 SIMT)", flops / (ms * 1e-3) / 1e12),
-                 anchor_of(key, ms, T == 8192 && H == 16 ? var.anchor_fwd_ms : 0.0, "anchors fla")},
-                ms);
+        // Both forward forms; the chunked one is what prefill uses (Form::Auto), fla's figure is its.
+        for (const linear::cuda::Form form : {linear::cuda::Form::Chunked, linear::cuda::Form::Recurrent}) {
+          const bool chunked = form == linear::cuda::Form::Chunked;
+          da.form = form;
+          da.max_len = T;
+          const double ms = median_ms(std::max(3, args.reps / 4), [&] { linear::cuda::forward(da); });
+          const double tps = double(T) / (ms * 1e-3);
+          // Recurrent: decay+u, write, read, 3 multiply-adds per state element and token. Chunked
+          // (C = 64): grams 2·C·K, W and U C·(K+V)/2, then W S, Qg S, Kdᵀ V_new (K·V each) and
+          // Aqk V_new (C·V/2) per token, multiply-adds.
+          const double C = 64;
+          const double flops = chunked ? 2.0 * double(T) * H * (2 * C * K + C * (K + V) / 2 + 3 * K * V + C * V / 2)
+                                       : 6.0 * double(T) * H * K * V;
+          const std::string k2 = chunked ? key : std::string(var.name) + "_recurrent_fwd_T" + std::to_string(T) + "_H" +
+                                                     std::to_string(H);
+          rep.add(k2 + "_ms",
+                  {std::string(var.name) + (chunked ? " chunked" : " recurrent") + " fwd B1 T" + std::to_string(T) + " H" +
+                       std::to_string(H),
+                   fmt2("%.2f ms %.2fM tok/s", ms, tps / 1e6), fmt("%.2f TFLOP/s (fp32 SIMT)", flops / (ms * 1e-3) / 1e12),
+                   chunked ? anchor_of(key, ms, T == 8192 && H == 16 ? var.anchor_fwd_ms : 0.0, "anchors fla") : "-"},
+                  ms);
+        }
+        da.form = linear::cuda::Form::Auto;
         if (T == args.seq_lens.front()) {
           device::Buffer dq = device::zeros_f32(rows * H * K), dk = device::zeros_f32(rows * H * K),
                          dv = device::zeros_f32(rows * H * V), db = device::zeros_f32(rows * H),
@@ -192,7 +208,7 @@ void run_kernels(const KernelArgs& args) {
             linear::cuda::backward(da, gr);
           });
           rep.add(std::string(var.name) + "_fwdbwd_T" + std::to_string(T) + "_H" + std::to_string(H) + "_ms",
-                  {std::string(var.name) + " recurrent fwd+bwd T" + std::to_string(T) + " H" + std::to_string(H),
+                  {std::string(var.name) + " chunked fwd+bwd T" + std::to_string(T) + " H" + std::to_string(H),
                    fmt("%.2f ms", bms), "-",
                    anchor_of(std::string(var.name) + "_fwdbwd_T" + std::to_string(T) + "_H" + std::to_string(H), bms,
                              var.d == linear::Decay::PerChannel && T == 8192 && H == 16 ? 2.99 : 0.0, "anchors fla")},

@@ -105,7 +105,7 @@ void run_forward(const detail::Problem& p, const detail::Outputs& out, Impl impl
 #if defined(K3_HAS_CUDA)
     // With the normaliser, o is an intermediate (numerator and denominator): kept fp32.
     return detail::cuda_forward(p, out, opts.io_dtype,
-                                opts.normalize == Normalize::On ? DType::F32 : opts.io_dtype);
+                                opts.normalize == Normalize::On ? DType::F32 : opts.io_dtype, impl);
 #else
     device::require_cuda(kWho);
 #endif
@@ -120,7 +120,7 @@ void run_backward(const detail::Problem& p, const detail::Grads& gr, Impl impl, 
   if (opts.device == Device::CUDA) {
 #if defined(K3_HAS_CUDA)
     return detail::cuda_backward(p, gr, opts.io_dtype,
-                                 opts.normalize == Normalize::On ? DType::F32 : opts.io_dtype);
+                                 opts.normalize == Normalize::On ? DType::F32 : opts.io_dtype, impl);
 #else
     device::require_cuda(kWho);
 #endif

@@ -38,8 +38,9 @@ struct DeltaOptions {
   int chunk = 64;      // chunk length of the chunked form (16, 32, 64 or 128 are the usual ones)
   Normalize normalize = Normalize::Off;
   float eps = 1e-10f;  // normaliser epsilon (fla's chunk_linear_attn)
-  // Where to run. On CUDA the recurrent kernel runs whatever `Impl` says (delta_cuda.cu), with
-  // q/k/v/o stored as `io_dtype` there (F32 or BF16; β, g and the state stay fp32).
+  // Where to run. On CUDA `Impl` picks the recurrent (delta_cuda.cu) or chunked
+  // (delta_chunked_cuda.cu, 64-token chunks whatever `chunk` says) kernels. q/k/v/o are stored
+  // as `io_dtype` there (F32 or BF16; β, g and the state stay fp32).
   Device device = Device::CPU;
   DType io_dtype = DType::F32;
 };

@@ -523,10 +523,11 @@ Staged stage(const Problem& p, bool bf16) {
 
 }  // namespace
 
-void cuda_forward(const Problem& p, const Outputs& out, DType io, DType o_dtype) {
+void cuda_forward(const Problem& p, const Outputs& out, DType io, DType o_dtype, Impl impl) {
   const bool bf16 = io == DType::BF16;
   Staged st = stage(p, bf16);
   st.args.o_dtype = o_dtype;
+  st.args.form = impl == Impl::Chunked ? cuda::Form::Chunked : cuda::Form::Recurrent;
   const bool o16 = bf16 && o_dtype == DType::BF16;
   const int64_t rows = p.B * p.T, esz = o16 ? 2 : 4;
   st.o = device::Buffer(size_t(rows * p.HV * p.V * esz));
@@ -538,9 +539,10 @@ void cuda_forward(const Problem& p, const Outputs& out, DType io, DType o_dtype)
   if (out.ht) get(out.ht, st.ht, p.N * p.HV * p.K * p.V, false);
 }
 
-void cuda_backward(const Problem& p, const Grads& gr, DType io, DType do_dtype) {
+void cuda_backward(const Problem& p, const Grads& gr, DType io, DType do_dtype, Impl impl) {
   const bool bf16 = io == DType::BF16;
   Staged st = stage(p, bf16);
+  st.args.form = impl == Impl::Chunked ? cuda::Form::Chunked : cuda::Form::Recurrent;
   const int64_t rows = p.B * p.T;
   st.d_o = put(gr.d_o, gr.d_o ? rows * p.HV * p.V : 0, bf16 && do_dtype == DType::BF16);
   st.dht = put(gr.dht, gr.dht ? p.N * p.HV * p.K * p.V : 0, false);
@@ -580,6 +582,8 @@ void check_supported(int64_t K, int64_t V) {
 
 void forward(const DeviceArgs& a) {
   using namespace detail;
+  if (a.form == cuda::Form::Chunked || (a.form == cuda::Form::Auto && a.max_len > 64))
+    return cuda::chunked_forward(a);
   const Dev d = to_dev(a);
   if (a.max_len == 1) {  // every sequence one token: the decode step
     const dim3 blocks(unsigned(a.N * a.HV), unsigned((a.V + kDecodeWarps * 16 - 1) / (kDecodeWarps * 16)));
@@ -602,6 +606,12 @@ void forward(const DeviceArgs& a) {
 
 void backward(const DeviceArgs& a, const DeviceGrads& g) {
   using namespace detail;
+  const int64_t longest = std::max(a.max_len, g.longest);
+  if (a.form == cuda::Form::Chunked || (a.form == cuda::Form::Auto && longest > 64)) {
+    DeviceArgs b = a;
+    b.max_len = longest;
+    return cuda::chunked_backward(b, g);
+  }
   Dev d = to_dev(a);
   const dim3 blocks(unsigned(a.N * a.HV), unsigned((a.V + kVMax - 1) / kVMax));
   if (!blocks.x) return;

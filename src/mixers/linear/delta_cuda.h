@@ -10,7 +10,13 @@
 
 namespace k3::linear::cuda {
 
+// Which kernels run: Auto takes the chunked form when the longest sequence (max_len, or the
+// backward's `longest`) is known and longer than one 64-token chunk, the decode kernel when it
+// is 1, else the recurrent one.
+enum class Form : uint8_t { Auto, Recurrent, Chunked };
+
 struct DeviceArgs {
+  Form form = Form::Auto;
   int64_t N = 0, H = 0, HV = 0, K = 0, V = 0;
   Write write = Write::Delta;
   Decay decay = Decay::None;
@@ -20,6 +26,7 @@ struct DeviceArgs {
   const int64_t* row0 = nullptr;            // [N]
   const int64_t* len = nullptr;             // [N]
   int64_t max_len = 0;                      // longest sequence if known (1 picks the decode kernel)
+  int64_t window = 0;                       // chunked form: chunks per scratch window (0: as 512 MiB allow)
   const void *q = nullptr, *k = nullptr, *v = nullptr;
   const float* beta = nullptr;              // [rows, HV] (Delta)
   const float* g = nullptr;                 // [rows, HV] or [rows, HV, K]
@@ -55,6 +62,10 @@ inline DeviceArgs fp32_args(const DeltaOptions& o, int64_t H, int64_t HV, int64_
 // Checks the sizes the kernels support (K ≤ 128, V ≤ 160), throws k3::Error otherwise.
 void check_supported(int64_t K, int64_t V);
 void forward(const DeviceArgs& a);
+// delta_chunked_cuda.cu: the chunked form (needs max_len). forward() and backward() call it as
+// `form` says (Auto: sequences longer than one chunk).
+void chunked_forward(const DeviceArgs& a);
+void chunked_backward(const DeviceArgs& a, const DeviceGrads& g);
 void backward(const DeviceArgs& a, const DeviceGrads& g);
 
 }  // namespace k3::linear::cuda

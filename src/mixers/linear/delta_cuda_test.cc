@@ -15,9 +15,11 @@
 #include <string>
 #include <tuple>
 
+#include "core/device.h"
 #include "io/safetensors.h"
 #include "mixers/linear/ag_delta.h"
 #include "mixers/linear/delta_core.h"
+#include "mixers/linear/delta_cuda.h"
 #include "mixers/linear/delta_test_util.h"
 #include "ops/ag.h"
 #include "ops/ag_cuda_testing.h"
@@ -69,10 +71,15 @@ TEST_P(DeltaCudaFixture, MatchesReference) {
   if (st.has("dht")) cot.dht = st.get_f32("dht");
   const std::string label = file + (io == DType::BF16 ? " bf16" : " f32");
   const DeltaOutputs out = delta_forward(in, opts, Impl::Recurrent);
+  const DeltaOutputs chunked = delta_forward(in, opts, Impl::Chunked);
   const DeltaGrads g = delta_backward(in, cot, opts, Impl::Recurrent);
-  std::map<std::string, Tensor> got = {{"o", out.o},        {"ht", out.ht},       {"grad_q", g.dq},
-                                       {"grad_k", g.dk},    {"grad_v", g.dv},     {"grad_beta", g.dbeta},
-                                       {"grad_g", g.dg},    {"grad_h0", g.dh0}};
+  const DeltaGrads gc = delta_backward(in, cot, opts, Impl::Chunked);
+  std::map<std::string, Tensor> got = {
+      {"o", out.o},         {"ht", out.ht},        {"o chunked", chunked.o},          {"ht chunked", chunked.ht},
+      {"grad_q", g.dq},     {"grad_k", g.dk},      {"grad_v", g.dv},                  {"grad_beta", g.dbeta},
+      {"grad_g", g.dg},     {"grad_h0", g.dh0},    {"grad_q chunked", gc.dq},         {"grad_k chunked", gc.dk},
+      {"grad_v chunked", gc.dv}, {"grad_beta chunked", gc.dbeta}, {"grad_g chunked", gc.dg},
+      {"grad_h0 chunked", gc.dh0}};
   // bf16 control: exact (CPU, double) arithmetic on the same bf16-rounded q/k/v/do. Rounding the
   // inputs alone costs that much; the kernel may not add more than a quarter on top, and must be
   // within the fixtures' 5e-3 wherever the control is.
@@ -90,11 +97,12 @@ TEST_P(DeltaCudaFixture, MatchesReference) {
                {"grad_v", cg.dv}, {"grad_g", cg.dg}, {"grad_beta", cg.dbeta}, {"grad_h0", cg.dh0}};
   }
   for (const auto& [name, t] : got) {
-    if (!st.has(name)) continue;
-    const Tensor ref = st.get_f32(name);
+    const std::string ref_name = name.substr(0, name.find(' '));  // "o chunked" is checked against "o"
+    if (!st.has(ref_name)) continue;
+    const Tensor ref = st.get_f32(ref_name);
     double tol = tolerance(io);
     if (io == DType::BF16) {
-      const double floor = rel_l2(control.at(name), ref);
+      const double floor = rel_l2(control.at(ref_name), ref);
       tol = std::max(tol, 1.25 * floor);
       if (std::getenv("K3_VERBOSE")) std::printf("%-60s control %.2e\n", (label + " " + name).c_str(), floor);
     }
@@ -123,6 +131,10 @@ void expect_gpu_matches_cpu(const DeltaInputs& in, const DeltaCotangents& cot, c
   expect_close(out.o, ref.o, 1e-4, label + " o");
   expect_close(out.ht, ref.ht, 1e-4, label + " ht");
   expect_close(out.zt, ref.zt, 1e-4, label + " zt");
+  const DeltaOutputs ch = delta_forward(in, gpu, Impl::Chunked);
+  expect_close(ch.o, ref.o, 1e-4, label + " chunked o");
+  expect_close(ch.ht, ref.ht, 1e-4, label + " chunked ht");
+  expect_close(ch.zt, ref.zt, 1e-4, label + " chunked zt");
   const DeltaGrads gr = delta_backward(in, cot, cpu, Impl::Recurrent);
   const DeltaGrads gg = delta_backward(in, cot, gpu, Impl::Recurrent);
   expect_close(gg.dq, gr.dq, 1e-4, label + " dq");
@@ -132,6 +144,14 @@ void expect_gpu_matches_cpu(const DeltaInputs& in, const DeltaCotangents& cot, c
   expect_close(gg.dg, gr.dg, 1e-4, label + " dg");
   expect_close(gg.dh0, gr.dh0, 1e-4, label + " dh0");
   expect_close(gg.dz0, gr.dz0, 1e-4, label + " dz0");
+  const DeltaGrads gc = delta_backward(in, cot, gpu, Impl::Chunked);
+  expect_close(gc.dq, gr.dq, 1e-4, label + " chunked dq");
+  expect_close(gc.dk, gr.dk, 1e-4, label + " chunked dk");
+  expect_close(gc.dv, gr.dv, 1e-4, label + " chunked dv");
+  expect_close(gc.dbeta, gr.dbeta, 1e-4, label + " chunked dbeta");
+  expect_close(gc.dg, gr.dg, 1e-4, label + " chunked dg");
+  expect_close(gc.dh0, gr.dh0, 1e-4, label + " chunked dh0");
+  expect_close(gc.dz0, gr.dz0, 1e-4, label + " chunked dz0");
 }
 
 // Random shapes against the CPU recurrent reference (fp32 storage).
@@ -173,11 +193,82 @@ TEST(DeltaCudaVarlen, PackedMatchesCpu) {
   }
 }
 
+// The chunked kernels through the device API: bf16 storage, a packed batch with an empty
+// sequence, and the scratch in windows of one and of three chunks (the state passes between
+// windows through ht, here aliasing h0 as in serving; the backward keeps each window's entering
+// state and carries the adjoint back through them) against the CPU recurrent reference.
+TEST(DeltaCudaChunked, WindowsAndDeviceApi) {
+  for (const Variant& var : kVariants) {
+    if (var.normalize == Normalize::On) continue;  // the normaliser is the host wrapper's extra column
+    const int64_t T = 300, H = 2, HV = 4, K = 64, V = 80;
+    DeltaInputs in = random_inputs(var, 1, T, H, HV, K, V, 4, 21);
+    in.cu_seqlens = {0, 130, 130, 131, 300};
+    DeltaOptions cpu = testing::options(var);
+    const DeltaOutputs ref = delta_forward(in, cpu, Impl::Recurrent);
+    for (const int64_t window : {1, 3}) {
+      auto put = [](const Tensor& t, bool bf16) {
+        return t.defined() ? device::upload_values(t.f32(), t.numel(), bf16 ? device::Storage::BF16 : device::Storage::F32)
+                           : device::Buffer();
+      };
+      device::Buffer q = put(in.q, true), k = put(in.k, true), v = put(in.v, true), beta = put(in.beta, false),
+                     g = put(in.g, false), S = put(in.h0, false);
+      const std::vector<int64_t> r0 = {0, 130, 130, 131}, ln = {130, 0, 1, 169};
+      device::Buffer row0 = device::upload_new(r0.data(), 32), len = device::upload_new(ln.data(), 32);
+      device::Buffer o(size_t(T * HV * V) * 2);
+      cuda::DeviceArgs a;
+      a.form = cuda::Form::Chunked;
+      a.window = window;
+      a.N = 4, a.H = H, a.HV = HV, a.K = K, a.V = V, a.write = var.write, a.decay = var.decay;
+      a.io = DType::BF16, a.o_dtype = DType::BF16;
+      a.row0 = row0.as<int64_t>(), a.len = len.as<int64_t>(), a.max_len = 169;
+      a.q = q.get(), a.k = k.get(), a.v = v.get(), a.beta = beta.as<float>(), a.g = g.as<float>();
+      a.h0 = S.as<float>(), a.ht = S.as<float>(), a.o = o.get();
+      cuda::forward(a);
+      Tensor go = Tensor::empty(ref.o.shape()), ght = Tensor::empty(ref.ht.shape());
+      device::download_values(go.f32(), o, go.numel(), device::Storage::BF16);
+      device::download_values(ght.f32(), S, ght.numel(), device::Storage::F32);
+      const std::string label = std::string(var.name) + " window " + std::to_string(window);
+      expect_close(go, ref.o, 5e-3, label + " o");
+      expect_close(ght, ref.ht, 5e-3, label + " ht");
+
+      // Backward in windows against the CPU recurrent backward of the same bf16-rounded q, k, v
+      // and do (so only the arithmetic differs).
+      DeltaCotangents cot = random_cotangents(var, 1, T, HV, K, V, 4, 22);
+      cot.d_o = round_bf16(cot.d_o);
+      DeltaInputs rin = in;
+      rin.q = round_bf16(in.q), rin.k = round_bf16(in.k), rin.v = round_bf16(in.v);
+      const DeltaGrads gr = delta_backward(rin, cot, cpu, Impl::Recurrent);
+      device::Buffer h0 = put(in.h0, false), d_o = put(cot.d_o, true), dht = put(cot.dht, false);
+      a.h0 = h0.as<float>(), a.ht = nullptr;
+      auto zeros = [](const Tensor& t) { return t.defined() ? device::zeros_f32(t.numel()) : device::Buffer(); };
+      device::Buffer dq = zeros(gr.dq), dk = zeros(gr.dk), dv = zeros(gr.dv), db = zeros(gr.dbeta), dg = zeros(gr.dg),
+                     dh0 = zeros(gr.dh0);
+      cuda::DeviceGrads dgr;
+      dgr.d_o = d_o.get(), dgr.do_dtype = DType::BF16, dgr.dht = dht.as<float>();
+      dgr.dq = dq.as<float>(), dgr.dk = dk.as<float>(), dgr.dv = dv.as<float>(), dgr.dbeta = db.as<float>();
+      dgr.dg = dg.as<float>(), dgr.dh0 = dh0.as<float>(), dgr.longest = 169;
+      cuda::backward(a, dgr);
+      auto got = [](const device::Buffer& b, const Tensor& like) {
+        if (!like.defined()) return Tensor();
+        Tensor t = Tensor::empty(like.shape());
+        device::download_values(t.f32(), b, t.numel(), device::Storage::F32);
+        return t;
+      };
+      expect_close(got(dq, gr.dq), gr.dq, 1e-4, label + " dq");
+      expect_close(got(dk, gr.dk), gr.dk, 1e-4, label + " dk");
+      expect_close(got(dv, gr.dv), gr.dv, 1e-4, label + " dv");
+      expect_close(got(db, gr.dbeta), gr.dbeta, 1e-4, label + " dbeta");
+      expect_close(got(dg, gr.dg), gr.dg, 1e-4, label + " dg");
+      expect_close(got(dh0, gr.dh0), gr.dh0, 1e-4, label + " dh0");
+    }
+  }
+}
 
 // The differentiable op (ag::delta_rule, what models train through) on the device against the
 // CPU chunked form: output and the gradients of q, k, v, β and g, for each variant a k3 model
 // trains (linear attention, DeltaNet, Gated DeltaNet, KDA with its gate), grouped value heads
-// included. The inputs go through the layer's own ops (l2norm, sigmoid, the KDA gate), whose
+// included, at a length the recurrent kernels take and one the chunked kernels take (Form::Auto,
+// as in training). The inputs go through the layer's own ops (l2norm, sigmoid, the KDA gate), whose
 // CUDA backward runs too.
 TEST(DeltaCudaAutograd, GradientsMatchTheCpu) {
   struct Case {
@@ -190,7 +281,8 @@ TEST(DeltaCudaAutograd, GradientsMatchTheCpu) {
                         {"deltanet", Write::Delta, Decay::None, 2, 2},
                         {"gdn", Write::Delta, Decay::Scalar, 2, 4},
                         {"kda", Write::Delta, Decay::PerChannel, 2, 2}};
-  const int64_t B = 2, T = 37, K = 32, V = 24;
+  const int64_t B = 2, K = 32, V = 24;
+  for (const int64_t T : {37, 100})  // one chunk or less: the recurrent kernels; more: the chunked ones
   for (const Case& c : cases) {
     Rng rng(11);
     DeltaOptions o;
@@ -211,7 +303,7 @@ TEST(DeltaCudaAutograd, GradientsMatchTheCpu) {
       if (c.decay == Decay::PerChannel) g = ag::kda_gate(v[4], v[5], v[6], c.HV, K, ag::KdaGateForm::Softplus, 0.0f);
       return ag::delta_rule(q, k, v[2], beta, g, o, s);
     }, &what);
-    EXPECT_LT(d, 1e-4) << c.name << ", worst: " << what;
+    EXPECT_LT(d, 1e-4) << c.name << " T " << T << ", worst: " << what;
   }
 }
 

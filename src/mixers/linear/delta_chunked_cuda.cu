@@ -1,0 +1,933 @@
+// The delta-rule family on CUDA, chunked forward (README.md beside this file, "Chunked form"):
+// the same math as delta_chunked.cc, split into two kernels so that only the state recurrence is
+// sequential.
+//
+// 1. `prepare` — one block per (chunk, sequence, value head), all chunks at once. In shared
+//    memory: the chunk's q (scaled), k, β and the cumulative log-decays G (summed in double);
+//    the decayed grams Ā = tril(K Kᵀ ⊙ e^{G_r−G_s}) and Aqk (with the diagonal), every exponent a
+//    difference G_r − G_s with r ≥ s, so ≤ 0 and never overflowing (extreme decays stay finite);
+//    T = (I + diag(β) Ā)⁻¹ by forward substitution; then to global scratch
+//      W = T diag(β) (e^G ⊙ K), U = T diag(β) V (Additive: U = V), Aqk,
+//      Qg = e^G ⊙ (s Q), Kd = e^{G_C − G} ⊙ K, and e^{G_C}.
+// 2. `recur` — one block per (sequence, value head, tile of kVb value columns) walks the chunks in
+//    order with its state slice S [K, kVb] in shared memory:
+//      V_new = U − W S,  O = Qg S + Aqk V_new,  S ← diag(e^{G_C}) S + Kdᵀ V_new.
+// Rows past a sequence's end are zero (k, q, v, β, g), so a partial last chunk needs no special
+// case: its padded rows write nothing into the state and their outputs are not stored.
+//
+// Backward (README.md, "Chunked" under "Backward"), three more steps over the same scratch:
+// `recur` also stores each chunk's entering state S₀ and V_new; 3. `reverse` — per (sequence,
+// value head, column tile), chunks in reverse, carries the state adjoint dS:
+//      dV_new = Kd dS + Aqkᵀ dO,  dS ← diag(e^{G_C}) dS + Qgᵀ dO − Wᵀ dV_new,
+// storing dS (the adjoint of each chunk's leaving state) and dV_new; 4. `grads` — one block per
+// (chunk, sequence, value head), all at once: everything else of the README's chunk backward
+// (dKd, dQg, dW, dT, dA = −Tᵀ dT Tᵀ, the decayed grams' backward with their exponents masked as in
+// the forward, dβ, and dg as the reverse cumulative sum of dG inside the chunk).
+//
+// The scratch holds a window of chunks per (sequence, head); longer inputs run window after window,
+// the state passing between them through `ht` (or a temporary), so memory stays bounded (the
+// backward keeps every window's entering state and recomputes the window before its reverse).
+// fp32 arithmetic throughout (SIMT); q/k/v/o in fp32 or bf16 storage as in the recurrent kernels.
+#include <algorithm>
+
+#include "core/cuda_util.cuh"
+#include "core/device.h"
+#include "mixers/linear/delta_cuda.h"
+
+namespace k3::linear::detail {
+namespace {
+
+using device::from_f32;
+using device::to_f32;
+
+constexpr int kC = 64;           // chunk length
+constexpr int kPrepThreads = 256;
+constexpr int kVb = 32;          // value columns per recurrence block (one per lane)
+constexpr int kRecWarps = 8, kRecThreads = kRecWarps * 32;
+constexpr int kRowsPerWarp = kC / kRecWarps;  // output rows per warp in the recurrence
+constexpr int64_t kScratchBudget = int64_t(1) << 30;  // bytes of scratch per window
+
+struct ChunkDev {
+  int N, H, HV, K, V, group;
+  int delta_write, decay;  // decay: 0 none, 1 scalar, 2 per-channel
+  float scale;
+  const int64_t* row0;
+  const int64_t* len;
+  const void *q, *k, *v;
+  const float *beta, *g;
+  void* o;
+  int o_f32;
+  const float* s_in;  // [N, HV, K, V] state entering the window, or null (zeros)
+  float* s_out;       // [N, HV, K, V] state after the window
+  int c_begin, c_count;  // the window: chunks [c_begin, c_begin + c_count) of every sequence
+  int KS;                // K rounded up to 4 (row stride of the K-wide scratch)
+  // Scratch, per (sequence, value head): c_count·kC rows.
+  float *W, *U, *Qg, *Kd, *Aqk, *gC;
+  float* Sc;     // [NHV, c_count, K, V] state entering each chunk, or null (forward only)
+  int store_vn;  // recur writes V_new over U (the backward reads it)
+  // Backward.
+  const void* d_o;  // io dtype (or fp32 when do_f32), or null
+  int do_f32;
+  const float* ds_in;  // [N, HV, K, V] adjoint of the state leaving the window, or null (zeros)
+  float* ds_out;       // [N, HV, K, V] adjoint of the state entering the window
+  float* dSc;          // [NHV, c_count, K, V] adjoint of the state leaving each chunk
+  float* dVn;          // [NHV, c_count·kC, V]
+  float *dq, *dk, *dv, *dbeta, *dg;  // zero-filled by the caller; added into
+};
+
+__device__ __forceinline__ int64_t state_slot(const ChunkDev& p, int n, int hv, int cw) {
+  return ((int64_t(n) * p.HV + hv) * p.c_count + cw) * p.K * p.V;
+}
+
+// Scratch row of token `t` (within the window) of (n, hv).
+__device__ __forceinline__ int64_t srow(const ChunkDev& p, int n, int hv, int t) {
+  return (int64_t(n) * p.HV + hv) * (int64_t(p.c_count) * kC) + t;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
+  const int n = blockIdx.y / p.HV, hv = blockIdx.y % p.HV, h = hv / p.group;
+  const int cw = blockIdx.x, c = p.c_begin + cw;
+  const int64_t L = p.len[n], t0 = int64_t(c) * kC;
+  if (t0 >= L) return;
+  const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
+  const int64_t r0 = p.row0[n] + t0;
+  const int K = p.K, KP = K + 1, tid = threadIdx.x;
+  extern __shared__ float smem[];
+  float* sq = smem;              // [kC][KP]  q·s, later β e^G k
+  float* sk = sq + kC * KP;      // [kC][KP]
+  float* sG = sk + kC * KP;      // [kC][KP]
+  float* sA = sG + kC * KP;      // [kC][kC+1]  diag(β) Ā, strictly lower
+  float* sT = sA + kC * (kC + 1);  // [kC][kC+1]
+  float* sb = sT + kC * (kC + 1);  // [kC]
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  for (int i = tid; i < kC * K; i += kPrepThreads) {
+    const int r = i / K, d = i % K;
+    const bool ok = r < nv;
+    const int64_t off = ((r0 + r) * p.H + h) * K + d;
+    sq[r * KP + d] = ok ? p.scale * to_f32(q[off]) : 0.0f;
+    sk[r * KP + d] = ok ? to_f32(k[off]) : 0.0f;
+  }
+  for (int r = tid; r < kC; r += kPrepThreads)
+    sb[r] = r < nv ? (p.delta_write ? p.beta[(r0 + r) * p.HV + hv] : 1.0f) : 0.0f;
+  for (int d = tid; d < K; d += kPrepThreads) {
+    double acc = 0.0;  // the cumulative log-decay in double: differences of large sums keep their digits
+    for (int r = 0; r < kC; ++r) {
+      if (r < nv && p.decay == 1) acc += p.g[(r0 + r) * p.HV + hv];
+      if (r < nv && p.decay == 2) acc += p.g[((r0 + r) * p.HV + hv) * K + d];
+      sG[r * KP + d] = float(acc);
+    }
+  }
+  __syncthreads();
+
+  // Grams over the lower triangle (s ≤ r), the exponent masked before it is evaluated.
+  const int64_t base = srow(p, n, hv, cw * kC);
+  float* Aqk = p.Aqk + base * kC;
+  for (int idx = tid; idx < kC * (kC + 1) / 2; idx += kPrepThreads) {
+    int r = int((sqrtf(8.0f * idx + 1.0f) - 1.0f) * 0.5f);
+    while (r * (r + 1) / 2 > idx) --r;
+    while ((r + 1) * (r + 2) / 2 <= idx) ++r;
+    const int s = idx - r * (r + 1) / 2;
+    const float *kr = sk + r * KP, *ks = sk + s * KP, *qr = sq + r * KP;
+    const float *Gr = sG + r * KP, *Gs = sG + s * KP;
+    float kk = 0.0f, qk = 0.0f;
+    if (p.decay == 0) {
+      for (int d = 0; d < K; ++d) {
+        kk += kr[d] * ks[d];
+        qk += qr[d] * ks[d];
+      }
+    } else {
+      for (int d = 0; d < K; ++d) {
+        const float e = ks[d] * __expf(Gr[d] - Gs[d]);
+        kk += kr[d] * e;
+        qk += qr[d] * e;
+      }
+    }
+    Aqk[int64_t(r) * kC + s] = qk;
+    sA[r * (kC + 1) + s] = s < r ? sb[r] * kk : 0.0f;
+  }
+  __syncthreads();
+
+  // Qg = e^G ⊙ q, Kd = e^{G_C − G} ⊙ k, e^{G_C} (padded rows have g = 0: G_C is the last real row's).
+  const int KS = p.KS;
+  for (int i = tid; i < kC * KS; i += kPrepThreads) {
+    const int r = i / KS, d = i % KS;
+    float qg = 0.0f, kd = 0.0f;
+    if (d < K) {
+      const float G = sG[r * KP + d], GC = sG[(kC - 1) * KP + d];
+      qg = sq[r * KP + d] * __expf(G);
+      kd = sk[r * KP + d] * __expf(GC - G);
+    }
+    p.Qg[(base + r) * KS + d] = qg;
+    p.Kd[(base + r) * KS + d] = kd;
+  }
+  for (int d = tid; d < KS; d += kPrepThreads)
+    p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d] = d < K ? __expf(sG[(kC - 1) * KP + d]) : 0.0f;
+
+  float* U = p.U + base * p.V;
+  if (!p.delta_write) {  // Additive: U = V
+    for (int i = tid; i < kC * p.V; i += kPrepThreads) {
+      const int r = i / p.V, j = i % p.V;
+      U[i] = r < nv ? to_f32(v[((r0 + r) * p.HV + hv) * p.V + j]) : 0.0f;
+    }
+    return;
+  }
+  __syncthreads();  // sq is rewritten below
+
+  // T = (I + A)⁻¹, unit lower triangular: row r from the rows above it.
+  for (int r = 0; r < kC; ++r) {
+    for (int cc = tid; cc < kC; cc += kPrepThreads) {
+      float t = cc == r ? 1.0f : 0.0f;
+      if (cc < r) {
+        for (int s = cc; s < r; ++s) t -= sA[r * (kC + 1) + s] * sT[s * (kC + 1) + cc];
+      }
+      sT[r * (kC + 1) + cc] = t;
+    }
+    __syncthreads();
+  }
+  // sq ← β e^G ⊙ k (the right-hand side of W).
+  for (int i = tid; i < kC * K; i += kPrepThreads) {
+    const int r = i / K, d = i % K;
+    sq[r * KP + d] = sb[r] * __expf(sG[r * KP + d]) * sk[r * KP + d];
+  }
+  __syncthreads();
+  for (int i = tid; i < kC * KS; i += kPrepThreads) {
+    const int r = i / KS, d = i % KS;
+    float w = 0.0f;
+    if (d < K)
+      for (int s = 0; s <= r; ++s) w += sT[r * (kC + 1) + s] * sq[s * KP + d];
+    p.W[(base + r) * KS + d] = w;
+  }
+  for (int i = tid; i < kC * p.V; i += kPrepThreads) {
+    const int r = i / p.V, j = i % p.V;
+    float u = 0.0f;
+    for (int s = 0; s <= r && s < nv; ++s)
+      u += sT[r * (kC + 1) + s] * sb[s] * to_f32(v[((r0 + s) * p.HV + hv) * p.V + j]);
+    U[i] = u;
+  }
+}
+
+// Copies a chunk's [kC, KS] slab of K-wide scratch into shared memory.
+__device__ __forceinline__ void load_slab(float* dst, const float* src, int KS) {
+  const float4* s4 = reinterpret_cast<const float4*>(src);
+  float4* d4 = reinterpret_cast<float4*>(dst);
+  for (int i = threadIdx.x; i < kC * KS / 4; i += kRecThreads) d4[i] = s4[i];
+}
+
+// acc[i] += Σ_d X[r_i][d] S[d][lane] for the warp's rows r_i = warp·kRowsPerWarp + i: X [kC][KS]
+// in shared memory (broadcast reads), S [KS][kVb].
+__device__ __forceinline__ void rows_by_state(const float* X, const float* S, int KS, float (&acc)[kRowsPerWarp],
+                                              int warp, int lane) {
+  for (int d = 0; d < KS; d += 4) {
+    const float s0 = S[(d + 0) * kVb + lane], s1 = S[(d + 1) * kVb + lane];
+    const float s2 = S[(d + 2) * kVb + lane], s3 = S[(d + 3) * kVb + lane];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const float4 w = *reinterpret_cast<const float4*>(X + (warp * kRowsPerWarp + i) * KS + d);
+      acc[i] += w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+    }
+  }
+}
+
+// State rows per warp in the [K, kVb] updates: d = warp·16 + i.
+constexpr int kStateRows = 16;
+static_assert(kStateRows * kRecWarps >= 128, "the state updates cover K = 128");
+
+// acc[i] += sign · Σ_r X[r][d_i] Y[r][lane] for the warp's state rows d_i (X [kC][KS], Y [kC][kVb]).
+__device__ __forceinline__ void transposed_product(const float* X, const float* Y, int KS, float sign,
+                                                   float (&acc)[kStateRows], int warp, int lane) {
+  const int d0 = warp * kStateRows;
+  if (d0 >= KS) return;
+  for (int r = 0; r < kC; ++r) {
+    const float y = sign * Y[r * kVb + lane];
+#pragma unroll
+    for (int q = 0; q < kStateRows / 4; ++q) {
+      if (d0 + 4 * q < KS) {
+        const float4 x = *reinterpret_cast<const float4*>(X + r * KS + d0 + 4 * q);
+        acc[4 * q + 0] += x.x * y;
+        acc[4 * q + 1] += x.y * y;
+        acc[4 * q + 2] += x.z * y;
+        acc[4 * q + 3] += x.w * y;
+      }
+    }
+  }
+}
+
+// A block's [K, kVb] tile (columns c0…) of a [K, V] state slice at `off`: into shared memory
+// ([KS][kVb], zeros past K or V, or everywhere when src is null), and back out.
+__device__ __forceinline__ void load_tile(float* dst, const float* src, int64_t off, const ChunkDev& p, int c0) {
+  for (int i = threadIdx.x; i < p.KS * kVb; i += kRecThreads) {
+    const int d = i / kVb, jj = i % kVb;
+    dst[i] = (d < p.K && c0 + jj < p.V && src) ? src[off + int64_t(d) * p.V + c0 + jj] : 0.0f;
+  }
+}
+__device__ __forceinline__ void store_tile(float* dst, const float* src, int64_t off, const ChunkDev& p, int c0) {
+  for (int i = threadIdx.x; i < p.K * kVb; i += kRecThreads) {
+    const int d = i / kVb, jj = i % kVb;
+    if (c0 + jj < p.V) dst[off + int64_t(d) * p.V + c0 + jj] = src[i];
+  }
+}
+// The window's tokens of sequence n: [t_begin, t_end).
+struct Span {
+  int64_t L, t_begin, t_end;
+};
+__device__ __forceinline__ Span span_of(const ChunkDev& p, int n) {
+  const int64_t L = p.len[n], b = int64_t(p.c_begin) * kC, e = int64_t(p.c_begin + p.c_count) * kC;
+  return {L, b, L < e ? L : e};
+}
+
+template <class T>
+__global__ void __launch_bounds__(kRecThreads) recur_kernel(ChunkDev p) {
+  const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV;
+  const int c0 = blockIdx.y * kVb;
+  const int K = p.K, KS = p.KS, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int j = c0 + lane;
+  const bool col = j < p.V;
+  extern __shared__ __align__(16) float smem[];
+  float* sS = smem;              // [KS][kVb]
+  float* sbuf = sS + KS * kVb;   // [kC][KS]  W, then Qg, then Kd
+  float* sAqk = sbuf + kC * KS;  // [kC][kC]
+  float* sVn = sAqk + kC * kC;   // [kC][kVb]
+  float* sgC = sVn + kC * kVb;   // [KS]
+  const int64_t soff = (int64_t(n) * p.HV + hv) * K * p.V;
+  load_tile(sS, p.s_in, soff, p, c0);
+  const auto [L, t_begin, t_end] = span_of(p, n);
+  for (int64_t t0 = t_begin; t0 < t_end; t0 += kC) {
+    const int cw = int((t0 - t_begin) / kC);
+    const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
+    const int64_t base = srow(p, n, hv, cw * kC);
+    __syncthreads();  // the previous chunk's state update and readers of sbuf / sVn are done
+    if (p.Sc) store_tile(p.Sc, sS, state_slot(p, n, hv, cw), p, c0);
+    for (int i = tid; i < kC * kVb; i += kRecThreads) {  // U → sVn
+      const int r = i / kVb, jj = i % kVb;
+      sVn[i] = c0 + jj < p.V ? p.U[(base + r) * p.V + c0 + jj] : 0.0f;
+    }
+    if (p.delta_write) load_slab(sbuf, p.W + base * KS, KS);
+    __syncthreads();
+    if (p.delta_write) {  // V_new = U − W S
+      float acc[kRowsPerWarp] = {};
+      rows_by_state(sbuf, sS, KS, acc, warp, lane);
+      __syncthreads();  // everyone is done reading W
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        const int r = warp * kRowsPerWarp + i;
+        const float vn = sVn[r * kVb + lane] - acc[i];
+        sVn[r * kVb + lane] = vn;
+        if (p.store_vn && col) p.U[(base + r) * p.V + j] = vn;
+      }
+    }
+    if (p.o) {
+      load_slab(sbuf, p.Qg + base * KS, KS);
+      for (int i = tid; i < kC * kC; i += kRecThreads) sAqk[i] = p.Aqk[base * kC + i];
+    }
+    for (int d = tid; d < KS; d += kRecThreads) sgC[d] = p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d];
+    __syncthreads();
+    if (p.o) {  // O = Qg S + Aqk V_new (lower triangle, with the diagonal)
+      float acc[kRowsPerWarp] = {};
+      rows_by_state(sbuf, sS, KS, acc, warp, lane);
+      const int rlast = warp * kRowsPerWarp + kRowsPerWarp - 1;
+      for (int s = 0; s <= rlast; ++s) {
+        const float vn = sVn[s * kVb + lane];
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; ++i) {
+          const int r = warp * kRowsPerWarp + i;
+          if (s <= r) acc[i] += sAqk[r * kC + s] * vn;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        const int r = warp * kRowsPerWarp + i;
+        if (r < nv && col) {
+          const int64_t oi = ((p.row0[n] + t0 + r) * p.HV + hv) * p.V + j;
+          if (p.o_f32)
+            static_cast<float*>(p.o)[oi] = acc[i];
+          else
+            static_cast<T*>(p.o)[oi] = from_f32<T>(acc[i]);
+        }
+      }
+      __syncthreads();  // Qg readers are done
+    }
+    load_slab(sbuf, p.Kd + base * KS, KS);
+    __syncthreads();
+    // S ← diag(e^{G_C}) S + Kdᵀ V_new on the warp's state rows.
+    float acc[kStateRows];
+#pragma unroll
+    for (int i = 0; i < kStateRows; ++i) {
+      const int d = warp * kStateRows + i;
+      acc[i] = d < K ? sgC[d] * sS[d * kVb + lane] : 0.0f;
+    }
+    transposed_product(sbuf, sVn, KS, 1.0f, acc, warp, lane);
+    __syncthreads();  // every reader of S (the output) is done
+#pragma unroll
+    for (int i = 0; i < kStateRows; ++i) {
+      const int d = warp * kStateRows + i;
+      if (d < K) sS[d * kVb + lane] = acc[i];
+    }
+  }
+  __syncthreads();
+  store_tile(p.s_out, sS, soff, p, c0);
+}
+
+// The state adjoint through the chunks in reverse (one block per sequence, value head, tile).
+template <class T>
+__global__ void __launch_bounds__(kRecThreads) reverse_kernel(ChunkDev p) {
+  const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV;
+  const int c0 = blockIdx.y * kVb;
+  const int K = p.K, KS = p.KS, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int j = c0 + lane;
+  const bool col = j < p.V;
+  extern __shared__ __align__(16) float smem[];
+  float* sdS = smem;              // [KS][kVb]
+  float* sbuf = sdS + KS * kVb;   // [kC][KS]  Kd, then Qg, then W
+  float* sAqk = sbuf + kC * KS;   // [kC][kC]
+  float* sdO = sAqk + kC * kC;    // [kC][kVb]
+  float* sdVn = sdO + kC * kVb;   // [kC][kVb]
+  float* sgC = sdVn + kC * kVb;   // [KS]
+  const int64_t soff = (int64_t(n) * p.HV + hv) * K * p.V;
+  load_tile(sdS, p.ds_in, soff, p, c0);
+  const auto [L, t_begin, t_end] = span_of(p, n);
+  if (t_end > t_begin)
+    for (int cw = int((t_end - 1 - t_begin) / kC); cw >= 0; --cw) {
+      const int64_t t0 = t_begin + int64_t(cw) * kC;
+      const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
+      const int64_t base = srow(p, n, hv, cw * kC);
+      __syncthreads();  // the previous chunk's update of dS and readers of the buffers are done
+      store_tile(p.dSc, sdS, state_slot(p, n, hv, cw), p, c0);
+      for (int i = tid; i < kC * kVb; i += kRecThreads) {
+        const int r = i / kVb, jj = i % kVb;
+        float g = 0.0f;
+        if (p.d_o && r < nv && c0 + jj < p.V) {
+          const int64_t oi = ((p.row0[n] + t0 + r) * p.HV + hv) * p.V + c0 + jj;
+          g = p.do_f32 ? static_cast<const float*>(p.d_o)[oi] : to_f32(static_cast<const T*>(p.d_o)[oi]);
+        }
+        sdO[i] = g;
+      }
+      load_slab(sbuf, p.Kd + base * KS, KS);
+      for (int i = tid; i < kC * kC; i += kRecThreads) sAqk[i] = p.Aqk[base * kC + i];
+      for (int d = tid; d < KS; d += kRecThreads)
+        sgC[d] = p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d];
+      __syncthreads();
+      {  // dV_new = Kd dS + Aqkᵀ dO (Aqk[r'][r] for r' ≥ r)
+        float acc[kRowsPerWarp] = {};
+        rows_by_state(sbuf, sdS, KS, acc, warp, lane);
+        for (int rr = warp * kRowsPerWarp; rr < kC; ++rr) {
+          const float g = sdO[rr * kVb + lane];
+#pragma unroll
+          for (int i = 0; i < kRowsPerWarp; ++i) {
+            const int r = warp * kRowsPerWarp + i;
+            if (rr >= r) acc[i] += sAqk[rr * kC + r] * g;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; ++i) {
+          const int r = warp * kRowsPerWarp + i;
+          sdVn[r * kVb + lane] = acc[i];
+          if (col) p.dVn[(base + r) * p.V + j] = acc[i];
+        }
+      }
+      __syncthreads();
+      load_slab(sbuf, p.Qg + base * KS, KS);
+      __syncthreads();
+      float acc[kStateRows];
+#pragma unroll
+      for (int i = 0; i < kStateRows; ++i) {
+        const int d = warp * kStateRows + i;
+        acc[i] = d < K ? sgC[d] * sdS[d * kVb + lane] : 0.0f;
+      }
+      transposed_product(sbuf, sdO, KS, 1.0f, acc, warp, lane);  // + Qgᵀ dO
+      if (p.delta_write) {
+        __syncthreads();
+        load_slab(sbuf, p.W + base * KS, KS);
+        __syncthreads();
+        transposed_product(sbuf, sdVn, KS, -1.0f, acc, warp, lane);  // − Wᵀ dV_new
+      }
+#pragma unroll
+      for (int i = 0; i < kStateRows; ++i) {
+        const int d = warp * kStateRows + i;
+        if (d < K) sdS[d * kVb + lane] = acc[i];  // only this thread reads its rows of dS until the next sync
+      }
+    }
+  __syncthreads();
+  store_tile(p.ds_out, sdS, soff, p, c0);
+}
+
+constexpr int kGradThreads = 256;
+constexpr int kJt = 16, kJs = kJt + 4;  // value columns per staged tile, and the tiles' row stride
+constexpr int kStage = (2 * 128 + 3 * kC) * kJs;  // floats of the staging area
+// The [kC, K] products over V: thread (d = tid % 128, rows rg·32 + i).
+constexpr int kGradRows = kC * 128 / kGradThreads;  // 32
+// The [kC, kC] products over V: thread (s = tid % kC, rows rg·16 + i).
+constexpr int kPairRows = kC * kC / kGradThreads;  // 16
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+// Stages columns [j0, j0 + kJt) of `rows` rows of a [rows, V] fp32 array into dst [rows][kJs].
+__device__ __forceinline__ void stage_cols(float* dst, const float* src, int rows, int V, int j0) {
+  for (int i = threadIdx.x; i < rows * kJt; i += kGradThreads) {
+    const int r = i / kJt, jj = i % kJt;
+    dst[r * kJs + jj] = j0 + jj < V ? src[int64_t(r) * V + j0 + jj] : 0.0f;
+  }
+}
+
+// Everything of one chunk's backward that the carried adjoint does not need, all chunks at once.
+// The products over V (dQg = dO S₀ᵀ, dKd = V_new dSᵀ, dW = −dV_new S₀ᵀ, dAqk, dT's V part) run
+// over value tiles staged in shared memory; dQg and dKd stay in registers for the final pass.
+template <class T>
+__global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
+  const int n = blockIdx.y / p.HV, hv = blockIdx.y % p.HV, h = hv / p.group;
+  const int cw = blockIdx.x, c = p.c_begin + cw;
+  const int64_t L = p.len[n], t0 = int64_t(c) * kC;
+  if (t0 >= L) return;
+  const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
+  const int64_t r0 = p.row0[n] + t0;
+  const int K = p.K, KP = K + 1, KS = p.KS, V = p.V, tid = threadIdx.x;
+  constexpr int CP = kC + 1;
+  extern __shared__ __align__(16) float smem[];
+  float* stage = smem;               // [kStage] staged tiles, later Kb
+  float* sq = stage + kStage;        // [kC][KP] q·s
+  float* sk = sq + kC * KP;          // [kC][KP]
+  float* sG = sk + kC * KP;          // [kC][KP]
+  float* sAb = sG + kC * KP;         // [kC][CP] Ā (strictly lower, without β)
+  float* sT = sAb + kC * CP;         // [kC][CP]
+  float* sdAq = sT + kC * CP;        // [kC][CP] dAqk
+  float* sdA = sdAq + kC * CP;       // [kC][CP] dT, then dĀ
+  float* sTmp = sdA + kC * CP;       // [kC][CP] A, then Tᵀ dT
+  float* sb = sTmp + kC * CP;        // [kC] β
+  float* sdb = sb + kC;              // [kC] dβ
+  float* sdGl = sdb + kC;            // [128] dG_C
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  const int64_t base = srow(p, n, hv, cw * kC);
+  const float* S0 = p.Sc + state_slot(p, n, hv, cw);   // [K][V]
+  const float* dS = p.dSc + state_slot(p, n, hv, cw);  // [K][V]
+  const float* Vn = p.U + base * V;                    // [kC][V] (V_new; V itself when Additive)
+  const float* dVn = p.dVn + base * V;                 // [kC][V]
+  float* dW = p.W + base * KS;                         // [kC][KS] scratch (W is spent)
+  float* dG = p.Kd + base * KS;                        // [kC][KS] scratch (Kd is spent)
+
+  for (int i = tid; i < kC * K; i += kGradThreads) {
+    const int r = i / K, d = i % K;
+    const bool ok = r < nv;
+    const int64_t off = ((r0 + r) * p.H + h) * K + d;
+    sq[r * KP + d] = ok ? p.scale * to_f32(q[off]) : 0.0f;
+    sk[r * KP + d] = ok ? to_f32(k[off]) : 0.0f;
+  }
+  for (int r = tid; r < kC; r += kGradThreads) {
+    sb[r] = r < nv ? (p.delta_write ? p.beta[(r0 + r) * p.HV + hv] : 1.0f) : 0.0f;
+    sdb[r] = 0.0f;
+  }
+  for (int d = tid; d < K; d += kGradThreads) {
+    double acc = 0.0;
+    for (int r = 0; r < kC; ++r) {
+      if (r < nv && p.decay == 1) acc += p.g[(r0 + r) * p.HV + hv];
+      if (r < nv && p.decay == 2) acc += p.g[((r0 + r) * p.HV + hv) * K + d];
+      sG[r * KP + d] = float(acc);
+    }
+  }
+
+  // Products over V into [kC, K]: dQg, dKd, dW, and dG_C's Σ_j dS ⊙ S₀.
+  const int dl = tid % 128, rg = tid / 128;
+  float dqg[kGradRows] = {}, dkd[kGradRows] = {}, dw[kGradRows] = {};
+  float gl = 0.0f;
+  {
+    float* tS0 = stage;               // [128][kJs]
+    float* tdS = tS0 + 128 * kJs;     // [128][kJs]
+    float* tdO = tdS + 128 * kJs;     // [kC][kJs]
+    float* tVn = tdO + kC * kJs;      // [kC][kJs]
+    float* tdVn = tVn + kC * kJs;     // [kC][kJs]
+    for (int j0 = 0; j0 < V; j0 += kJt) {
+      __syncthreads();  // the previous tile's readers are done
+      stage_cols(tS0, S0, K, V, j0);
+      stage_cols(tdS, dS, K, V, j0);
+      stage_cols(tVn, Vn, kC, V, j0);
+      stage_cols(tdVn, dVn, kC, V, j0);
+      for (int i = tid; i < kC * kJt; i += kGradThreads) {
+        const int r = i / kJt, jj = i % kJt;
+        float g = 0.0f;
+        if (p.d_o && r < nv && j0 + jj < V) {
+          const int64_t oi = ((r0 + r) * p.HV + hv) * V + j0 + jj;
+          g = p.do_f32 ? static_cast<const float*>(p.d_o)[oi] : to_f32(static_cast<const T*>(p.d_o)[oi]);
+        }
+        tdO[r * kJs + jj] = g;
+      }
+      __syncthreads();
+      if (dl < K) {
+        for (int jj = 0; jj < kJt; jj += 4) {
+          const float4 s0 = *reinterpret_cast<const float4*>(tS0 + dl * kJs + jj);
+          const float4 ds = *reinterpret_cast<const float4*>(tdS + dl * kJs + jj);
+          if (rg == 0) gl += dot4(s0, ds);
+#pragma unroll
+          for (int i = 0; i < kGradRows; ++i) {
+            const int r = rg * kGradRows + i;
+            dqg[i] += dot4(*reinterpret_cast<const float4*>(tdO + r * kJs + jj), s0);
+            dkd[i] += dot4(*reinterpret_cast<const float4*>(tVn + r * kJs + jj), ds);
+            dw[i] -= dot4(*reinterpret_cast<const float4*>(tdVn + r * kJs + jj), s0);
+          }
+        }
+      }
+    }
+  }
+  if (rg == 0) sdGl[dl] = dl < K ? gl * __expf(sG[(kC - 1) * KP + dl]) : 0.0f;
+  if (dl < KS)
+#pragma unroll
+    for (int i = 0; i < kGradRows; ++i) dW[(rg * kGradRows + i) * KS + dl] = dl < K ? dw[i] : 0.0f;
+
+  // Products over V into [kC, kC]: dAqk = tril(dO V_newᵀ) and dT's V part dV_new (β V)ᵀ (β later).
+  {
+    const int sl = tid % kC, rq = tid / kC;
+    float daq[kPairRows] = {}, dtv[kPairRows] = {};
+    float* tdO = stage;              // [kC][kJs]
+    float* tVn = tdO + kC * kJs;     // [kC][kJs]
+    float* tdVn = tVn + kC * kJs;    // [kC][kJs]
+    float* tv = tdVn + kC * kJs;     // [kC][kJs]
+    for (int j0 = 0; j0 < V; j0 += kJt) {
+      __syncthreads();
+      stage_cols(tVn, Vn, kC, V, j0);
+      stage_cols(tdVn, dVn, kC, V, j0);
+      for (int i = tid; i < kC * kJt; i += kGradThreads) {
+        const int r = i / kJt, jj = i % kJt;
+        float g = 0.0f, vv = 0.0f;
+        if (r < nv && j0 + jj < V) {
+          const int64_t oi = ((r0 + r) * p.HV + hv) * V + j0 + jj;
+          if (p.d_o)
+            g = p.do_f32 ? static_cast<const float*>(p.d_o)[oi] : to_f32(static_cast<const T*>(p.d_o)[oi]);
+          vv = to_f32(v[oi]);
+        }
+        tdO[r * kJs + jj] = g;
+        tv[r * kJs + jj] = vv;
+      }
+      __syncthreads();
+      for (int jj = 0; jj < kJt; jj += 4) {
+        const float4 vn = *reinterpret_cast<const float4*>(tVn + sl * kJs + jj);
+        const float4 vs = *reinterpret_cast<const float4*>(tv + sl * kJs + jj);
+#pragma unroll
+        for (int i = 0; i < kPairRows; ++i) {
+          const int r = rq * kPairRows + i;
+          daq[i] += dot4(*reinterpret_cast<const float4*>(tdO + r * kJs + jj), vn);
+          dtv[i] += dot4(*reinterpret_cast<const float4*>(tdVn + r * kJs + jj), vs);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPairRows; ++i) {
+      const int r = rq * kPairRows + i;
+      sdAq[r * CP + sl] = sl <= r ? daq[i] : 0.0f;
+      sdA[r * CP + sl] = dtv[i];
+    }
+  }
+  __syncthreads();
+
+  // Ā, and A = diag(β) Ā for T.
+  for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
+    const int r = idx / kC, s = idx % kC;
+    float ab = 0.0f;
+    if (s < r && p.delta_write)
+      for (int d = 0; d < K; ++d) ab += sk[r * KP + d] * sk[s * KP + d] * __expf(sG[r * KP + d] - sG[s * KP + d]);
+    sAb[r * CP + s] = ab;
+    sTmp[r * CP + s] = sb[r] * ab;
+  }
+  __syncthreads();
+
+  if (p.delta_write) {
+    // T = (I + A)⁻¹.
+    for (int r = 0; r < kC; ++r) {
+      for (int cc = tid; cc < kC; cc += kGradThreads) {
+        float t = cc == r ? 1.0f : 0.0f;
+        if (cc < r)
+          for (int s = cc; s < r; ++s) t -= sTmp[r * CP + s] * sT[s * CP + cc];
+        sT[r * CP + cc] = t;
+      }
+      __syncthreads();
+    }
+    // dT = diag-scaled (dV_new Vᵀ + dW (e^G ⊙ K)ᵀ) · β_s, with e^G ⊙ K staged.
+    float* sKg = stage;  // [kC][KP]
+    for (int i = tid; i < kC * K; i += kGradThreads) {
+      const int r = i / K, d = i % K;
+      sKg[r * KP + d] = __expf(sG[r * KP + d]) * sk[r * KP + d];
+    }
+    __syncthreads();
+    for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
+      const int r = idx / kC, s = idx % kC;
+      float a = sdA[r * CP + s];
+      for (int d = 0; d < K; ++d) a += dW[r * KS + d] * sKg[s * KP + d];
+      sdA[r * CP + s] = a * sb[s];
+    }
+    __syncthreads();
+    // dA = −Tᵀ dT Tᵀ, strictly lower: Tmp = Tᵀ dT, then −Tmp Tᵀ.
+    for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
+      const int r = idx / kC, s = idx % kC;
+      float a = 0.0f;
+      for (int rr = r; rr < kC; ++rr) a += sT[rr * CP + r] * sdA[rr * CP + s];
+      sTmp[r * CP + s] = a;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
+      const int r = idx / kC, s = idx % kC;
+      float a = 0.0f;
+      if (s < r)
+        for (int ss = 0; ss <= s; ++ss) a -= sTmp[r * CP + ss] * sT[s * CP + ss];
+      sdA[r * CP + s] = a;
+    }
+    __syncthreads();
+    // dβ_r += Σ_s dA ⊙ Ā; dĀ = β_r dA.
+    for (int r = tid; r < kC; r += kGradThreads) {
+      float a = 0.0f;
+      for (int s = 0; s < r; ++s) {
+        a += sdA[r * CP + s] * sAb[r * CP + s];
+        sdA[r * CP + s] *= sb[r];
+      }
+      sdb[r] += a;
+    }
+    __syncthreads();
+  }
+
+  // dv: Delta: dVb = Tᵀ dV_new, dv = β dVb, dβ += Σ_j dVb v; Additive: dv = dV_new.
+  for (int i = tid; i < kC * V; i += kGradThreads) {
+    const int r = i / V, jj = i % V;
+    if (r >= nv) continue;
+    float dv;
+    if (p.delta_write) {
+      float dvb = 0.0f;
+      for (int rr = r; rr < kC; ++rr) dvb += sT[rr * CP + r] * dVn[int64_t(rr) * V + jj];
+      dv = sb[r] * dvb;
+      atomicAdd(&sdb[r], dvb * to_f32(v[((r0 + r) * p.HV + hv) * V + jj]));
+    } else {
+      dv = dVn[int64_t(r) * V + jj];
+    }
+    if (p.dv) p.dv[((r0 + r) * p.HV + hv) * V + jj] += dv;
+  }
+
+  // Per element (r, d), on the threads that hold its dQg and dKd: dq, dk and dG.
+  if (dl < K) {
+    const int d = dl;
+    const float GCd = sG[(kC - 1) * KP + d];
+    float glk = 0.0f;
+#pragma unroll 1
+    for (int i = 0; i < kGradRows; ++i) {
+      const int r = rg * kGradRows + i;
+      const float Gr = sG[r * KP + d], eG = __expf(Gr), eGd = __expf(GCd - Gr);
+      const float qr = sq[r * KP + d], kr = sk[r * KP + d];
+      // Qg = e^G ⊙ q·s; Kd = e^{G_C − G} ⊙ k.
+      float dQs = eG * dqg[i], dK = eGd * dkd[i];
+      const float kd = eGd * kr * dkd[i];
+      float dg = eG * qr * dqg[i] - kd;
+      glk += kd;
+      if (p.delta_write) {  // Kb = β e^G ⊙ k: dKb = Tᵀ dW
+        float dkb = 0.0f;
+        for (int rr = r; rr < kC; ++rr) dkb += sT[rr * CP + r] * dW[rr * KS + d];
+        const float dkg = sb[r] * dkb;
+        dK += eG * dkg;
+        dg += eG * kr * dkg;
+        atomicAdd(&sdb[r], dkb * eG * kr);
+      }
+      // The decayed grams: Aqk (x = q, y = k, with the diagonal) and Ā (x = y = k, strictly lower).
+      float rowQ = 0.0f, rowK = 0.0f;
+      for (int s = 0; s <= r; ++s) {
+        const float e = sk[s * KP + d] * __expf(Gr - sG[s * KP + d]);
+        rowQ += sdAq[r * CP + s] * e;
+        if (s < r) rowK += sdA[r * CP + s] * e;
+      }
+      float col = 0.0f;
+      for (int rr = r; rr < kC; ++rr) {
+        const float e = __expf(sG[rr * KP + d] - Gr);
+        col += sdAq[rr * CP + r] * e * sq[rr * KP + d];
+        if (rr > r && p.delta_write) col += sdA[rr * CP + r] * e * sk[rr * KP + d];
+      }
+      if (!p.delta_write) rowK = 0.0f;  // Additive: no Ā (sdA holds something else)
+      dQs += rowQ;
+      dK += rowK + col;
+      dg += qr * rowQ + kr * rowK - kr * col;
+      if (r < nv && p.dq && p.dk) {
+        atomicAdd(&p.dq[((r0 + r) * p.H + h) * K + d], p.scale * dQs);
+        atomicAdd(&p.dk[((r0 + r) * p.H + h) * K + d], dK);
+      }
+      dG[r * KS + d] = dg;
+    }
+    atomicAdd(&sdGl[d], glk);
+  }
+  __syncthreads();
+  // dg = reverse cumulative sum of dG inside the chunk (G is the cumsum of g), dG_C at the end.
+  if (p.decay != 0 && p.dg)
+    for (int d = tid; d < K; d += kGradThreads) {
+      float carry = sdGl[d];
+      for (int r = kC - 1; r >= 0; --r) {
+        carry += dG[r * KS + d];
+        if (r >= nv) continue;
+        if (p.decay == 2)
+          p.dg[((r0 + r) * p.HV + hv) * K + d] += carry;
+        else
+          atomicAdd(&p.dg[(r0 + r) * p.HV + hv], carry);
+      }
+    }
+  if (p.delta_write && p.dbeta)
+    for (int r = tid; r < nv; r += kGradThreads) p.dbeta[(r0 + r) * p.HV + hv] += sdb[r];
+}
+
+size_t prepare_smem(int K) { return sizeof(float) * (3 * kC * (K + 1) + 2 * kC * (kC + 1) + kC); }
+size_t recur_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kC + kC * kVb + KS); }
+size_t reverse_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kC + 2 * kC * kVb + KS); }
+size_t grads_smem(int K) { return sizeof(float) * (kStage + 3 * kC * (K + 1) + 5 * kC * (kC + 1) + 2 * kC + 128); }
+
+template <class T>
+void configure() {
+  static const bool done = [] {
+    K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(prepare_smem(128))));
+    K3_CUDA_CHECK(cudaFuncSetAttribute(recur_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(recur_smem(128))));
+    K3_CUDA_CHECK(cudaFuncSetAttribute(reverse_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(reverse_smem(128))));
+    K3_CUDA_CHECK(cudaFuncSetAttribute(grads_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(grads_smem(128))));
+    return true;
+  }();
+  (void)done;
+}
+
+enum class Step : uint8_t { Prepare, Recur, Reverse, Grads };
+
+template <class T>
+void launch(Step step, const ChunkDev& d, int64_t NHV) {
+  configure<T>();
+  const dim3 chunks(unsigned(d.c_count), unsigned(NHV)), tiles(unsigned(NHV), unsigned((d.V + kVb - 1) / kVb));
+  cudaStream_t st = device::stream();
+  switch (step) {
+    case Step::Prepare: prepare_kernel<T><<<chunks, kPrepThreads, prepare_smem(d.K), st>>>(d); break;
+    case Step::Recur: recur_kernel<T><<<tiles, kRecThreads, recur_smem(d.KS), st>>>(d); break;
+    case Step::Reverse: reverse_kernel<T><<<tiles, kRecThreads, reverse_smem(d.KS), st>>>(d); break;
+    case Step::Grads: grads_kernel<T><<<chunks, kGradThreads, grads_smem(d.K), st>>>(d); break;
+  }
+  K3_CUDA_LAUNCHED();
+}
+
+void run(Step step, const ChunkDev& d, int64_t NHV, DType io) {
+  if (io == DType::BF16)
+    launch<__nv_bfloat16>(step, d, NHV);
+  else
+    launch<float>(step, d, NHV);
+}
+
+// The scratch of one window: the forward's slabs, and for the backward the chunk states, their
+// adjoints and dV_new.
+struct Scratch {
+  device::Buffer W, Qg, Kd, U, Aqk, gC, Sc, dSc, dVn;
+  Scratch(ChunkDev& d, int64_t NHV, int64_t window, bool backward) {
+    const int64_t rows = NHV * window * kC;
+    auto f32 = [](int64_t n) { return device::Buffer(size_t(n) * sizeof(float)); };
+    W = f32(rows * d.KS), Qg = f32(rows * d.KS), Kd = f32(rows * d.KS), U = f32(rows * d.V);
+    Aqk = f32(rows * kC), gC = f32(NHV * window * d.KS);
+    d.W = W.as<float>(), d.Qg = Qg.as<float>(), d.Kd = Kd.as<float>(), d.U = U.as<float>();
+    d.Aqk = Aqk.as<float>(), d.gC = gC.as<float>();
+    if (backward) {
+      Sc = f32(NHV * window * d.K * d.V), dSc = f32(NHV * window * d.K * d.V), dVn = f32(rows * d.V);
+      d.Sc = Sc.as<float>(), d.dSc = dSc.as<float>(), d.dVn = dVn.as<float>();
+    }
+  }
+};
+
+ChunkDev chunk_dev(const cuda::DeviceArgs& a) {
+  cuda::check_supported(a.K, a.V);
+  if (a.max_len < 1) throw error("delta", "the chunked CUDA kernels need the longest sequence length (max_len)");
+  ChunkDev d{};
+  d.N = int(a.N), d.H = int(a.H), d.HV = int(a.HV), d.K = int(a.K), d.V = int(a.V), d.group = int(a.HV / a.H);
+  d.delta_write = a.write == Write::Delta;
+  d.decay = a.decay == Decay::None ? 0 : a.decay == Decay::Scalar ? 1 : 2;
+  d.scale = a.scale > 0.0f ? a.scale : 1.0f / sqrtf(float(a.K));
+  d.row0 = a.row0, d.len = a.len;
+  d.q = a.q, d.k = a.k, d.v = a.v, d.beta = a.beta, d.g = a.g;
+  d.o_f32 = a.io != DType::BF16 || a.o_dtype != DType::BF16;
+  d.KS = int((a.K + 3) / 4 * 4);
+  return d;
+}
+
+// Chunks per window: as many as the scratch budget holds (a.window overrides).
+int64_t window_of(const cuda::DeviceArgs& a, const ChunkDev& d, int64_t chunks, bool backward) {
+  const int64_t NHV = a.N * a.HV;
+  int64_t per_chunk = kC * (3 * d.KS + a.V + kC) + d.KS;
+  if (backward) per_chunk += 2 * a.K * a.V + kC * a.V;
+  per_chunk *= int64_t(sizeof(float)) * NHV;
+  return std::clamp<int64_t>(a.window > 0 ? a.window : kScratchBudget / per_chunk, 1, chunks);
+}
+
+}  // namespace
+}  // namespace k3::linear::detail
+
+namespace k3::linear::cuda {
+
+void chunked_forward(const DeviceArgs& a) {
+  using namespace detail;
+  ChunkDev d = chunk_dev(a);
+  const int64_t NHV = a.N * a.HV;
+  if (NHV == 0) return;
+  d.o = a.o;
+  const int64_t chunks = (a.max_len + kC - 1) / kC, window = window_of(a, d, chunks, false);
+  Scratch scratch(d, NHV, window, false);
+  // The state between windows: ht when the caller wants it (it may alias h0: each block reads its
+  // slice before writing it), else a temporary.
+  device::Buffer tmp;
+  float* state = a.ht;
+  if (!state) {
+    tmp = device::Buffer(size_t(NHV * a.K * a.V * 4));
+    state = tmp.as<float>();
+  }
+  for (int64_t cb = 0; cb < chunks; cb += window) {
+    d.c_begin = int(cb);
+    d.c_count = int(std::min(window, chunks - cb));
+    d.s_in = cb == 0 ? a.h0 : state;
+    d.s_out = state;
+    run(Step::Prepare, d, NHV, a.io);
+    run(Step::Recur, d, NHV, a.io);
+  }
+  // The scratch returns to the allocator's cache; later work on the same stream cannot overlap.
+}
+
+void chunked_backward(const DeviceArgs& a, const DeviceGrads& g) {
+  using namespace detail;
+  ChunkDev d = chunk_dev(a);
+  const int64_t NHV = a.N * a.HV;
+  if (NHV == 0) return;
+  const int64_t chunks = (a.max_len + kC - 1) / kC, window = window_of(a, d, chunks, true);
+  const int64_t windows = (chunks + window - 1) / window;
+  const size_t state_bytes = size_t(NHV * a.K * a.V) * sizeof(float);
+  Scratch scratch(d, NHV, window, true);
+  // The state entering each window after the first (one forward sweep, no outputs).
+  device::Buffer starts(state_bytes * size_t(std::max<int64_t>(windows - 1, 0)));
+  auto start_of = [&](int64_t w) { return w == 0 ? a.h0 : starts.as<float>() + (w - 1) * NHV * a.K * a.V; };
+  ChunkDev f = d;
+  f.Sc = nullptr, f.dSc = nullptr, f.dVn = nullptr;
+  for (int64_t w = 0; w + 1 < windows; ++w) {
+    f.c_begin = int(w * window), f.c_count = int(window);
+    f.s_in = start_of(w), f.s_out = starts.as<float>() + w * NHV * a.K * a.V;
+    run(Step::Prepare, f, NHV, a.io);
+    run(Step::Recur, f, NHV, a.io);
+  }
+  device::Buffer state(state_bytes), carry_a(state_bytes), carry_b(state_bytes), dh0_tmp;
+  float* dh0 = g.dh0;
+  if (!dh0) {
+    dh0_tmp = device::Buffer(state_bytes);
+    dh0 = dh0_tmp.as<float>();
+  }
+  d.store_vn = 1;
+  d.o = nullptr;
+  d.d_o = g.d_o;
+  d.do_f32 = a.io != DType::BF16 || g.do_dtype != DType::BF16;
+  d.dq = g.dq, d.dk = g.dk, d.dv = g.dv, d.dbeta = g.dbeta, d.dg = g.dg;
+  const float* ds_in = g.dht;
+  for (int64_t w = windows - 1; w >= 0; --w) {
+    d.c_begin = int(w * window);
+    d.c_count = int(std::min(window, chunks - w * window));
+    d.s_in = start_of(w), d.s_out = state.as<float>();
+    run(Step::Prepare, d, NHV, a.io);
+    run(Step::Recur, d, NHV, a.io);
+    d.ds_in = ds_in;
+    d.ds_out = w == 0 ? dh0 : ((windows - 1 - w) % 2 ? carry_b.as<float>() : carry_a.as<float>());
+    run(Step::Reverse, d, NHV, a.io);
+    run(Step::Grads, d, NHV, a.io);
+    ds_in = d.ds_out;
+  }
+}
+
+}  // namespace k3::linear::cuda
