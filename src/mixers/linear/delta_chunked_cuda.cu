@@ -1,6 +1,6 @@
-// The delta-rule family on CUDA, chunked forward (README.md beside this file, "Chunked form"):
-// the same math as delta_chunked.cc, split into two kernels so that only the state recurrence is
-// sequential.
+// The delta-rule family on CUDA, chunked form (README.md beside this file, "Chunked form"): the
+// same math as delta_chunked.cc, split into kernels so that only the state recurrence (and its
+// adjoint) is sequential.
 //
 // 1. `prepare` — one block per (chunk, sequence, value head), all chunks at once. In shared
 //    memory: the chunk's q (scaled), k, β and the cumulative log-decays G (summed in double);
@@ -10,16 +10,16 @@
 //      W = T diag(β) (e^G ⊙ K), U = T diag(β) V (Additive: U = V), Aqk,
 //      Qg = e^G ⊙ (s Q), Kd = e^{G_C − G} ⊙ K, and e^{G_C}.
 // 2. `recur` — one block per (sequence, value head, tile of kVb value columns) walks the chunks in
-//    order with its state slice S [K, kVb] in shared memory:
-//      V_new = U − W S,  O = Qg S + Aqk V_new,  S ← diag(e^{G_C}) S + Kdᵀ V_new.
+//    order with its state slice S [K, kVb] in shared memory, storing each chunk's entering S₀ and
+//      V_new = U − W S₀,  then S ← diag(e^{G_C}) S₀ + Kdᵀ V_new;
+// 3. `output` — one block per (chunk, sequence, value head, tile), all at once: O = Qg S₀ + Aqk V_new.
 // Rows past a sequence's end are zero (k, q, v, β, g), so a partial last chunk needs no special
 // case: its padded rows write nothing into the state and their outputs are not stored.
 //
-// Backward (README.md, "Chunked" under "Backward"), three more steps over the same scratch:
-// `recur` also stores each chunk's entering state S₀ and V_new; 3. `reverse` — per (sequence,
-// value head, column tile), chunks in reverse, carries the state adjoint dS:
+// Backward (README.md, "Chunked" under "Backward"): prepare and recur again, then `reverse` — per
+// (sequence, value head, column tile), chunks in reverse, carries the state adjoint dS:
 //      dV_new = Kd dS + Aqkᵀ dO,  dS ← diag(e^{G_C}) dS + Qgᵀ dO − Wᵀ dV_new,
-// storing dS (the adjoint of each chunk's leaving state) and dV_new; 4. `grads` — one block per
+// storing dS (the adjoint of each chunk's leaving state) and dV_new; `grads` — one block per
 // (chunk, sequence, value head), all at once: everything else of the README's chunk backward
 // (dKd, dQg, dW, dT, dA = −Tᵀ dT Tᵀ, the decayed grams' backward with their exponents masked as in
 // the forward, dβ, and dg as the reverse cumulative sum of dG inside the chunk).
@@ -84,6 +84,29 @@ __device__ __forceinline__ int64_t srow(const ChunkDev& p, int n, int hv, int t)
   return (int64_t(n) * p.HV + hv) * (int64_t(p.c_count) * kC) + t;
 }
 
+// G [kC][K+1] = the cumulative log-decays of the chunk's rows (0 past nv): the gates are loaded
+// by the whole block at once, then each channel is summed in double (differences of large sums
+// keep their digits). Ends with __syncthreads.
+__device__ __forceinline__ void load_cumsum(float* G, const ChunkDev& p, int64_t r0, int nv, int hv, int threads) {
+  const int K = p.K, KP = K + 1;
+  for (int i = threadIdx.x; i < kC * K; i += threads) {
+    const int r = i / K, d = i % K;
+    float g = 0.0f;
+    if (r < nv && p.decay == 1) g = p.g[(r0 + r) * p.HV + hv];
+    if (r < nv && p.decay == 2) g = p.g[((r0 + r) * p.HV + hv) * K + d];
+    G[r * KP + d] = g;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < K; d += threads) {
+    double acc = 0.0;
+    for (int r = 0; r < kC; ++r) {
+      acc += G[r * KP + d];
+      G[r * KP + d] = float(acc);
+    }
+  }
+  __syncthreads();
+}
+
 template <class T>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   const int n = blockIdx.y / p.HV, hv = blockIdx.y % p.HV, h = hv / p.group;
@@ -94,12 +117,11 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   const int64_t r0 = p.row0[n] + t0;
   const int K = p.K, KP = K + 1, tid = threadIdx.x;
   extern __shared__ float smem[];
-  float* sq = smem;              // [kC][KP]  q·s, later β e^G k
-  float* sk = sq + kC * KP;      // [kC][KP]
+  float* sq = smem;              // [kC][K]   q·s, later β e^G k (rows read whole: no padding)
+  float* sk = sq + kC * K;       // [kC][KP]
   float* sG = sk + kC * KP;      // [kC][KP]
-  float* sA = sG + kC * KP;      // [kC][kC+1]  diag(β) Ā, strictly lower
-  float* sT = sA + kC * (kC + 1);  // [kC][kC+1]
-  float* sb = sT + kC * (kC + 1);  // [kC]
+  float* sT = sG + kC * KP;      // [kC][kC]  T (lower, unit diagonal); A = diag(β) Ā transposed above it
+  float* sb = sT + kC * kC;      // [kC]
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
@@ -107,20 +129,12 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
     const int r = i / K, d = i % K;
     const bool ok = r < nv;
     const int64_t off = ((r0 + r) * p.H + h) * K + d;
-    sq[r * KP + d] = ok ? p.scale * to_f32(q[off]) : 0.0f;
+    sq[r * K + d] = ok ? p.scale * to_f32(q[off]) : 0.0f;
     sk[r * KP + d] = ok ? to_f32(k[off]) : 0.0f;
   }
   for (int r = tid; r < kC; r += kPrepThreads)
     sb[r] = r < nv ? (p.delta_write ? p.beta[(r0 + r) * p.HV + hv] : 1.0f) : 0.0f;
-  for (int d = tid; d < K; d += kPrepThreads) {
-    double acc = 0.0;  // the cumulative log-decay in double: differences of large sums keep their digits
-    for (int r = 0; r < kC; ++r) {
-      if (r < nv && p.decay == 1) acc += p.g[(r0 + r) * p.HV + hv];
-      if (r < nv && p.decay == 2) acc += p.g[((r0 + r) * p.HV + hv) * K + d];
-      sG[r * KP + d] = float(acc);
-    }
-  }
-  __syncthreads();
+  load_cumsum(sG, p, r0, nv, hv, kPrepThreads);
 
   // Grams over the lower triangle (s ≤ r), the exponent masked before it is evaluated.
   const int64_t base = srow(p, n, hv, cw * kC);
@@ -130,7 +144,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
     while (r * (r + 1) / 2 > idx) --r;
     while ((r + 1) * (r + 2) / 2 <= idx) ++r;
     const int s = idx - r * (r + 1) / 2;
-    const float *kr = sk + r * KP, *ks = sk + s * KP, *qr = sq + r * KP;
+    const float *kr = sk + r * KP, *ks = sk + s * KP, *qr = sq + r * K;
     const float *Gr = sG + r * KP, *Gs = sG + s * KP;
     float kk = 0.0f, qk = 0.0f;
     if (p.decay == 0) {
@@ -146,7 +160,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
       }
     }
     Aqk[int64_t(r) * kC + s] = qk;
-    sA[r * (kC + 1) + s] = s < r ? sb[r] * kk : 0.0f;
+    if (s < r) sT[s * kC + r] = sb[r] * kk;  // A[r][s], stored transposed (upper triangle)
   }
   __syncthreads();
 
@@ -157,7 +171,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
     float qg = 0.0f, kd = 0.0f;
     if (d < K) {
       const float G = sG[r * KP + d], GC = sG[(kC - 1) * KP + d];
-      qg = sq[r * KP + d] * __expf(G);
+      qg = sq[r * K + d] * __expf(G);
       kd = sk[r * KP + d] * __expf(GC - G);
     }
     p.Qg[(base + r) * KS + d] = qg;
@@ -176,36 +190,47 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   }
   __syncthreads();  // sq is rewritten below
 
-  // T = (I + A)⁻¹, unit lower triangular: row r from the rows above it.
+  // T = (I + A)⁻¹, unit lower triangular: row r from the rows above it. Row r of A is column r
+  // of the upper triangle, which the lower-triangle writes of T never touch.
   for (int r = 0; r < kC; ++r) {
-    for (int cc = tid; cc < kC; cc += kPrepThreads) {
-      float t = cc == r ? 1.0f : 0.0f;
+    for (int cc = tid; cc <= r; cc += kPrepThreads) {
+      float t = 1.0f;
       if (cc < r) {
-        for (int s = cc; s < r; ++s) t -= sA[r * (kC + 1) + s] * sT[s * (kC + 1) + cc];
+        t = 0.0f;
+        for (int s = cc; s < r; ++s) t -= sT[s * kC + r] * sT[s * kC + cc];
       }
-      sT[r * (kC + 1) + cc] = t;
+      sT[r * kC + cc] = t;
     }
     __syncthreads();
   }
   // sq ← β e^G ⊙ k (the right-hand side of W).
   for (int i = tid; i < kC * K; i += kPrepThreads) {
     const int r = i / K, d = i % K;
-    sq[r * KP + d] = sb[r] * __expf(sG[r * KP + d]) * sk[r * KP + d];
+    sq[r * K + d] = sb[r] * __expf(sG[r * KP + d]) * sk[r * KP + d];
   }
   __syncthreads();
   for (int i = tid; i < kC * KS; i += kPrepThreads) {
     const int r = i / KS, d = i % KS;
     float w = 0.0f;
     if (d < K)
-      for (int s = 0; s <= r; ++s) w += sT[r * (kC + 1) + s] * sq[s * KP + d];
+      for (int s = 0; s <= r; ++s) w += sT[r * kC + s] * sq[s * K + d];
     p.W[(base + r) * KS + d] = w;
   }
-  for (int i = tid; i < kC * p.V; i += kPrepThreads) {
-    const int r = i / p.V, j = i % p.V;
-    float u = 0.0f;
-    for (int s = 0; s <= r && s < nv; ++s)
-      u += sT[r * (kC + 1) + s] * sb[s] * to_f32(v[((r0 + s) * p.HV + hv) * p.V + j]);
-    U[i] = u;
+  // U = T diag(β) V, with β V staged in sk (free now) K columns at a time.
+  for (int j0 = 0; j0 < p.V; j0 += K) {
+    const int tw = min(K, p.V - j0);
+    __syncthreads();  // the last readers of sk (or of the previous tile) are done
+    for (int i = tid; i < kC * tw; i += kPrepThreads) {
+      const int s = i / tw, jj = i % tw;
+      sk[s * KP + jj] = s < nv ? sb[s] * to_f32(v[((r0 + s) * p.HV + hv) * p.V + j0 + jj]) : 0.0f;
+    }
+    __syncthreads();
+    for (int i = tid; i < kC * tw; i += kPrepThreads) {
+      const int r = i / tw, jj = i % tw;
+      float u = 0.0f;
+      for (int s = 0; s <= r; ++s) u += sT[r * kC + s] * sk[s * KP + jj];
+      U[int64_t(r) * p.V + j0 + jj] = u;
+    }
   }
 }
 
@@ -278,25 +303,33 @@ __device__ __forceinline__ Span span_of(const ChunkDev& p, int n) {
   return {L, b, L < e ? L : e};
 }
 
+// Which (sequence, value head, column tile) a recur / reverse block owns, and its state slice.
+struct TileIds {
+  int n, hv, c0, lane, warp;
+  int64_t soff;
+};
+__device__ __forceinline__ TileIds tile_ids(const ChunkDev& p) {
+  const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV;
+  return {n, hv, int(blockIdx.y) * kVb, int(threadIdx.x) % 32, int(threadIdx.x) / 32,
+          (int64_t(n) * p.HV + hv) * p.K * p.V};
+}
+
 template <class T>
 __global__ void __launch_bounds__(kRecThreads) recur_kernel(ChunkDev p) {
-  const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV;
-  const int c0 = blockIdx.y * kVb;
-  const int K = p.K, KS = p.KS, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const TileIds t = tile_ids(p);
+  const int n = t.n, hv = t.hv, c0 = t.c0, K = p.K, KS = p.KS, tid = threadIdx.x, lane = t.lane, warp = t.warp;
   const int j = c0 + lane;
   const bool col = j < p.V;
   extern __shared__ __align__(16) float smem[];
   float* sS = smem;              // [KS][kVb]
-  float* sbuf = sS + KS * kVb;   // [kC][KS]  W, then Qg, then Kd
-  float* sAqk = sbuf + kC * KS;  // [kC][kC]
-  float* sVn = sAqk + kC * kC;   // [kC][kVb]
+  float* sbuf = sS + KS * kVb;   // [kC][KS]  W, then Kd
+  float* sVn = sbuf + kC * KS;   // [kC][kVb]
   float* sgC = sVn + kC * kVb;   // [KS]
-  const int64_t soff = (int64_t(n) * p.HV + hv) * K * p.V;
+  const int64_t soff = t.soff;
   load_tile(sS, p.s_in, soff, p, c0);
   const auto [L, t_begin, t_end] = span_of(p, n);
   for (int64_t t0 = t_begin; t0 < t_end; t0 += kC) {
     const int cw = int((t0 - t_begin) / kC);
-    const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
     const int64_t base = srow(p, n, hv, cw * kC);
     __syncthreads();  // the previous chunk's state update and readers of sbuf / sVn are done
     if (p.Sc) store_tile(p.Sc, sS, state_slot(p, n, hv, cw), p, c0);
@@ -318,37 +351,7 @@ __global__ void __launch_bounds__(kRecThreads) recur_kernel(ChunkDev p) {
         if (p.store_vn && col) p.U[(base + r) * p.V + j] = vn;
       }
     }
-    if (p.o) {
-      load_slab(sbuf, p.Qg + base * KS, KS);
-      for (int i = tid; i < kC * kC; i += kRecThreads) sAqk[i] = p.Aqk[base * kC + i];
-    }
     for (int d = tid; d < KS; d += kRecThreads) sgC[d] = p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d];
-    __syncthreads();
-    if (p.o) {  // O = Qg S + Aqk V_new (lower triangle, with the diagonal)
-      float acc[kRowsPerWarp] = {};
-      rows_by_state(sbuf, sS, KS, acc, warp, lane);
-      const int rlast = warp * kRowsPerWarp + kRowsPerWarp - 1;
-      for (int s = 0; s <= rlast; ++s) {
-        const float vn = sVn[s * kVb + lane];
-#pragma unroll
-        for (int i = 0; i < kRowsPerWarp; ++i) {
-          const int r = warp * kRowsPerWarp + i;
-          if (s <= r) acc[i] += sAqk[r * kC + s] * vn;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) {
-        const int r = warp * kRowsPerWarp + i;
-        if (r < nv && col) {
-          const int64_t oi = ((p.row0[n] + t0 + r) * p.HV + hv) * p.V + j;
-          if (p.o_f32)
-            static_cast<float*>(p.o)[oi] = acc[i];
-          else
-            static_cast<T*>(p.o)[oi] = from_f32<T>(acc[i]);
-        }
-      }
-      __syncthreads();  // Qg readers are done
-    }
     load_slab(sbuf, p.Kd + base * KS, KS);
     __syncthreads();
     // S ← diag(e^{G_C}) S + Kdᵀ V_new on the warp's state rows.
@@ -359,9 +362,8 @@ __global__ void __launch_bounds__(kRecThreads) recur_kernel(ChunkDev p) {
       acc[i] = d < K ? sgC[d] * sS[d * kVb + lane] : 0.0f;
     }
     transposed_product(sbuf, sVn, KS, 1.0f, acc, warp, lane);
-    __syncthreads();  // every reader of S (the output) is done
 #pragma unroll
-    for (int i = 0; i < kStateRows; ++i) {
+    for (int i = 0; i < kStateRows; ++i) {  // only this thread reads its rows of S until the next sync
       const int d = warp * kStateRows + i;
       if (d < K) sS[d * kVb + lane] = acc[i];
     }
@@ -370,12 +372,58 @@ __global__ void __launch_bounds__(kRecThreads) recur_kernel(ChunkDev p) {
   store_tile(p.s_out, sS, soff, p, c0);
 }
 
+// O = Qg S₀ + Aqk V_new for one chunk and one 32-column tile (all chunks at once), from the states
+// and V_new that recur stored.
+template <class T>
+__global__ void __launch_bounds__(kRecThreads) output_kernel(ChunkDev p) {
+  const int n = blockIdx.y / p.HV, hv = blockIdx.y % p.HV, cw = blockIdx.x, c0 = blockIdx.z * kVb;
+  const int64_t L = p.len[n], t0 = int64_t(p.c_begin + cw) * kC;
+  if (t0 >= L) return;
+  const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
+  const int KS = p.KS, lane = threadIdx.x % 32, warp = threadIdx.x / 32, j = c0 + lane;
+  extern __shared__ __align__(16) float smem[];
+  float* sS = smem;               // [KS][kVb]
+  float* sQg = sS + KS * kVb;     // [kC][KS]
+  float* sAqk = sQg + kC * KS;    // [kC][kC]
+  float* sVn = sAqk + kC * kC;    // [kC][kVb]
+  const int64_t base = srow(p, n, hv, cw * kC);
+  load_tile(sS, p.Sc, state_slot(p, n, hv, cw), p, c0);
+  load_slab(sQg, p.Qg + base * KS, KS);
+  for (int i = threadIdx.x; i < kC * kC; i += kRecThreads) sAqk[i] = p.Aqk[base * kC + i];
+  for (int i = threadIdx.x; i < kC * kVb; i += kRecThreads) {
+    const int r = i / kVb, jj = i % kVb;
+    sVn[i] = c0 + jj < p.V ? p.U[(base + r) * p.V + c0 + jj] : 0.0f;
+  }
+  __syncthreads();
+  float acc[kRowsPerWarp] = {};
+  rows_by_state(sQg, sS, KS, acc, warp, lane);
+  const int rlast = warp * kRowsPerWarp + kRowsPerWarp - 1;
+  for (int s = 0; s <= rlast; ++s) {  // Aqk is lower triangular with its diagonal
+    const float vn = sVn[s * kVb + lane];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp * kRowsPerWarp + i;
+      if (s <= r) acc[i] += sAqk[r * kC + s] * vn;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int r = warp * kRowsPerWarp + i;
+    if (r < nv && j < p.V) {
+      const int64_t oi = ((p.row0[n] + t0 + r) * p.HV + hv) * p.V + j;
+      if (p.o_f32)
+        static_cast<float*>(p.o)[oi] = acc[i];
+      else
+        static_cast<T*>(p.o)[oi] = from_f32<T>(acc[i]);
+    }
+  }
+}
+
 // The state adjoint through the chunks in reverse (one block per sequence, value head, tile).
 template <class T>
 __global__ void __launch_bounds__(kRecThreads) reverse_kernel(ChunkDev p) {
-  const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV;
-  const int c0 = blockIdx.y * kVb;
-  const int K = p.K, KS = p.KS, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const TileIds t = tile_ids(p);
+  const int n = t.n, hv = t.hv, c0 = t.c0, K = p.K, KS = p.KS, tid = threadIdx.x, lane = t.lane, warp = t.warp;
   const int j = c0 + lane;
   const bool col = j < p.V;
   extern __shared__ __align__(16) float smem[];
@@ -385,14 +433,14 @@ __global__ void __launch_bounds__(kRecThreads) reverse_kernel(ChunkDev p) {
   float* sdO = sAqk + kC * kC;    // [kC][kVb]
   float* sdVn = sdO + kC * kVb;   // [kC][kVb]
   float* sgC = sdVn + kC * kVb;   // [KS]
-  const int64_t soff = (int64_t(n) * p.HV + hv) * K * p.V;
+  const int64_t soff = t.soff;
   load_tile(sdS, p.ds_in, soff, p, c0);
   const auto [L, t_begin, t_end] = span_of(p, n);
   if (t_end > t_begin)
     for (int cw = int((t_end - 1 - t_begin) / kC); cw >= 0; --cw) {
       const int64_t t0 = t_begin + int64_t(cw) * kC;
       const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
-      const int64_t base = srow(p, n, hv, cw * kC);
+        const int64_t base = srow(p, n, hv, cw * kC);
       __syncthreads();  // the previous chunk's update of dS and readers of the buffers are done
       store_tile(p.dSc, sdS, state_slot(p, n, hv, cw), p, c0);
       for (int i = tid; i < kC * kVb; i += kRecThreads) {
@@ -456,6 +504,7 @@ __global__ void __launch_bounds__(kRecThreads) reverse_kernel(ChunkDev p) {
 constexpr int kGradThreads = 256;
 constexpr int kJt = 16, kJs = kJt + 4;  // value columns per staged tile, and the tiles' row stride
 constexpr int kStage = (2 * 128 + 3 * kC) * kJs;  // floats of the staging area
+static_assert(kStage >= kC * 129, "the stage also holds [kC][K+1], [kC][128] and [kC][KS] arrays");
 // The [kC, K] products over V: thread (d = tid % 128, rows rg·32 + i).
 constexpr int kGradRows = kC * 128 / kGradThreads;  // 32
 // The [kC, kC] products over V: thread (s = tid % kC, rows rg·16 + i).
@@ -485,7 +534,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   const int K = p.K, KP = K + 1, KS = p.KS, V = p.V, tid = threadIdx.x;
   constexpr int CP = kC + 1;
   extern __shared__ __align__(16) float smem[];
-  float* stage = smem;               // [kStage] staged tiles, later Kb
+  float* stage = smem;               // [kStage] staged tiles, later e^G ⊙ K, dV_new, dW
   float* sq = stage + kStage;        // [kC][KP] q·s
   float* sk = sq + kC * KP;          // [kC][KP]
   float* sG = sk + kC * KP;          // [kC][KP]
@@ -519,14 +568,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
     sb[r] = r < nv ? (p.delta_write ? p.beta[(r0 + r) * p.HV + hv] : 1.0f) : 0.0f;
     sdb[r] = 0.0f;
   }
-  for (int d = tid; d < K; d += kGradThreads) {
-    double acc = 0.0;
-    for (int r = 0; r < kC; ++r) {
-      if (r < nv && p.decay == 1) acc += p.g[(r0 + r) * p.HV + hv];
-      if (r < nv && p.decay == 2) acc += p.g[((r0 + r) * p.HV + hv) * K + d];
-      sG[r * KP + d] = float(acc);
-    }
-  }
+  load_cumsum(sG, p, r0, nv, hv, kGradThreads);
 
   // Products over V into [kC, K]: dQg, dKd, dW, and dG_C's Σ_j dS ⊙ S₀.
   const int dl = tid % 128, rg = tid / 128;
@@ -684,21 +726,36 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
     __syncthreads();
   }
 
-  // dv: Delta: dVb = Tᵀ dV_new, dv = β dVb, dβ += Σ_j dVb v; Additive: dv = dV_new.
-  for (int i = tid; i < kC * V; i += kGradThreads) {
-    const int r = i / V, jj = i % V;
-    if (r >= nv) continue;
-    float dv;
-    if (p.delta_write) {
-      float dvb = 0.0f;
-      for (int rr = r; rr < kC; ++rr) dvb += sT[rr * CP + r] * dVn[int64_t(rr) * V + jj];
-      dv = sb[r] * dvb;
-      atomicAdd(&sdb[r], dvb * to_f32(v[((r0 + r) * p.HV + hv) * V + jj]));
-    } else {
-      dv = dVn[int64_t(r) * V + jj];
+  // dv: Delta: dVb = Tᵀ dV_new, dv = β dVb, dβ += Σ_j dVb v; Additive: dv = dV_new. dV_new is
+  // staged 128 columns at a time.
+  for (int j0 = 0; j0 < V; j0 += 128) {
+    const int tw = min(128, V - j0);
+    __syncthreads();  // the stage's previous readers are done
+    for (int i = tid; i < kC * tw; i += kGradThreads) {
+      const int r = i / tw, jj = i % tw;
+      stage[r * 128 + jj] = dVn[int64_t(r) * V + j0 + jj];
     }
-    if (p.dv) p.dv[((r0 + r) * p.HV + hv) * V + jj] += dv;
+    __syncthreads();
+    for (int i = tid; i < kC * tw; i += kGradThreads) {
+      const int r = i / tw, jj = i % tw;
+      if (r >= nv) continue;
+      float dv;
+      if (p.delta_write) {
+        float dvb = 0.0f;
+        for (int rr = r; rr < kC; ++rr) dvb += sT[rr * CP + r] * stage[rr * 128 + jj];
+        dv = sb[r] * dvb;
+        atomicAdd(&sdb[r], dvb * to_f32(v[((r0 + r) * p.HV + hv) * V + j0 + jj]));
+      } else {
+        dv = stage[r * 128 + jj];
+      }
+      if (p.dv) p.dv[((r0 + r) * p.HV + hv) * V + j0 + jj] += dv;
+    }
   }
+  // dW into the stage for dKb = Tᵀ dW below.
+  __syncthreads();
+  if (p.delta_write)
+    for (int i = tid; i < kC * KS; i += kGradThreads) stage[i] = dW[i];
+  __syncthreads();
 
   // Per element (r, d), on the threads that hold its dQg and dKd: dq, dk and dG.
   if (dl < K) {
@@ -717,7 +774,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
       glk += kd;
       if (p.delta_write) {  // Kb = β e^G ⊙ k: dKb = Tᵀ dW
         float dkb = 0.0f;
-        for (int rr = r; rr < kC; ++rr) dkb += sT[rr * CP + r] * dW[rr * KS + d];
+        for (int rr = r; rr < kC; ++rr) dkb += sT[rr * CP + r] * stage[rr * KS + d];
         const float dkg = sb[r] * dkb;
         dK += eG * dkg;
         dg += eG * kr * dkg;
@@ -766,8 +823,9 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
     for (int r = tid; r < nv; r += kGradThreads) p.dbeta[(r0 + r) * p.HV + hv] += sdb[r];
 }
 
-size_t prepare_smem(int K) { return sizeof(float) * (3 * kC * (K + 1) + 2 * kC * (kC + 1) + kC); }
-size_t recur_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kC + kC * kVb + KS); }
+size_t prepare_smem(int K) { return sizeof(float) * (kC * K + 2 * kC * (K + 1) + kC * kC + kC); }
+size_t recur_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kVb + KS); }
+size_t output_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kC + kC * kVb); }
 size_t reverse_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kC + 2 * kC * kVb + KS); }
 size_t grads_smem(int K) { return sizeof(float) * (kStage + 3 * kC * (K + 1) + 5 * kC * (kC + 1) + 2 * kC + 128); }
 
@@ -776,8 +834,11 @@ void configure() {
   static const bool done = [] {
     K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(prepare_smem(128))));
+    K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     K3_CUDA_CHECK(cudaFuncSetAttribute(recur_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(recur_smem(128))));
+    K3_CUDA_CHECK(cudaFuncSetAttribute(output_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(output_smem(128))));
     K3_CUDA_CHECK(cudaFuncSetAttribute(reverse_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(reverse_smem(128))));
     K3_CUDA_CHECK(cudaFuncSetAttribute(grads_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -787,16 +848,20 @@ void configure() {
   (void)done;
 }
 
-enum class Step : uint8_t { Prepare, Recur, Reverse, Grads };
+enum class Step : uint8_t { Prepare, Recur, Output, Reverse, Grads };
 
 template <class T>
 void launch(Step step, const ChunkDev& d, int64_t NHV) {
   configure<T>();
-  const dim3 chunks(unsigned(d.c_count), unsigned(NHV)), tiles(unsigned(NHV), unsigned((d.V + kVb - 1) / kVb));
+  const unsigned vtiles = unsigned((d.V + kVb - 1) / kVb);
+  const dim3 chunks(unsigned(d.c_count), unsigned(NHV)), tiles(unsigned(NHV), vtiles);
   cudaStream_t st = device::stream();
   switch (step) {
     case Step::Prepare: prepare_kernel<T><<<chunks, kPrepThreads, prepare_smem(d.K), st>>>(d); break;
     case Step::Recur: recur_kernel<T><<<tiles, kRecThreads, recur_smem(d.KS), st>>>(d); break;
+    case Step::Output:
+      output_kernel<T><<<dim3(unsigned(d.c_count), unsigned(NHV), vtiles), kRecThreads, output_smem(d.KS), st>>>(d);
+      break;
     case Step::Reverse: reverse_kernel<T><<<tiles, kRecThreads, reverse_smem(d.KS), st>>>(d); break;
     case Step::Grads: grads_kernel<T><<<chunks, kGradThreads, grads_smem(d.K), st>>>(d); break;
   }
@@ -810,7 +875,7 @@ void run(Step step, const ChunkDev& d, int64_t NHV, DType io) {
     launch<float>(step, d, NHV);
 }
 
-// The scratch of one window: the forward's slabs, and for the backward the chunk states, their
+// The scratch of one window: the slabs and chunk states, and for the backward the states'
 // adjoints and dV_new.
 struct Scratch {
   device::Buffer W, Qg, Kd, U, Aqk, gC, Sc, dSc, dVn;
@@ -821,9 +886,11 @@ struct Scratch {
     Aqk = f32(rows * kC), gC = f32(NHV * window * d.KS);
     d.W = W.as<float>(), d.Qg = Qg.as<float>(), d.Kd = Kd.as<float>(), d.U = U.as<float>();
     d.Aqk = Aqk.as<float>(), d.gC = gC.as<float>();
+    Sc = f32(NHV * window * d.K * d.V);
+    d.Sc = Sc.as<float>();
     if (backward) {
-      Sc = f32(NHV * window * d.K * d.V), dSc = f32(NHV * window * d.K * d.V), dVn = f32(rows * d.V);
-      d.Sc = Sc.as<float>(), d.dSc = dSc.as<float>(), d.dVn = dVn.as<float>();
+      dSc = f32(NHV * window * d.K * d.V), dVn = f32(rows * d.V);
+      d.dSc = dSc.as<float>(), d.dVn = dVn.as<float>();
     }
   }
 };
@@ -846,8 +913,8 @@ ChunkDev chunk_dev(const cuda::DeviceArgs& a) {
 // Chunks per window: as many as the scratch budget holds (a.window overrides).
 int64_t window_of(const cuda::DeviceArgs& a, const ChunkDev& d, int64_t chunks, bool backward) {
   const int64_t NHV = a.N * a.HV;
-  int64_t per_chunk = kC * (3 * d.KS + a.V + kC) + d.KS;
-  if (backward) per_chunk += 2 * a.K * a.V + kC * a.V;
+  int64_t per_chunk = kC * (3 * d.KS + a.V + kC) + d.KS + a.K * a.V;
+  if (backward) per_chunk += a.K * a.V + kC * a.V;
   per_chunk *= int64_t(sizeof(float)) * NHV;
   return std::clamp<int64_t>(a.window > 0 ? a.window : kScratchBudget / per_chunk, 1, chunks);
 }
@@ -863,6 +930,7 @@ void chunked_forward(const DeviceArgs& a) {
   const int64_t NHV = a.N * a.HV;
   if (NHV == 0) return;
   d.o = a.o;
+  d.store_vn = 1;
   const int64_t chunks = (a.max_len + kC - 1) / kC, window = window_of(a, d, chunks, false);
   Scratch scratch(d, NHV, window, false);
   // The state between windows: ht when the caller wants it (it may alias h0: each block reads its
@@ -880,6 +948,7 @@ void chunked_forward(const DeviceArgs& a) {
     d.s_out = state;
     run(Step::Prepare, d, NHV, a.io);
     run(Step::Recur, d, NHV, a.io);
+    run(Step::Output, d, NHV, a.io);
   }
   // The scratch returns to the allocator's cache; later work on the same stream cannot overlap.
 }
