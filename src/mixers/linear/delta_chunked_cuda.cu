@@ -63,6 +63,7 @@ struct ChunkDev {
   int KS;                // K rounded up to 4 (row stride of the K-wide scratch)
   // Scratch, per (sequence, value head): c_count·kC rows.
   float *W, *U, *Qg, *Kd, *Aqk, *gC;
+  float* TA;     // [NHV, c_count·kC, kC] T (lower, unit diagonal) and Ā transposed above it, or null
   float* Sc;     // [NHV, c_count, K, V] state entering each chunk, or null (forward only)
   int store_vn;  // recur writes V_new over U (the backward reads it)
   // Backward.
@@ -160,7 +161,10 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
       }
     }
     Aqk[int64_t(r) * kC + s] = qk;
-    if (s < r) sT[s * kC + r] = sb[r] * kk;  // A[r][s], stored transposed (upper triangle)
+    if (s < r) {
+      sT[s * kC + r] = sb[r] * kk;  // A[r][s], stored transposed (upper triangle)
+      if (p.TA) p.TA[base * kC + s * kC + r] = kk;  // Ā[r][s] for the backward, likewise
+    }
   }
   __syncthreads();
 
@@ -203,6 +207,9 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
     }
     __syncthreads();
   }
+  if (p.TA)
+    for (int i = tid; i < kC * kC; i += kPrepThreads)
+      if (i % kC <= i / kC) p.TA[base * kC + i] = sT[i];
   // sq ← β e^G ⊙ k (the right-hand side of W).
   for (int i = tid; i < kC * K; i += kPrepThreads) {
     const int r = i / K, d = i % K;
@@ -501,14 +508,14 @@ __global__ void __launch_bounds__(kRecThreads) reverse_kernel(ChunkDev p) {
   store_tile(p.ds_out, sdS, soff, p, c0);
 }
 
-constexpr int kGradThreads = 256;
+constexpr int kGradThreads = 512;  // 16 warps: the kernel is latency-bound, one block per SM (shared memory)
 constexpr int kJt = 16, kJs = kJt + 4;  // value columns per staged tile, and the tiles' row stride
 constexpr int kStage = (2 * 128 + 3 * kC) * kJs;  // floats of the staging area
 static_assert(kStage >= kC * 129, "the stage also holds [kC][K+1], [kC][128] and [kC][KS] arrays");
-// The [kC, K] products over V: thread (d = tid % 128, rows rg·32 + i).
-constexpr int kGradRows = kC * 128 / kGradThreads;  // 32
-// The [kC, kC] products over V: thread (s = tid % kC, rows rg·16 + i).
-constexpr int kPairRows = kC * kC / kGradThreads;  // 16
+// The [kC, K] products over V: thread (d = tid % 128, rows rg·kGradRows + i).
+constexpr int kGradRows = kC * 128 / kGradThreads;  // 16
+// The [kC, kC] products over V: thread (s = tid % kC, rows rq·kPairRows + i).
+constexpr int kPairRows = kC * kC / kGradThreads;  // 8
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
@@ -542,7 +549,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   float* sT = sAb + kC * CP;         // [kC][CP]
   float* sdAq = sT + kC * CP;        // [kC][CP] dAqk
   float* sdA = sdAq + kC * CP;       // [kC][CP] dT, then dĀ
-  float* sTmp = sdA + kC * CP;       // [kC][CP] A, then Tᵀ dT
+  float* sTmp = sdA + kC * CP;       // [kC][CP] Tᵀ dT
   float* sb = sTmp + kC * CP;        // [kC] β
   float* sdb = sb + kC;              // [kC] dβ
   float* sdGl = sdb + kC;            // [128] dG_C
@@ -662,28 +669,17 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   }
   __syncthreads();
 
-  // Ā, and A = diag(β) Ā for T.
-  for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
-    const int r = idx / kC, s = idx % kC;
-    float ab = 0.0f;
-    if (s < r && p.delta_write)
-      for (int d = 0; d < K; ++d) ab += sk[r * KP + d] * sk[s * KP + d] * __expf(sG[r * KP + d] - sG[s * KP + d]);
-    sAb[r * CP + s] = ab;
-    sTmp[r * CP + s] = sb[r] * ab;
-  }
-  __syncthreads();
-
   if (p.delta_write) {
-    // T = (I + A)⁻¹.
-    for (int r = 0; r < kC; ++r) {
-      for (int cc = tid; cc < kC; cc += kGradThreads) {
-        float t = cc == r ? 1.0f : 0.0f;
-        if (cc < r)
-          for (int s = cc; s < r; ++s) t -= sTmp[r * CP + s] * sT[s * CP + cc];
-        sT[r * CP + cc] = t;
-      }
-      __syncthreads();
+    // T and Ā as prepare left them (only their lower triangles are read below).
+    for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
+      const int i = idx / kC, jc = idx % kC;
+      const float val = p.TA[base * kC + idx];
+      if (jc <= i)
+        sT[i * CP + jc] = val;
+      else
+        sAb[jc * CP + i] = val;
     }
+    __syncthreads();
     // dT = diag-scaled (dV_new Vᵀ + dW (e^G ⊙ K)ᵀ) · β_s, with e^G ⊙ K staged.
     float* sKg = stage;  // [kC][KP]
     for (int i = tid; i < kC * K; i += kGradThreads) {
@@ -744,7 +740,13 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
         float dvb = 0.0f;
         for (int rr = r; rr < kC; ++rr) dvb += sT[rr * CP + r] * stage[rr * 128 + jj];
         dv = sb[r] * dvb;
-        atomicAdd(&sdb[r], dvb * to_f32(v[((r0 + r) * p.HV + hv) * V + j0 + jj]));
+        const float part = dvb * to_f32(v[((r0 + r) * p.HV + hv) * V + j0 + jj]);
+        if (tw % 32 == 0) {  // the warp shares r: one atomic per warp
+          const float sum = device::warp_sum(part);
+          if (tid % 32 == 0) atomicAdd(&sdb[r], sum);
+        } else {
+          atomicAdd(&sdb[r], part);
+        }
       } else {
         dv = stage[r * 128 + jj];
       }
@@ -778,22 +780,30 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
         const float dkg = sb[r] * dkb;
         dK += eG * dkg;
         dg += eG * kr * dkg;
-        atomicAdd(&sdb[r], dkb * eG * kr);
+        const float part = dkb * eG * kr;
+        if (K % 32 == 0) {  // the warp shares r and is whole: one atomic per warp
+          const float sum = device::warp_sum(part);
+          if (tid % 32 == 0) atomicAdd(&sdb[r], sum);
+        } else {
+          atomicAdd(&sdb[r], part);
+        }
       }
       // The decayed grams: Aqk (x = q, y = k, with the diagonal) and Ā (x = y = k, strictly lower).
-      float rowQ = 0.0f, rowK = 0.0f;
-      for (int s = 0; s <= r; ++s) {
-        const float e = sk[s * KP + d] * __expf(Gr - sG[s * KP + d]);
-        rowQ += sdAq[r * CP + s] * e;
-        if (s < r) rowK += sdA[r * CP + s] * e;
+      float rowQ = sdAq[r * CP + r] * kr, rowK = 0.0f, col = sdAq[r * CP + r] * qr;  // s = r: e = 1
+      if (p.delta_write) {
+        for (int s = 0; s < r; ++s) {
+          const float e = sk[s * KP + d] * __expf(Gr - sG[s * KP + d]);
+          rowQ += sdAq[r * CP + s] * e;
+          rowK += sdA[r * CP + s] * e;
+        }
+        for (int rr = r + 1; rr < kC; ++rr) {
+          const float e = __expf(sG[rr * KP + d] - Gr);
+          col += e * (sdAq[rr * CP + r] * sq[rr * KP + d] + sdA[rr * CP + r] * sk[rr * KP + d]);
+        }
+      } else {  // Additive: no Ā (sdA holds something else)
+        for (int s = 0; s < r; ++s) rowQ += sdAq[r * CP + s] * sk[s * KP + d] * __expf(Gr - sG[s * KP + d]);
+        for (int rr = r + 1; rr < kC; ++rr) col += sdAq[rr * CP + r] * sq[rr * KP + d] * __expf(sG[rr * KP + d] - Gr);
       }
-      float col = 0.0f;
-      for (int rr = r; rr < kC; ++rr) {
-        const float e = __expf(sG[rr * KP + d] - Gr);
-        col += sdAq[rr * CP + r] * e * sq[rr * KP + d];
-        if (rr > r && p.delta_write) col += sdA[rr * CP + r] * e * sk[rr * KP + d];
-      }
-      if (!p.delta_write) rowK = 0.0f;  // Additive: no Ā (sdA holds something else)
       dQs += rowQ;
       dK += rowK + col;
       dg += qr * rowQ + kr * rowK - kr * col;
@@ -878,7 +888,7 @@ void run(Step step, const ChunkDev& d, int64_t NHV, DType io) {
 // The scratch of one window: the slabs and chunk states, and for the backward the states'
 // adjoints and dV_new.
 struct Scratch {
-  device::Buffer W, Qg, Kd, U, Aqk, gC, Sc, dSc, dVn;
+  device::Buffer W, Qg, Kd, U, Aqk, gC, Sc, dSc, dVn, TA;
   Scratch(ChunkDev& d, int64_t NHV, int64_t window, bool backward) {
     const int64_t rows = NHV * window * kC;
     auto f32 = [](int64_t n) { return device::Buffer(size_t(n) * sizeof(float)); };
@@ -889,8 +899,8 @@ struct Scratch {
     Sc = f32(NHV * window * d.K * d.V);
     d.Sc = Sc.as<float>();
     if (backward) {
-      dSc = f32(NHV * window * d.K * d.V), dVn = f32(rows * d.V);
-      d.dSc = dSc.as<float>(), d.dVn = dVn.as<float>();
+      dSc = f32(NHV * window * d.K * d.V), dVn = f32(rows * d.V), TA = f32(rows * kC);
+      d.dSc = dSc.as<float>(), d.dVn = dVn.as<float>(), d.TA = TA.as<float>();
     }
   }
 };
@@ -914,7 +924,7 @@ ChunkDev chunk_dev(const cuda::DeviceArgs& a) {
 int64_t window_of(const cuda::DeviceArgs& a, const ChunkDev& d, int64_t chunks, bool backward) {
   const int64_t NHV = a.N * a.HV;
   int64_t per_chunk = kC * (3 * d.KS + a.V + kC) + d.KS + a.K * a.V;
-  if (backward) per_chunk += a.K * a.V + kC * a.V;
+  if (backward) per_chunk += a.K * a.V + kC * (a.V + kC);
   per_chunk *= int64_t(sizeof(float)) * NHV;
   return std::clamp<int64_t>(a.window > 0 ? a.window : kScratchBudget / per_chunk, 1, chunks);
 }
@@ -966,7 +976,7 @@ void chunked_backward(const DeviceArgs& a, const DeviceGrads& g) {
   device::Buffer starts(state_bytes * size_t(std::max<int64_t>(windows - 1, 0)));
   auto start_of = [&](int64_t w) { return w == 0 ? a.h0 : starts.as<float>() + (w - 1) * NHV * a.K * a.V; };
   ChunkDev f = d;
-  f.Sc = nullptr, f.dSc = nullptr, f.dVn = nullptr;
+  f.Sc = nullptr, f.dSc = nullptr, f.dVn = nullptr, f.TA = nullptr;
   for (int64_t w = 0; w + 1 < windows; ++w) {
     f.c_begin = int(w * window), f.c_count = int(window);
     f.s_in = start_of(w), f.s_out = starts.as<float>() + w * NHV * a.K * a.V;
