@@ -116,8 +116,14 @@ MoE::MoE(const MoeOptions& options) : opts(options) {
   acc_load_.assign(static_cast<size_t>(E), 0);
 }
 
-std::vector<int64_t> MoE::route(const Tensor& scores) const {
-  const int64_t M = scores.dim(0), E = opts.n_experts;
+std::vector<int64_t> MoE::route(const Tensor& device_scores) const {
+  const int64_t M = device_scores.dim(0), E = opts.n_experts;
+#if defined(K3_HAS_CUDA)
+  if (device_scores.device() == Device::CUDA && fixed_.empty())  // selection on the GPU, ids back
+    return gpu::select_experts(device_scores, router_bias ? router_bias->value : Tensor(), opts.top_k, opts.n_group,
+                               opts.topk_group);
+#endif
+  const Tensor scores = device_scores.to_device(Device::CPU);
   if (!fixed_.empty()) {
     if (static_cast<int64_t>(fixed_.size()) != M * opts.top_k)
       throw error("moe", "fixed routing has ", fixed_.size(), " indices for ", M, " tokens × top-", opts.top_k);
@@ -144,9 +150,8 @@ Var MoE::forward(const Var& x) const {
   // Router in fp32 on the full-width x (§8.1 step 1, §8.2 step 1).
   Var logits = router(x);  // [M, E]
   Var scores = opts.score == ScoreFunction::Sigmoid ? ag::sigmoid(logits) : ag::softmax_last(logits);  // [M, E]
-  // Selection runs on the host (scores copied back when the model runs on CUDA): it yields the
-  // index lists that dispatch needs there anyway.
-  std::vector<int64_t> idx = route(scores->value.to_device(Device::CPU));  // [M·K]
+  // Selection runs where the scores are; the ids come to the host, which builds the dispatch lists.
+  std::vector<int64_t> idx = route(scores->value);  // [M·K]
 
   const Tensor offset = opts.combine == CombineWeights::Biased && router_bias ? router_bias->value : Tensor();
   Var w = ag::gather_cols(scores, idx, K, offset);  // [M, K]

@@ -19,4 +19,9 @@ namespace k3::gpu {
 Tensor moe_routed(const Tensor& xr, const ag::Dispatch& d, const Tensor& w, const std::vector<GluMlp>& experts,
                   int64_t M);
 
+// moe.h's select_experts on device scores [M, E] (plus the selection bias [E] when defined): the
+// [M·K] expert ids, in the host function's order, computed on the GPU (moe_route_cuda.cu).
+std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, int64_t K, int64_t n_group,
+                                    int64_t topk_group);
+
 }  // namespace k3::gpu

@@ -1,6 +1,7 @@
 // The MoE on CUDA (routed experts in one pass, moe_cuda.h) against the CPU MoE: plain SiLU and
 // latent SiTU configurations, fp32 and bf16 expert weights, with many tokens per expert (prefill)
-// and one token (decode), and experts that receive no token.
+// and one token (decode), and experts that receive no token. The device's expert selection
+// against the host's select_experts on scores made to break it (ties, NaN, −inf, groups).
 #include "ffn/moe.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 
 #include "core/device.h"
 #include "core/random.h"
+#include "ffn/moe_cuda.h"
 
 namespace k3 {
 namespace {
@@ -77,6 +79,39 @@ TEST(MoeCuda, RoutedExpertsInOnePassMatchTheCpu) {
         EXPECT_LT(rel(got, ref), wt == DType::F32 ? 1e-5 : 1e-2);
         EXPECT_EQ(m.rows_processed(), m.last_routing().load);
       }
+}
+
+// Device top-k selection = host select_experts, id for id and in order: plain and grouped routing
+// (DeepSeek's 8 groups of 32 keep 4; Kimi K3's 896 experts in one group), a selection bias, scores
+// quantised so that ties are common, NaN and −inf scores, and a group of NaNs.
+TEST(MoeCuda, DeviceSelectionMatchesTheHost) {
+  if (device::cuda_device_count() == 0) GTEST_FAIL() << "no CUDA device";
+  struct Case {
+    int64_t E, K, n_group, topk_group;
+    bool bias;
+  };
+  const Case cases[] = {{8, 2, 1, 1, false}, {16, 4, 1, 1, true}, {256, 8, 8, 4, true},
+                        {64, 6, 4, 2, false}, {896, 8, 1, 1, true}, {32, 4, 32, 4, false}};
+  Rng rng(5);
+  for (const Case& c : cases) {
+    const int64_t M = 67;
+    Tensor scores = Tensor::empty({M, c.E}), bias = Tensor::empty({c.E});
+    for (int64_t i = 0; i < scores.numel(); ++i) scores.f32()[i] = std::round(rng.uniform() * 8.0f) / 8.0f;  // ties
+    for (int64_t e = 0; e < c.E; ++e) bias.f32()[e] = std::round((rng.uniform() - 0.5f) * 4.0f) / 8.0f;
+    scores.f32()[3] = NAN;
+    scores.f32()[c.E + 1] = -INFINITY;
+    for (int64_t e = 0; e < std::min<int64_t>(c.E, c.E / c.n_group); ++e) scores.f32()[2 * c.E + e] = NAN;  // group 0
+    for (int64_t e = 0; e < c.E; ++e) scores.f32()[3 * c.E + e] = 0.5f;  // all tied
+    std::vector<float> choice(size_t(M * c.E));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t e = 0; e < c.E; ++e)
+        choice[size_t(m * c.E + e)] = scores.f32()[m * c.E + e] + (c.bias ? bias.f32()[e] : 0.0f);
+    const std::vector<int64_t> want = select_experts(choice.data(), M, c.E, c.K, c.n_group, c.topk_group);
+    const std::vector<int64_t> got =
+        gpu::select_experts(scores.to_device(Device::CUDA), c.bias ? bias.to_device(Device::CUDA) : Tensor(), c.K,
+                            c.n_group, c.topk_group);
+    EXPECT_EQ(got, want) << "E " << c.E << " K " << c.K << " groups " << c.n_group << "/" << c.topk_group;
+  }
 }
 
 }  // namespace k3

@@ -1,0 +1,120 @@
+// Grouped top-k expert selection on the device (moe.h's select_experts, the same rule): one block
+// per token. The choice scores (scores + bias) sit in shared memory; with groups, each group's
+// score is the sum of its two best choices and the best topk_group groups stay; then k rounds of
+// a block-wide argmax pick the experts in the host's order: higher score first, ties to the lower
+// index, NaN as −inf. Only the [M, K] ids go back to the host (not the [M, E] scores).
+#include <cmath>
+
+#include "core/cuda_util.cuh"
+#include "core/device.h"
+#include "ffn/moe_cuda.h"
+
+namespace k3::gpu {
+namespace {
+
+constexpr int kThreads = 128;
+
+__device__ __forceinline__ float key(float f) { return isnan(f) ? -INFINITY : f; }
+// (score a, index ia) before (score b, index ib)?
+__device__ __forceinline__ bool before(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
+
+// The best (key, index) of the block; every thread gets it. idx −1 when no thread had one.
+__device__ void block_best(float& v, int& i, float* sv, int* si) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+    if (i2 >= 0 && (i < 0 || before(v2, i2, v, i))) v = v2, i = i2;
+  }
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();  // the previous round's readers of sv / si are done
+  if (threadIdx.x % 32 == 0) sv[warp] = v, si[warp] = i;
+  __syncthreads();
+  v = -INFINITY, i = -1;
+  for (int w = 0; w < warps; ++w)
+    if (si[w] >= 0 && (i < 0 || before(sv[w], si[w], v, i))) v = sv[w], i = si[w];
+}
+
+__global__ void __launch_bounds__(kThreads) select_kernel(const float* scores, const float* bias, int E, int K,
+                                                         int n_group, int topk_group, int64_t* out) {
+  extern __shared__ float smem[];
+  float* c = smem;                                        // [E] choice scores (NaN kept, as the host sees them)
+  unsigned char* taken = reinterpret_cast<unsigned char*>(c + E);  // [E] 1: not a candidate (any more)
+  __shared__ float sv[kThreads / 32];
+  __shared__ int si[kThreads / 32];
+  __shared__ float gscore[64];
+  __shared__ unsigned char gsel[64];
+  const int64_t m = blockIdx.x;
+  const bool grouped = n_group > 1 && topk_group < n_group;
+  const int gsize = E / n_group;
+  for (int e = threadIdx.x; e < E; e += kThreads) {
+    c[e] = scores[m * E + e] + (bias ? bias[e] : 0.0f);
+    taken[e] = grouped ? 1 : 0;
+  }
+  __syncthreads();
+  if (grouped) {
+    for (int g = threadIdx.x; g < n_group; g += kThreads) {  // as the host: NaN never enters a group score
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int j = g * gsize; j < (g + 1) * gsize; ++j) {
+        if (c[j] > b1) {
+          b2 = b1;
+          b1 = c[j];
+        } else if (c[j] > b2) {
+          b2 = c[j];
+        }
+      }
+      gscore[g] = gsize > 1 ? b1 + b2 : b1;
+      gsel[g] = 0;
+    }
+    __syncthreads();
+    for (int round = 0; round < topk_group; ++round) {
+      float v = -INFINITY;
+      int i = -1;
+      for (int g = threadIdx.x; g < n_group; g += kThreads)
+        if (!gsel[g] && (i < 0 || before(key(gscore[g]), g, v, i))) v = key(gscore[g]), i = g;
+      block_best(v, i, sv, si);
+      __syncthreads();
+      if (threadIdx.x == 0) gsel[i] = 1;
+      for (int j = i * gsize + int(threadIdx.x); j < (i + 1) * gsize; j += kThreads) taken[j] = 0;
+      __syncthreads();
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    float v = -INFINITY;
+    int i = -1;
+    for (int e = threadIdx.x; e < E; e += kThreads)
+      if (!taken[e] && (i < 0 || before(key(c[e]), e, v, i))) v = key(c[e]), i = e;
+    block_best(v, i, sv, si);
+    if (threadIdx.x == 0) {
+      out[m * K + k] = i;
+      if (i >= 0) taken[i] = 1;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, int64_t K, int64_t n_group,
+                                    int64_t topk_group) {
+  K3_CHECK(scores.device() == Device::CUDA && scores.ndim() == 2 && scores.is_contiguous() &&
+               scores.dtype() == DType::F32,
+           "moe: routing scores ", scores.describe(), " are not a contiguous fp32 [tokens, experts] device tensor");
+  const int64_t M = scores.dim(0), E = scores.dim(1);
+  K3_CHECK(!bias.defined() || (bias.device() == Device::CUDA && bias.numel() == E && bias.dtype() == DType::F32),
+           "moe: selection bias ", bias.describe(), " does not fit ", E, " experts on the device");
+  K3_CHECK(K >= 1 && n_group >= 1 && E % n_group == 0 && n_group <= 64 && topk_group >= 1 && topk_group <= n_group &&
+               K <= (n_group > 1 && topk_group < n_group ? topk_group * (E / n_group) : E),
+           "moe: cannot pick ", K, " of ", E, " experts in ", topk_group, " of ", n_group, " groups on the device");
+  std::vector<int64_t> out(size_t(M * K));
+  if (M == 0) return out;
+  device::Buffer d_out(out.size() * sizeof(int64_t));
+  const size_t smem = size_t(E) * (sizeof(float) + 1);
+  select_kernel<<<unsigned(M), kThreads, smem, device::stream()>>>(scores.cuda_f32(), bias.defined() ? bias.cuda_f32() : nullptr,
+                                                                   int(E), int(K), int(n_group), int(topk_group),
+                                                                   d_out.as<int64_t>());
+  K3_CUDA_LAUNCHED();
+  device::download(out.data(), d_out.get(), out.size() * sizeof(int64_t));
+  return out;
+}
+
+}  // namespace k3::gpu
