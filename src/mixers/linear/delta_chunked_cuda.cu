@@ -9,7 +9,7 @@
 //    T = (I + diag(β) Ā)⁻¹ by forward substitution; then to global scratch
 //      W = T diag(β) (e^G ⊙ K), U = T diag(β) V (Additive: U = V), Aqk,
 //      Qg = e^G ⊙ (s Q), Kd = e^{G_C − G} ⊙ K, and e^{G_C}.
-// 2. `recur` — one block per (sequence, value head, tile of kVb value columns) walks the chunks in
+// 2. `recur` — one block per (sequence, value head, tile of kVb = 16 value columns) walks the chunks in
 //    order with its state slice S [K, kVb] in shared memory, storing each chunk's entering S₀ and
 //      V_new = U − W S₀,  then S ← diag(e^{G_C}) S₀ + Kdᵀ V_new;
 // 3. `output` — one block per (chunk, sequence, value head, tile), all at once: O = Qg S₀ + Aqk V_new.
@@ -42,9 +42,11 @@ using device::to_f32;
 
 constexpr int kC = 64;           // chunk length
 constexpr int kPrepThreads = 256;
-constexpr int kVb = 32;          // value columns per recurrence block (one per lane)
+constexpr int kVb = 16;          // value columns per recurrence block: 16 blocks per head at V 128 (SMs stay busy)
 constexpr int kRecWarps = 8, kRecThreads = kRecWarps * 32;
-constexpr int kRowsPerWarp = kC / kRecWarps;  // output rows per warp in the recurrence
+// In the per-tile kernels thread t owns column t % kVb ("lane") of row group t / kVb ("warp").
+constexpr int kGroups = kRecThreads / kVb;
+constexpr int kRowsPerWarp = kC / kGroups;  // chunk rows per row group
 constexpr int64_t kScratchBudget = int64_t(1) << 30;  // bytes of scratch per window
 
 struct ChunkDev {
@@ -263,9 +265,9 @@ __device__ __forceinline__ void rows_by_state(const float* X, const float* S, in
   }
 }
 
-// State rows per warp in the [K, kVb] updates: d = warp·16 + i.
-constexpr int kStateRows = 16;
-static_assert(kStateRows * kRecWarps >= 128, "the state updates cover K = 128");
+// State rows per row group in the [K, kVb] updates: d = warp·kStateRows + i.
+constexpr int kStateRows = 128 / kGroups;
+static_assert(kStateRows * kGroups >= 128 && kStateRows % 4 == 0, "the state updates cover K = 128");
 
 // acc[i] += sign · Σ_r X[r][d_i] Y[r][lane] for the warp's state rows d_i (X [kC][KS], Y [kC][kVb]).
 __device__ __forceinline__ void transposed_product(const float* X, const float* Y, int KS, float sign,
@@ -317,7 +319,7 @@ struct TileIds {
 };
 __device__ __forceinline__ TileIds tile_ids(const ChunkDev& p) {
   const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV;
-  return {n, hv, int(blockIdx.y) * kVb, int(threadIdx.x) % 32, int(threadIdx.x) / 32,
+  return {n, hv, int(blockIdx.y) * kVb, int(threadIdx.x) % kVb, int(threadIdx.x) / kVb,
           (int64_t(n) * p.HV + hv) * p.K * p.V};
 }
 
@@ -379,7 +381,7 @@ __global__ void __launch_bounds__(kRecThreads) recur_kernel(ChunkDev p) {
   store_tile(p.s_out, sS, soff, p, c0);
 }
 
-// O = Qg S₀ + Aqk V_new for one chunk and one 32-column tile (all chunks at once), from the states
+// O = Qg S₀ + Aqk V_new for one chunk and one 16-column tile (all chunks at once), from the states
 // and V_new that recur stored.
 template <class T>
 __global__ void __launch_bounds__(kRecThreads) output_kernel(ChunkDev p) {
@@ -387,7 +389,7 @@ __global__ void __launch_bounds__(kRecThreads) output_kernel(ChunkDev p) {
   const int64_t L = p.len[n], t0 = int64_t(p.c_begin + cw) * kC;
   if (t0 >= L) return;
   const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
-  const int KS = p.KS, lane = threadIdx.x % 32, warp = threadIdx.x / 32, j = c0 + lane;
+  const int KS = p.KS, lane = threadIdx.x % kVb, warp = threadIdx.x / kVb, j = c0 + lane;
   extern __shared__ __align__(16) float smem[];
   float* sS = smem;               // [KS][kVb]
   float* sQg = sS + KS * kVb;     // [kC][KS]
