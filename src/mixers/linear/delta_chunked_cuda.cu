@@ -47,6 +47,7 @@ constexpr int kRecWarps = 8, kRecThreads = kRecWarps * 32;
 // In the per-tile kernels thread t owns column t % kVb ("lane") of row group t / kVb ("warp").
 constexpr int kGroups = kRecThreads / kVb;
 constexpr int kRowsPerWarp = kC / kGroups;  // chunk rows per row group
+constexpr double kLog2e = 1.4426950408889634;
 constexpr int64_t kScratchBudget = int64_t(1) << 30;  // bytes of scratch per window
 
 struct ChunkDev {
@@ -89,8 +90,9 @@ __device__ __forceinline__ int64_t srow(const ChunkDev& p, int n, int hv, int t)
 
 // G [kC][K+1] = the cumulative log-decays of the chunk's rows (0 past nv): the gates are loaded
 // by the whole block at once, then each channel is summed in double (differences of large sums
-// keep their digits). Ends with __syncthreads.
-__device__ __forceinline__ void load_cumsum(float* G, const ChunkDev& p, int64_t r0, int nv, int hv, int threads) {
+// keep their digits), scaled by `unit` (log₂ e for log₂ units). Ends with __syncthreads.
+__device__ __forceinline__ void load_cumsum(float* G, const ChunkDev& p, int64_t r0, int nv, int hv, int threads,
+                                            double unit = 1.0) {
   const int K = p.K, KP = K + 1;
   for (int i = threadIdx.x; i < kC * K; i += threads) {
     const int r = i / K, d = i % K;
@@ -104,10 +106,194 @@ __device__ __forceinline__ void load_cumsum(float* G, const ChunkDev& p, int64_t
     double acc = 0.0;
     for (int r = 0; r < kC; ++r) {
       acc += G[r * KP + d];
-      G[r * KP + d] = float(acc);
+      G[r * KP + d] = float(acc * unit);
     }
   }
   __syncthreads();
+}
+
+// 2^x on the special-function unit (relative error ~2⁻²², results below 2⁻¹²⁶ flushed to zero).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The grams of one 4 × 4 tile (rows r0.., columns s0..) over every fourth channel from `d0`:
+// kk[i][j] = Σ k_r k_s 2^{G_r − G_s}, qk likewise with q_r. G is in log₂ units and non-increasing
+// along the chunk, so every exponent is ≤ 0: on the diagonal tile each pair's own (r ≥ s), off it
+// both factors of 2^{G_r − G_ref} · 2^{G_ref − G_s} with G_ref the tile's last column.
+__device__ __forceinline__ void gram_tile(const float* sq, int ldq, const float* sk, const float* sG, int KP, int K,
+                                          int r0, int s0, int d0, float (&kk)[4][4], float (&qk)[4][4]) {
+  for (int d = d0; d < K; d += 4) {
+    float kr[4], qr[4], gr[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      kr[i] = sk[(r0 + i) * KP + d];
+      qr[i] = sq[(r0 + i) * ldq + d];
+      gr[i] = sG[(r0 + i) * KP + d];
+    }
+    if (r0 == s0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j <= i; ++j) {
+          const float e = kr[j] * ex2(gr[i] - gr[j]);
+          kk[i][j] = fmaf(kr[i], e, kk[i][j]);
+          qk[i][j] = fmaf(qr[i], e, qk[i][j]);
+        }
+    } else {
+      float ks[4], gs[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        ks[j] = sk[(s0 + j) * KP + d];
+        gs[j] = sG[(s0 + j) * KP + d];
+      }
+#pragma unroll
+      for (int j = 0; j < 3; ++j) ks[j] *= ex2(gs[3] - gs[j]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float e = ex2(gr[i] - gs[3]), a = kr[i] * e, b = qr[i] * e;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          kk[i][j] = fmaf(a, ks[j], kk[i][j]);
+          qk[i][j] = fmaf(b, ks[j], qk[i][j]);
+        }
+      }
+    }
+  }
+}
+
+// Sums a 4 × 4 tile over the four lanes of a group (lanes 4m..4m+3, `mask` = theirs); lane `quarter`
+// ends with row `quarter` in out[0..3]. Halves are exchanged so each value crosses two shuffles.
+__device__ __forceinline__ void reduce_rows(const float (&x)[4][4], int quarter, unsigned mask, float (&out)[4]) {
+  const bool b0 = quarter & 1, b1 = quarter & 2;
+  float y[2][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float send = b0 ? x[2 * m][j] : x[2 * m + 1][j];
+      y[m][j] = (b0 ? x[2 * m + 1][j] : x[2 * m][j]) + __shfl_xor_sync(mask, send, 1);
+    }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float send = b1 ? y[0][j] : y[1][j];
+    out[j] = (b1 ? y[1][j] : y[0][j]) + __shfl_xor_sync(mask, send, 2);
+  }
+}
+
+// acc[h][i][·] += Σ_s T[r][s] X[s][4c..4c+3] for the rows r = 4·rt_h + i of two 4-row tiles: T unit
+// lower triangular in sT (row-major, kC wide, other entries ignored), X [kC][ldx] in shared memory.
+__device__ __forceinline__ void lower_times(const float* sT, const float* X, int ldx, int rt, int c,
+                                            float (&acc)[4][4]) {
+  const int r0 = rt * 4;
+  for (int s0 = 0; s0 < r0; s0 += 4) {
+    float4 x[4], t[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x[e] = *reinterpret_cast<const float4*>(X + (s0 + e) * ldx + 4 * c);
+      t[e] = *reinterpret_cast<const float4*>(sT + (r0 + e) * kC + s0);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float ti[4] = {t[i].x, t[i].y, t[i].z, t[i].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[i][0] = fmaf(ti[e], x[e].x, acc[i][0]);
+        acc[i][1] = fmaf(ti[e], x[e].y, acc[i][1]);
+        acc[i][2] = fmaf(ti[e], x[e].z, acc[i][2]);
+        acc[i][3] = fmaf(ti[e], x[e].w, acc[i][3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {  // the diagonal block: T[r][s] for s ≤ r only
+    const float4 x = *reinterpret_cast<const float4*>(X + (r0 + e) * ldx + 4 * c);
+#pragma unroll
+    for (int i = e; i < 4; ++i) {
+      const float t = i == e ? 1.0f : sT[(r0 + i) * kC + r0 + e];
+      acc[i][0] = fmaf(t, x.x, acc[i][0]);
+      acc[i][1] = fmaf(t, x.y, acc[i][1]);
+      acc[i][2] = fmaf(t, x.z, acc[i][2]);
+      acc[i][3] = fmaf(t, x.w, acc[i][3]);
+    }
+  }
+}
+
+// Y = T X for the chunk: thread → (row-tile pair w, 15 − w: every pair sums 68 rows of T; column
+// quad c). Row r, columns 4c.. (those below `cols`) go to store(r, col, value).
+template <class Store>
+__device__ __forceinline__ void lower_product(const float* sT, const float* X, int ldx, int cols, Store store) {
+  const int quads = (cols + 3) / 4;
+  for (int item = threadIdx.x; item < (kC / 8) * quads; item += kPrepThreads) {
+    const int w = item / quads, c = item % quads;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rt = h ? kC / 4 - 1 - w : w;
+      float acc[4][4] = {};
+      lower_times(sT, X, ldx, rt, c, acc);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) store(rt * 4 + i, 4 * c, acc[i]);
+    }
+  }
+}
+
+// T = (I + A)⁻¹ in place, A strictly lower triangular, stored transposed above the diagonal of sT
+// (A[r][s] at sT[s][r]); T goes below it with its unit diagonal, never touching A. Blocked: warp b
+// inverts diagonal block b (16 rows) by forward substitution, then the blocks below the diagonal
+// follow by their distance to it, T_ij = −T_ii Σ_{k=j}^{i−1} A_ik T_kj. Ends with __syncthreads.
+__device__ __forceinline__ void invert_unit_lower(float* sT) {
+  constexpr int B = 16, NB = kC / B;
+  static_assert(kPrepThreads == B * B && NB <= 4, "one thread per entry of a 16 × 16 block");
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (warp < NB) {
+    const int o = warp * B;
+    for (int rr = 0; rr < B; ++rr) {
+      const int r = o + rr;
+      if (lane <= rr) {
+        float t = 1.0f;
+        if (lane < rr) {
+          t = 0.0f;
+          for (int s = lane; s < rr; ++s) t -= sT[(o + s) * kC + r] * sT[(o + s) * kC + o + lane];
+        }
+        sT[r * kC + o + lane] = t;
+      }
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  const int br = tid / B, bc = tid % B;  // this thread's entry of every block
+  for (int dist = 1; dist < NB; ++dist) {
+    float m[NB - 1];
+    // M_ij = Σ_{k=j}^{i−1} A_ik T_kj, written where T_ij goes: this distance's reads are all nearer
+    // the diagonal, so the writes need no barrier before them.
+#pragma unroll
+    for (int e = 0; e < NB - 1; ++e) {
+      if (e >= NB - dist) break;
+      const int i = e + dist, r = i * B + br, c = e * B + bc;
+      float acc = 0.0f;
+      for (int s = c; s < i * B; ++s) acc += sT[s * kC + r] * sT[s * kC + c];  // T[s][c] = 0 for s < c
+      m[e] = acc;
+    }
+#pragma unroll
+    for (int e = 0; e < NB - 1; ++e)
+      if (e < NB - dist) sT[((e + dist) * B + br) * kC + e * B + bc] = m[e];
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < NB - 1; ++e) {
+      if (e >= NB - dist) break;
+      const int i0 = (e + dist) * B, r = i0 + br, c = e * B + bc;
+      float acc = sT[r * kC + c];  // T_ii[r][r] = 1
+      for (int s = i0; s < r; ++s) acc += sT[r * kC + s] * sT[s * kC + c];
+      m[e] = -acc;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < NB - 1; ++e)
+      if (e < NB - dist) sT[((e + dist) * B + br) * kC + e * B + bc] = m[e];
+    __syncthreads();
+  }
 }
 
 template <class T>
@@ -118,73 +304,73 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   if (t0 >= L) return;
   const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
   const int64_t r0 = p.row0[n] + t0;
-  const int K = p.K, KP = K + 1, tid = threadIdx.x;
-  extern __shared__ float smem[];
-  float* sq = smem;              // [kC][K]   q·s, later β e^G k (rows read whole: no padding)
-  float* sk = sq + kC * K;       // [kC][KP]
-  float* sG = sk + kC * KP;      // [kC][KP]
+  const int K = p.K, KP = K + 1, KS = p.KS, tid = threadIdx.x;
+  extern __shared__ __align__(16) float smem[];
+  float* sq = smem;              // [kC][KS]  q·s, later β 2^G k, then β V (rows read as float4)
+  float* sk = sq + kC * KS;      // [kC][KP]
+  float* sG = sk + kC * KP;      // [kC][KP]  cumulative log-decays in log₂ units
   float* sT = sG + kC * KP;      // [kC][kC]  T (lower, unit diagonal); A = diag(β) Ā transposed above it
   float* sb = sT + kC * kC;      // [kC]
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
-  for (int i = tid; i < kC * K; i += kPrepThreads) {
-    const int r = i / K, d = i % K;
-    const bool ok = r < nv;
+  for (int i = tid; i < kC * KS; i += kPrepThreads) {
+    const int r = i / KS, d = i % KS;
+    const bool ok = r < nv && d < K;
     const int64_t off = ((r0 + r) * p.H + h) * K + d;
-    sq[r * K + d] = ok ? p.scale * to_f32(q[off]) : 0.0f;
-    sk[r * KP + d] = ok ? to_f32(k[off]) : 0.0f;
+    sq[i] = ok ? p.scale * to_f32(q[off]) : 0.0f;
+    if (d < K) sk[r * KP + d] = ok ? to_f32(k[off]) : 0.0f;
   }
   for (int r = tid; r < kC; r += kPrepThreads)
     sb[r] = r < nv ? (p.delta_write ? p.beta[(r0 + r) * p.HV + hv] : 1.0f) : 0.0f;
-  load_cumsum(sG, p, r0, nv, hv, kPrepThreads);
+  load_cumsum(sG, p, r0, nv, hv, kPrepThreads, kLog2e);
 
-  // Grams over the lower triangle (s ≤ r), the exponent masked before it is evaluated.
+  // Grams over the lower triangle of 4 × 4 tiles: lanes 4m..4m+3 share a tile, each taking every
+  // fourth channel, and the shuffle sum leaves row `quarter` of the tile with lane `quarter`.
   const int64_t base = srow(p, n, hv, cw * kC);
   float* Aqk = p.Aqk + base * kC;
-  for (int idx = tid; idx < kC * (kC + 1) / 2; idx += kPrepThreads) {
-    int r = int((sqrtf(8.0f * idx + 1.0f) - 1.0f) * 0.5f);
-    while (r * (r + 1) / 2 > idx) --r;
-    while ((r + 1) * (r + 2) / 2 <= idx) ++r;
-    const int s = idx - r * (r + 1) / 2;
-    const float *kr = sk + r * KP, *ks = sk + s * KP, *qr = sq + r * K;
-    const float *Gr = sG + r * KP, *Gs = sG + s * KP;
-    float kk = 0.0f, qk = 0.0f;
-    if (p.decay == 0) {
-      for (int d = 0; d < K; ++d) {
-        kk += kr[d] * ks[d];
-        qk += qr[d] * ks[d];
+  {
+    constexpr int kTiles = (kC / 4) * (kC / 4 + 1) / 2;
+    const int quarter = tid & 3;
+    const unsigned mask = 0xFu << (tid & 28);
+    for (int item = tid >> 2; item < kTiles; item += kPrepThreads / 4) {
+      int ti = int((sqrtf(8.0f * item + 1.0f) - 1.0f) * 0.5f);
+      while (ti * (ti + 1) / 2 > item) --ti;
+      while ((ti + 1) * (ti + 2) / 2 <= item) ++ti;
+      const int tj = item - ti * (ti + 1) / 2;
+      float kk[4][4] = {}, qk[4][4] = {}, rk[4], rq[4];
+      gram_tile(sq, KS, sk, sG, KP, K, 4 * ti, 4 * tj, quarter, kk, qk);
+      reduce_rows(kk, quarter, mask, rk);
+      reduce_rows(qk, quarter, mask, rq);
+      const int r = 4 * ti + quarter;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int s = 4 * tj + j;
+        if (s > r) continue;
+        Aqk[int64_t(r) * kC + s] = rq[j];
+        if (s < r) {
+          sT[s * kC + r] = sb[r] * rk[j];                 // A[r][s], stored transposed (upper triangle)
+          if (p.TA) p.TA[base * kC + s * kC + r] = rk[j];  // Ā[r][s] for the backward, likewise
+        }
       }
-    } else {
-      for (int d = 0; d < K; ++d) {
-        const float e = ks[d] * __expf(Gr[d] - Gs[d]);
-        kk += kr[d] * e;
-        qk += qr[d] * e;
-      }
-    }
-    Aqk[int64_t(r) * kC + s] = qk;
-    if (s < r) {
-      sT[s * kC + r] = sb[r] * kk;  // A[r][s], stored transposed (upper triangle)
-      if (p.TA) p.TA[base * kC + s * kC + r] = kk;  // Ā[r][s] for the backward, likewise
     }
   }
   __syncthreads();
 
-  // Qg = e^G ⊙ q, Kd = e^{G_C − G} ⊙ k, e^{G_C} (padded rows have g = 0: G_C is the last real row's).
-  const int KS = p.KS;
+  // Qg = 2^G ⊙ q, Kd = 2^{G_C − G} ⊙ k, 2^{G_C} (padded rows have g = 0: G_C is the last real row's).
   for (int i = tid; i < kC * KS; i += kPrepThreads) {
     const int r = i / KS, d = i % KS;
     float qg = 0.0f, kd = 0.0f;
     if (d < K) {
       const float G = sG[r * KP + d], GC = sG[(kC - 1) * KP + d];
-      qg = sq[r * K + d] * __expf(G);
-      kd = sk[r * KP + d] * __expf(GC - G);
+      qg = sq[i] * ex2(G);
+      kd = sk[r * KP + d] * ex2(GC - G);
     }
     p.Qg[(base + r) * KS + d] = qg;
     p.Kd[(base + r) * KS + d] = kd;
   }
   for (int d = tid; d < KS; d += kPrepThreads)
-    p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d] = d < K ? __expf(sG[(kC - 1) * KP + d]) : 0.0f;
+    p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d] = d < K ? ex2(sG[(kC - 1) * KP + d]) : 0.0f;
 
   float* U = p.U + base * p.V;
   if (!p.delta_write) {  // Additive: U = V
@@ -196,50 +382,34 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   }
   __syncthreads();  // sq is rewritten below
 
-  // T = (I + A)⁻¹, unit lower triangular: row r from the rows above it. Row r of A is column r
-  // of the upper triangle, which the lower-triangle writes of T never touch.
-  for (int r = 0; r < kC; ++r) {
-    for (int cc = tid; cc <= r; cc += kPrepThreads) {
-      float t = 1.0f;
-      if (cc < r) {
-        t = 0.0f;
-        for (int s = cc; s < r; ++s) t -= sT[s * kC + r] * sT[s * kC + cc];
-      }
-      sT[r * kC + cc] = t;
-    }
-    __syncthreads();
-  }
+  invert_unit_lower(sT);
   if (p.TA)
     for (int i = tid; i < kC * kC; i += kPrepThreads)
       if (i % kC <= i / kC) p.TA[base * kC + i] = sT[i];
-  // sq ← β e^G ⊙ k (the right-hand side of W).
+  // sq ← β 2^G ⊙ k (the right-hand side of W; its pad columns stay zero).
   for (int i = tid; i < kC * K; i += kPrepThreads) {
     const int r = i / K, d = i % K;
-    sq[r * K + d] = sb[r] * __expf(sG[r * KP + d]) * sk[r * KP + d];
+    sq[r * KS + d] = sb[r] * ex2(sG[r * KP + d]) * sk[r * KP + d];
   }
   __syncthreads();
-  for (int i = tid; i < kC * KS; i += kPrepThreads) {
-    const int r = i / KS, d = i % KS;
-    float w = 0.0f;
-    if (d < K)
-      for (int s = 0; s <= r; ++s) w += sT[r * kC + s] * sq[s * K + d];
-    p.W[(base + r) * KS + d] = w;
-  }
-  // U = T diag(β) V, with β V staged in sk (free now) K columns at a time.
-  for (int j0 = 0; j0 < p.V; j0 += K) {
-    const int tw = min(K, p.V - j0);
-    __syncthreads();  // the last readers of sk (or of the previous tile) are done
+  float* W = p.W + base * KS;
+  lower_product(sT, sq, KS, KS, [&](int r, int d, const float (&w)[4]) {
+    *reinterpret_cast<float4*>(W + int64_t(r) * KS + d) = make_float4(w[0], w[1], w[2], w[3]);
+  });
+  // U = T diag(β) V, with β V staged in sq KS columns at a time.
+  const int V = p.V;
+  for (int j0 = 0; j0 < V; j0 += KS) {
+    const int tw = min(KS, V - j0);
+    __syncthreads();  // the last readers of sq (W, or the previous tile) are done
     for (int i = tid; i < kC * tw; i += kPrepThreads) {
       const int s = i / tw, jj = i % tw;
-      sk[s * KP + jj] = s < nv ? sb[s] * to_f32(v[((r0 + s) * p.HV + hv) * p.V + j0 + jj]) : 0.0f;
+      sq[s * KS + jj] = s < nv ? sb[s] * to_f32(v[((r0 + s) * p.HV + hv) * V + j0 + jj]) : 0.0f;
     }
     __syncthreads();
-    for (int i = tid; i < kC * tw; i += kPrepThreads) {
-      const int r = i / tw, jj = i % tw;
-      float u = 0.0f;
-      for (int s = 0; s <= r; ++s) u += sT[r * kC + s] * sk[s * KP + jj];
-      U[int64_t(r) * p.V + j0 + jj] = u;
-    }
+    lower_product(sT, sq, KS, tw, [&](int r, int jj, const float (&u)[4]) {
+      float* dst = U + int64_t(r) * V + j0 + jj;
+      for (int e = 0; e < 4 && jj + e < tw; ++e) dst[e] = u[e];
+    });
   }
 }
 
@@ -835,7 +1005,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
     for (int r = tid; r < nv; r += kGradThreads) p.dbeta[(r0 + r) * p.HV + hv] += sdb[r];
 }
 
-size_t prepare_smem(int K) { return sizeof(float) * (kC * K + 2 * kC * (K + 1) + kC * kC + kC); }
+size_t prepare_smem(int K) { return sizeof(float) * (kC * ((K + 3) / 4 * 4) + 2 * kC * (K + 1) + kC * kC + kC); }
 size_t recur_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kVb + KS); }
 size_t output_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kC + kC * kVb); }
 size_t reverse_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kC + 2 * kC * kVb + KS); }
