@@ -3,23 +3,28 @@
 // adjoint) is sequential.
 //
 // 1. `prepare` — one block per (chunk, sequence, value head), all chunks at once. In shared
-//    memory: the chunk's q (scaled), k, β and the cumulative log-decays G (summed in double);
-//    the decayed grams Ā = tril(K Kᵀ ⊙ e^{G_r−G_s}) and Aqk (with the diagonal), every exponent a
-//    difference G_r − G_s with r ≥ s, so ≤ 0 and never overflowing (extreme decays stay finite);
-//    T = (I + diag(β) Ā)⁻¹ by forward substitution; then to global scratch
+//    memory: the chunk's q (scaled), k, β and the cumulative log-decays G (summed in double, kept
+//    in log₂ units); the decayed grams Ā = tril(K Kᵀ ⊙ e^{G_r−G_s}) and Aqk (with the diagonal) in
+//    4 × 4 register tiles, every exponent ≤ 0 so extreme decays stay finite: on a diagonal tile
+//    each pair's own G_r − G_s (r ≥ s), off it the two factors e^{G_r−G_ref} e^{G_ref−G_s} with
+//    G_ref the tile's last column; T = (I + diag(β) Ā)⁻¹ by blocked inversion (a warp per 16-row
+//    diagonal block, then the blocks below by their distance to the diagonal); then to global scratch
 //      W = T diag(β) (e^G ⊙ K), U = T diag(β) V (Additive: U = V), Aqk,
 //      Qg = e^G ⊙ (s Q), Kd = e^{G_C − G} ⊙ K, and e^{G_C}.
 // 2. `recur` — one block per (sequence, value head, tile of kVb = 16 value columns) walks the chunks in
 //    order with its state slice S [K, kVb] in shared memory, storing each chunk's entering S₀ and
 //      V_new = U − W S₀,  then S ← diag(e^{G_C}) S₀ + Kdᵀ V_new;
-// 3. `output` — one block per (chunk, sequence, value head, tile), all at once: O = Qg S₀ + Aqk V_new.
+//    its operands arrive by cp.async one phase ahead of their use.
+// 3. `output` — one block per (chunk, sequence, value head, tile of 64 columns), all at once, 4 × 4
+//    register tiles: O = Qg S₀ + Aqk V_new.
 // Rows past a sequence's end are zero (k, q, v, β, g), so a partial last chunk needs no special
 // case: its padded rows write nothing into the state and their outputs are not stored.
 //
 // Backward (README.md, "Chunked" under "Backward"): prepare and recur again, then `reverse` — per
 // (sequence, value head, column tile), chunks in reverse, carries the state adjoint dS:
 //      dV_new = Kd dS + Aqkᵀ dO,  dS ← diag(e^{G_C}) dS + Qgᵀ dO − Wᵀ dV_new,
-// storing dS (the adjoint of each chunk's leaving state) and dV_new; `grads` — one block per
+// storing dS (the adjoint of each chunk's leaving state) and dV_new (operands by cp.async, one
+// phase ahead); `grads` — one block per
 // (chunk, sequence, value head), all at once: everything else of the README's chunk backward
 // (dKd, dQg, dW, dT, dA = −Tᵀ dT Tᵀ, the decayed grams' backward with their exponents masked as in
 // the forward, dβ, and dg as the reverse cumulative sum of dG inside the chunk).
@@ -420,6 +425,32 @@ __device__ __forceinline__ void load_slab(float* dst, const float* src, int KS) 
   for (int i = threadIdx.x; i < kC * KS / 4; i += kRecThreads) d4[i] = s4[i];
 }
 
+// Asynchronous copies into shared memory (cp.async): the next chunk's operands load while the
+// current one is computed. `async_slab` is load_slab's; `async_tile` copies a [kC, kVb] tile of a
+// [rows, V] array (columns c0…, zeros past V).
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool ok) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most one committed group of this thread is still in flight.
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
+__device__ __forceinline__ void async_slab(float* dst, const float* src, int floats) {
+  for (int i = 4 * int(threadIdx.x); i < floats; i += 4 * kRecThreads) cp_async16(dst + i, src + i);
+}
+__device__ __forceinline__ void async_tile(float* dst, const float* src, int V, int c0) {
+  for (int i = threadIdx.x; i < kC * kVb; i += kRecThreads) {
+    const int r = i / kVb, jj = i % kVb;
+    const bool ok = c0 + jj < V;
+    cp_async4(dst + i, ok ? src + int64_t(r) * V + c0 + jj : src, ok);
+  }
+}
+
 // acc[i] += Σ_d X[r_i][d] S[d][lane] for the warp's rows r_i = warp·kRowsPerWarp + i: X [kC][KS]
 // in shared memory (broadcast reads), S [KS][kVb].
 __device__ __forceinline__ void rows_by_state(const float* X, const float* S, int KS, float (&acc)[kRowsPerWarp],
@@ -493,35 +524,43 @@ __device__ __forceinline__ TileIds tile_ids(const ChunkDev& p) {
           (int64_t(n) * p.HV + hv) * p.K * p.V};
 }
 
-template <class T>
 __global__ void __launch_bounds__(kRecThreads) recur_kernel(ChunkDev p) {
   const TileIds t = tile_ids(p);
-  const int n = t.n, hv = t.hv, c0 = t.c0, K = p.K, KS = p.KS, tid = threadIdx.x, lane = t.lane, warp = t.warp;
+  const int n = t.n, hv = t.hv, c0 = t.c0, K = p.K, KS = p.KS, lane = t.lane, warp = t.warp;
   const int j = c0 + lane;
   const bool col = j < p.V;
   extern __shared__ __align__(16) float smem[];
   float* sS = smem;              // [KS][kVb]
-  float* sbuf = sS + KS * kVb;   // [kC][KS]  W, then Kd
-  float* sVn = sbuf + kC * KS;   // [kC][kVb]
-  float* sgC = sVn + kC * kVb;   // [KS]
+  float* sW = sS + KS * kVb;     // [kC][KS]
+  float* sKd = sW + kC * KS;     // [kC][KS]
+  float* sgC = sKd + kC * KS;    // [KS]
+  float* sU = sgC + KS;          // [2][kC][kVb] U, then V_new, by chunk parity
   const int64_t soff = t.soff;
   load_tile(sS, p.s_in, soff, p, c0);
   const auto [L, t_begin, t_end] = span_of(p, n);
-  for (int64_t t0 = t_begin; t0 < t_end; t0 += kC) {
-    const int cw = int((t0 - t_begin) / kC);
+  const int count = int((t_end - t_begin + kC - 1) / kC);
+  // The operands load one phase ahead: W and U while the previous chunk's state is updated, Kd
+  // and e^{G_C} while V_new is computed.
+  auto issue_wu = [&](int cw) {
     const int64_t base = srow(p, n, hv, cw * kC);
-    __syncthreads();  // the previous chunk's state update and readers of sbuf / sVn are done
+    if (p.delta_write) async_slab(sW, p.W + base * KS, kC * KS);
+    async_tile(sU + (cw & 1) * kC * kVb, p.U + base * p.V, p.V, c0);
+  };
+  if (count > 0) issue_wu(0);
+  cp_async_commit();
+  for (int cw = 0; cw < count; ++cw) {
+    const int64_t base = srow(p, n, hv, cw * kC);
+    float* sVn = sU + (cw & 1) * kC * kVb;
+    __syncthreads();  // the previous chunk's state update (the reader of Kd) is done
+    async_slab(sKd, p.Kd + base * KS, kC * KS);
+    async_slab(sgC, p.gC + ((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS, KS);
+    cp_async_commit();
     if (p.Sc) store_tile(p.Sc, sS, state_slot(p, n, hv, cw), p, c0);
-    for (int i = tid; i < kC * kVb; i += kRecThreads) {  // U → sVn
-      const int r = i / kVb, jj = i % kVb;
-      sVn[i] = c0 + jj < p.V ? p.U[(base + r) * p.V + c0 + jj] : 0.0f;
-    }
-    if (p.delta_write) load_slab(sbuf, p.W + base * KS, KS);
+    cp_async_wait1();  // W and U
     __syncthreads();
-    if (p.delta_write) {  // V_new = U − W S
+    if (p.delta_write) {  // V_new = U − W S (each thread rewrites only its own entries of U)
       float acc[kRowsPerWarp] = {};
-      rows_by_state(sbuf, sS, KS, acc, warp, lane);
-      __syncthreads();  // everyone is done reading W
+      rows_by_state(sW, sS, KS, acc, warp, lane);
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; ++i) {
         const int r = warp * kRowsPerWarp + i;
@@ -530,8 +569,10 @@ __global__ void __launch_bounds__(kRecThreads) recur_kernel(ChunkDev p) {
         if (p.store_vn && col) p.U[(base + r) * p.V + j] = vn;
       }
     }
-    for (int d = tid; d < KS; d += kRecThreads) sgC[d] = p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d];
-    load_slab(sbuf, p.Kd + base * KS, KS);
+    __syncthreads();  // W is free, V_new complete
+    if (cw + 1 < count) issue_wu(cw + 1);
+    cp_async_commit();
+    cp_async_wait1();  // Kd and e^{G_C}
     __syncthreads();
     // S ← diag(e^{G_C}) S + Kdᵀ V_new on the warp's state rows.
     float acc[kStateRows];
@@ -540,66 +581,108 @@ __global__ void __launch_bounds__(kRecThreads) recur_kernel(ChunkDev p) {
       const int d = warp * kStateRows + i;
       acc[i] = d < K ? sgC[d] * sS[d * kVb + lane] : 0.0f;
     }
-    transposed_product(sbuf, sVn, KS, 1.0f, acc, warp, lane);
+    transposed_product(sKd, sVn, KS, 1.0f, acc, warp, lane);
 #pragma unroll
     for (int i = 0; i < kStateRows; ++i) {  // only this thread reads its rows of S until the next sync
       const int d = warp * kStateRows + i;
       if (d < K) sS[d * kVb + lane] = acc[i];
     }
   }
+  cp_async_wait0();
   __syncthreads();
   store_tile(p.s_out, sS, soff, p, c0);
 }
 
-// O = Qg S₀ + Aqk V_new for one chunk and one 16-column tile (all chunks at once), from the states
-// and V_new that recur stored.
+// O = Qg S₀ + Aqk V_new for one chunk and one tile of kOb = 64 value columns (all chunks at once),
+// from the states and V_new that recur stored. Thread → rows 4·(tid / 16).., columns 4·(tid % 16)..
+// of the tile, summed in registers.
+constexpr int kOb = 64;
 template <class T>
 __global__ void __launch_bounds__(kRecThreads) output_kernel(ChunkDev p) {
-  const int n = blockIdx.y / p.HV, hv = blockIdx.y % p.HV, cw = blockIdx.x, c0 = blockIdx.z * kVb;
+  static_assert(kRecThreads == (kC / 4) * (kOb / 4), "one 4 x 4 output tile per thread");
+  const int n = blockIdx.y / p.HV, hv = blockIdx.y % p.HV, cw = blockIdx.x, c0 = blockIdx.z * kOb;
   const int64_t L = p.len[n], t0 = int64_t(p.c_begin + cw) * kC;
   if (t0 >= L) return;
   const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
-  const int KS = p.KS, lane = threadIdx.x % kVb, warp = threadIdx.x / kVb, j = c0 + lane;
+  const int K = p.K, KS = p.KS, V = p.V, tid = threadIdx.x;
   extern __shared__ __align__(16) float smem[];
-  float* sS = smem;               // [KS][kVb]
-  float* sQg = sS + KS * kVb;     // [kC][KS]
+  float* sS = smem;               // [KS][kOb]
+  float* sQg = sS + KS * kOb;     // [kC][KS]
   float* sAqk = sQg + kC * KS;    // [kC][kC]
-  float* sVn = sAqk + kC * kC;    // [kC][kVb]
-  const int64_t base = srow(p, n, hv, cw * kC);
-  load_tile(sS, p.Sc, state_slot(p, n, hv, cw), p, c0);
+  float* sVn = sAqk + kC * kC;    // [kC][kOb]
+  const int64_t base = srow(p, n, hv, cw * kC), soff = state_slot(p, n, hv, cw);
+  for (int i = tid; i < KS * kOb; i += kRecThreads) {
+    const int d = i / kOb, jj = i % kOb;
+    sS[i] = d < K && c0 + jj < V ? p.Sc[soff + int64_t(d) * V + c0 + jj] : 0.0f;
+  }
   load_slab(sQg, p.Qg + base * KS, KS);
-  for (int i = threadIdx.x; i < kC * kC; i += kRecThreads) sAqk[i] = p.Aqk[base * kC + i];
-  for (int i = threadIdx.x; i < kC * kVb; i += kRecThreads) {
-    const int r = i / kVb, jj = i % kVb;
-    sVn[i] = c0 + jj < p.V ? p.U[(base + r) * p.V + c0 + jj] : 0.0f;
+  for (int i = tid; i < kC * kC / 4; i += kRecThreads)
+    reinterpret_cast<float4*>(sAqk)[i] = reinterpret_cast<const float4*>(p.Aqk + base * kC)[i];
+  for (int i = tid; i < kC * kOb; i += kRecThreads) {
+    const int r = i / kOb, jj = i % kOb;
+    sVn[i] = c0 + jj < V ? p.U[(base + r) * V + c0 + jj] : 0.0f;
   }
   __syncthreads();
-  float acc[kRowsPerWarp] = {};
-  rows_by_state(sQg, sS, KS, acc, warp, lane);
-  const int rlast = warp * kRowsPerWarp + kRowsPerWarp - 1;
-  for (int s = 0; s <= rlast; ++s) {  // Aqk is lower triangular with its diagonal
-    const float vn = sVn[s * kVb + lane];
+  const int r0 = 4 * (tid / (kOb / 4)), j0 = 4 * (tid % (kOb / 4));
+  float acc[4][4] = {};
+  auto fma_rows = [&](const float (&a)[4][4], const float4 (&x)[4]) {  // acc += a · x over 4 inner indices
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int r = warp * kRowsPerWarp + i;
-      if (s <= r) acc[i] += sAqk[r * kC + s] * vn;
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[i][0] = fmaf(a[i][e], x[e].x, acc[i][0]);
+        acc[i][1] = fmaf(a[i][e], x[e].y, acc[i][1]);
+        acc[i][2] = fmaf(a[i][e], x[e].z, acc[i][2]);
+        acc[i][3] = fmaf(a[i][e], x[e].w, acc[i][3]);
+      }
+  };
+  auto load4 = [](const float* src, float (&a)[4]) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+  };
+  for (int d = 0; d < KS; d += 4) {  // Qg S₀
+    float a[4][4];
+    float4 x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) load4(sQg + (r0 + i) * KS + d, a[i]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = *reinterpret_cast<const float4*>(sS + (d + e) * kOb + j0);
+    fma_rows(a, x);
+  }
+  for (int s = 0; s <= r0; s += 4) {  // Aqk V_new, Aqk lower triangular with its diagonal
+    float a[4][4];
+    float4 x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      load4(sAqk + (r0 + i) * kC + s, a[i]);
+      if (s == r0)  // the diagonal block: entries above it are not written by prepare
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[i][e] = e <= i ? a[i][e] : 0.0f;
     }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = *reinterpret_cast<const float4*>(sVn + (s + e) * kOb + j0);
+    fma_rows(a, x);
   }
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int r = warp * kRowsPerWarp + i;
-    if (r < nv && j < p.V) {
-      const int64_t oi = ((p.row0[n] + t0 + r) * p.HV + hv) * p.V + j;
+  for (int i = 0; i < 4; ++i) {
+    const int r = r0 + i;
+    if (r >= nv) break;
+    const int64_t orow = ((p.row0[n] + t0 + r) * p.HV + hv) * V;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = c0 + j0 + e;
+      if (j >= V) break;
       if (p.o_f32)
-        static_cast<float*>(p.o)[oi] = acc[i];
+        static_cast<float*>(p.o)[orow + j] = acc[i][e];
       else
-        static_cast<T*>(p.o)[oi] = from_f32<T>(acc[i]);
+        static_cast<T*>(p.o)[orow + j] = from_f32<T>(acc[i][e]);
     }
   }
 }
 
-// The state adjoint through the chunks in reverse (one block per sequence, value head, tile).
-template <class T>
+// The state adjoint through the chunks in reverse (one block per sequence, value head, tile). The
+// operands load asynchronously one phase ahead: Qg and W while dV_new is computed, the previous
+// chunk's Kd, Aqk and e^{G_C} while dS is updated, its dO into registers.
 __global__ void __launch_bounds__(kRecThreads) reverse_kernel(ChunkDev p) {
   const TileIds t = tile_ids(p);
   const int n = t.n, hv = t.hv, c0 = t.c0, K = p.K, KS = p.KS, tid = threadIdx.x, lane = t.lane, warp = t.warp;
@@ -607,75 +690,99 @@ __global__ void __launch_bounds__(kRecThreads) reverse_kernel(ChunkDev p) {
   const bool col = j < p.V;
   extern __shared__ __align__(16) float smem[];
   float* sdS = smem;              // [KS][kVb]
-  float* sbuf = sdS + KS * kVb;   // [kC][KS]  Kd, then Qg, then W
-  float* sAqk = sbuf + kC * KS;   // [kC][kC]
+  float* sKd = sdS + KS * kVb;    // [kC][KS]
+  float* sQg = sKd + kC * KS;     // [kC][KS]
+  float* sW = sQg + kC * KS;      // [kC][KS]
+  float* sAqk = sW + kC * KS;     // [kC][kC]
   float* sdO = sAqk + kC * kC;    // [kC][kVb]
   float* sdVn = sdO + kC * kVb;   // [kC][kVb]
-  float* sgC = sdVn + kC * kVb;   // [KS]
+  float* sgC = sdVn + kC * kVb;   // [2][KS], chunk parity
   const int64_t soff = t.soff;
   load_tile(sdS, p.ds_in, soff, p, c0);
-  const auto [L, t_begin, t_end] = span_of(p, n);
-  if (t_end > t_begin)
-    for (int cw = int((t_end - 1 - t_begin) / kC); cw >= 0; --cw) {
-      const int64_t t0 = t_begin + int64_t(cw) * kC;
-      const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
-        const int64_t base = srow(p, n, hv, cw * kC);
-      __syncthreads();  // the previous chunk's update of dS and readers of the buffers are done
-      store_tile(p.dSc, sdS, state_slot(p, n, hv, cw), p, c0);
-      for (int i = tid; i < kC * kVb; i += kRecThreads) {
-        const int r = i / kVb, jj = i % kVb;
-        float g = 0.0f;
-        if (p.d_o && r < nv && c0 + jj < p.V) {
-          const int64_t oi = ((p.row0[n] + t0 + r) * p.HV + hv) * p.V + c0 + jj;
-          g = p.do_f32 ? static_cast<const float*>(p.d_o)[oi] : to_f32(static_cast<const T*>(p.d_o)[oi]);
-        }
-        sdO[i] = g;
-      }
-      load_slab(sbuf, p.Kd + base * KS, KS);
-      for (int i = tid; i < kC * kC; i += kRecThreads) sAqk[i] = p.Aqk[base * kC + i];
-      for (int d = tid; d < KS; d += kRecThreads)
-        sgC[d] = p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d];
-      __syncthreads();
-      {  // dV_new = Kd dS + Aqkᵀ dO (Aqk[r'][r] for r' ≥ r)
-        float acc[kRowsPerWarp] = {};
-        rows_by_state(sbuf, sdS, KS, acc, warp, lane);
-        for (int rr = warp * kRowsPerWarp; rr < kC; ++rr) {
-          const float g = sdO[rr * kVb + lane];
+  const Span sp = span_of(p, n);
+  const int64_t L = sp.L, t_begin = sp.t_begin, t_end = sp.t_end;
+  const int count = int((t_end - t_begin + kC - 1) / kC);
+  constexpr int kDoPer = kC * kVb / kRecThreads;
+  float dnext[kDoPer];
+  auto fetch_do = [&](int cw) {  // this thread's entries of the chunk's dO tile, into registers
+    const int64_t t0 = t_begin + int64_t(cw) * kC;
 #pragma unroll
-          for (int i = 0; i < kRowsPerWarp; ++i) {
-            const int r = warp * kRowsPerWarp + i;
-            if (rr >= r) acc[i] += sAqk[rr * kC + r] * g;
-          }
-        }
+    for (int m = 0; m < kDoPer; ++m) {
+      const int i = tid + m * kRecThreads, r = i / kVb, jj = i % kVb;
+      float g = 0.0f;
+      if (p.d_o && t0 + r < L && c0 + jj < p.V) {
+        const int64_t oi = ((p.row0[n] + t0 + r) * p.HV + hv) * p.V + c0 + jj;
+        g = p.do_f32 ? static_cast<const float*>(p.d_o)[oi]
+                     : __bfloat162float(static_cast<const __nv_bfloat16*>(p.d_o)[oi]);  // else bf16 io
+      }
+      dnext[m] = g;
+    }
+  };
+  auto issue_b = [&](int cw) {  // Kd, Aqk, e^{G_C}
+    const int64_t base = srow(p, n, hv, cw * kC);
+    async_slab(sKd, p.Kd + base * KS, kC * KS);
+    async_slab(sAqk, p.Aqk + base * kC, kC * kC);
+    async_slab(sgC + (cw & 1) * KS, p.gC + ((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS, KS);
+  };
+  if (count > 0) {
+    issue_b(count - 1);
+    fetch_do(count - 1);
+  }
+  cp_async_commit();
+  for (int cw = count - 1; cw >= 0; --cw) {
+    const int64_t base = srow(p, n, hv, cw * kC);
+    __syncthreads();  // the previous chunk's update of dS and readers of Qg, W, dO, dV_new are done
+    {
+      async_slab(sQg, p.Qg + base * KS, kC * KS);
+      if (p.delta_write) async_slab(sW, p.W + base * KS, kC * KS);
+      cp_async_commit();
+    }
+    store_tile(p.dSc, sdS, state_slot(p, n, hv, cw), p, c0);
+#pragma unroll
+    for (int m = 0; m < kDoPer; ++m) sdO[tid + m * kRecThreads] = dnext[m];
+    cp_async_wait1();  // Kd, Aqk, e^{G_C} (Qg and W may still be loading)
+    __syncthreads();
+    {  // dV_new = Kd dS + Aqkᵀ dO (Aqk[r'][r] for r' ≥ r)
+      float acc[kRowsPerWarp] = {};
+      rows_by_state(sKd, sdS, KS, acc, warp, lane);
+      for (int rr = warp * kRowsPerWarp; rr < kC; ++rr) {
+        const float g = sdO[rr * kVb + lane];
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i) {
           const int r = warp * kRowsPerWarp + i;
-          sdVn[r * kVb + lane] = acc[i];
-          if (col) p.dVn[(base + r) * p.V + j] = acc[i];
+          if (rr >= r) acc[i] += sAqk[rr * kC + r] * g;
         }
       }
-      __syncthreads();
-      load_slab(sbuf, p.Qg + base * KS, KS);
-      __syncthreads();
-      float acc[kStateRows];
 #pragma unroll
-      for (int i = 0; i < kStateRows; ++i) {
-        const int d = warp * kStateRows + i;
-        acc[i] = d < K ? sgC[d] * sdS[d * kVb + lane] : 0.0f;
-      }
-      transposed_product(sbuf, sdO, KS, 1.0f, acc, warp, lane);  // + Qgᵀ dO
-      if (p.delta_write) {
-        __syncthreads();
-        load_slab(sbuf, p.W + base * KS, KS);
-        __syncthreads();
-        transposed_product(sbuf, sdVn, KS, -1.0f, acc, warp, lane);  // − Wᵀ dV_new
-      }
-#pragma unroll
-      for (int i = 0; i < kStateRows; ++i) {
-        const int d = warp * kStateRows + i;
-        if (d < K) sdS[d * kVb + lane] = acc[i];  // only this thread reads its rows of dS until the next sync
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        const int r = warp * kRowsPerWarp + i;
+        sdVn[r * kVb + lane] = acc[i];
+        if (col) p.dVn[(base + r) * p.V + j] = acc[i];
       }
     }
+    __syncthreads();  // Kd and Aqk are free, dV_new is complete
+    if (cw > 0) {
+      issue_b(cw - 1);
+      fetch_do(cw - 1);
+    }
+    cp_async_commit();
+    cp_async_wait1();  // Qg and W
+    __syncthreads();
+    float acc[kStateRows];
+#pragma unroll
+    for (int i = 0; i < kStateRows; ++i) {
+      const int d = warp * kStateRows + i;
+      acc[i] = d < K ? sgC[(cw & 1) * KS + d] * sdS[d * kVb + lane] : 0.0f;
+    }
+    transposed_product(sQg, sdO, KS, 1.0f, acc, warp, lane);                   // + Qgᵀ dO
+    if (p.delta_write) transposed_product(sW, sdVn, KS, -1.0f, acc, warp, lane);  // − Wᵀ dV_new
+#pragma unroll
+    for (int i = 0; i < kStateRows; ++i) {
+      const int d = warp * kStateRows + i;
+      if (d < K) sdS[d * kVb + lane] = acc[i];  // only this thread reads its rows of dS until the next sync
+    }
+  }
+  cp_async_wait0();
   __syncthreads();
   store_tile(p.ds_out, sdS, soff, p, c0);
 }
@@ -1006,9 +1113,9 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
 }
 
 size_t prepare_smem(int K) { return sizeof(float) * (kC * ((K + 3) / 4 * 4) + 2 * kC * (K + 1) + kC * kC + kC); }
-size_t recur_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kVb + KS); }
-size_t output_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kC + kC * kVb); }
-size_t reverse_smem(int KS) { return sizeof(float) * (KS * kVb + kC * KS + kC * kC + 2 * kC * kVb + KS); }
+size_t recur_smem(int KS) { return sizeof(float) * (KS * kVb + 2 * kC * KS + KS + 2 * kC * kVb); }
+size_t output_smem(int KS) { return sizeof(float) * (KS * kOb + kC * KS + kC * kC + kC * kOb); }
+size_t reverse_smem(int KS) { return sizeof(float) * (KS * kVb + 3 * kC * KS + kC * kC + 2 * kC * kVb + 2 * KS); }
 size_t grads_smem(int K) { return sizeof(float) * (kStage + 3 * kC * (K + 1) + 5 * kC * (kC + 1) + 2 * kC + 128); }
 
 template <class T>
@@ -1017,11 +1124,11 @@ void configure() {
     K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(prepare_smem(128))));
     K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    K3_CUDA_CHECK(cudaFuncSetAttribute(recur_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    K3_CUDA_CHECK(cudaFuncSetAttribute(recur_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(recur_smem(128))));
     K3_CUDA_CHECK(cudaFuncSetAttribute(output_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(output_smem(128))));
-    K3_CUDA_CHECK(cudaFuncSetAttribute(reverse_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    K3_CUDA_CHECK(cudaFuncSetAttribute(reverse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(reverse_smem(128))));
     K3_CUDA_CHECK(cudaFuncSetAttribute(grads_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(grads_smem(128))));
@@ -1040,11 +1147,14 @@ void launch(Step step, const ChunkDev& d, int64_t NHV) {
   cudaStream_t st = device::stream();
   switch (step) {
     case Step::Prepare: prepare_kernel<T><<<chunks, kPrepThreads, prepare_smem(d.K), st>>>(d); break;
-    case Step::Recur: recur_kernel<T><<<tiles, kRecThreads, recur_smem(d.KS), st>>>(d); break;
+    case Step::Recur: recur_kernel<<<tiles, kRecThreads, recur_smem(d.KS), st>>>(d); break;
     case Step::Output:
-      output_kernel<T><<<dim3(unsigned(d.c_count), unsigned(NHV), vtiles), kRecThreads, output_smem(d.KS), st>>>(d);
+      output_kernel<T><<<dim3(unsigned(d.c_count), unsigned(NHV), unsigned((d.V + kOb - 1) / kOb)), kRecThreads,
+                         output_smem(d.KS), st>>>(d);
       break;
-    case Step::Reverse: reverse_kernel<T><<<tiles, kRecThreads, reverse_smem(d.KS), st>>>(d); break;
+    case Step::Reverse:
+      reverse_kernel<<<tiles, kRecThreads, reverse_smem(d.KS), st>>>(d);
+      break;
     case Step::Grads: grads_kernel<T><<<chunks, kGradThreads, grads_smem(d.K), st>>>(d); break;
   }
   K3_CUDA_LAUNCHED();
