@@ -1038,59 +1038,85 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
     for (int i = tid; i < kC * KS; i += kGradThreads) stage[i] = dW[i];
   __syncthreads();
 
-  // Per element (r, d), on the threads that hold its dQg and dKd: dq, dk and dG.
+  // Per element (r, d), on the threads that hold its dQg and dKd: dq, dk and dG. This thread's
+  // rows are the 16-row block rb.. (kGradRows = 16). The decayed grams' backward sums over the
+  // other blocks with the exponent split at the block's edges, both factors ≤ 0:
+  //   s < rb:       e^{G_r − G_s} = e^{G_r − G_rb} · e^{G_rb − G_s}
+  //   rr > rb + 15: e^{G_rr − G_r} = e^{G_rr − G_re} · e^{G_re − G_r}, re = rb + 15,
+  // one exponential per s or rr for four rows at a time; inside the block each pair has its own.
+  static_assert(kGradRows == 16, "a thread's rows are one 16-row block");
   if (dl < K) {
-    const int d = dl;
-    const float GCd = sG[(kC - 1) * KP + d];
+    const int d = dl, rb = rg * kGradRows, re = rb + kGradRows - 1;
+    const float GCd = sG[(kC - 1) * KP + d], Gb = sG[rb * KP + d], Ge = sG[re * KP + d];
     float glk = 0.0f;
 #pragma unroll 1
-    for (int i = 0; i < kGradRows; ++i) {
-      const int r = rg * kGradRows + i;
-      const float Gr = sG[r * KP + d], eG = __expf(Gr), eGd = __expf(GCd - Gr);
-      const float qr = sq[r * KP + d], kr = sk[r * KP + d];
-      // Qg = e^G ⊙ q·s; Kd = e^{G_C − G} ⊙ k.
-      float dQs = eG * dqg[i], dK = eGd * dkd[i];
-      const float kd = eGd * kr * dkd[i];
-      float dg = eG * qr * dqg[i] - kd;
-      glk += kd;
-      if (p.delta_write) {  // Kb = β e^G ⊙ k: dKb = Tᵀ dW
-        float dkb = 0.0f;
-        for (int rr = r; rr < kC; ++rr) dkb += sT[rr * CP + r] * stage[rr * KS + d];
-        const float dkg = sb[r] * dkb;
-        dK += eG * dkg;
-        dg += eG * kr * dkg;
-        const float part = dkb * eG * kr;
-        if (K % 32 == 0) {  // the warp shares r and is whole: one atomic per warp
-          const float sum = device::warp_sum(part);
-          if (tid % 32 == 0) atomicAdd(&sdb[r], sum);
-        } else {
-          atomicAdd(&sdb[r], part);
+    for (int q4 = 0; q4 < kGradRows / 4; ++q4) {
+      const int ra = rb + 4 * q4;  // rows ra..ra+3
+      float aQ[4] = {}, aK[4] = {}, aC[4] = {};
+      for (int s = 0; s < rb; ++s) {
+        const float y = sk[s * KP + d] * __expf(Gb - sG[s * KP + d]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          aQ[i] += sdAq[(ra + i) * CP + s] * y;
+          if (p.delta_write) aK[i] += sdA[(ra + i) * CP + s] * y;
         }
       }
-      // The decayed grams: Aqk (x = q, y = k, with the diagonal) and Ā (x = y = k, strictly lower).
-      float rowQ = sdAq[r * CP + r] * kr, rowK = 0.0f, col = sdAq[r * CP + r] * qr;  // s = r: e = 1
-      if (p.delta_write) {
-        for (int s = 0; s < r; ++s) {
+      for (int rr = re + 1; rr < kC; ++rr) {
+        const float e = __expf(sG[rr * KP + d] - Ge), zq = sq[rr * KP + d] * e, zk = sk[rr * KP + d] * e;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          aC[i] += sdAq[rr * CP + ra + i] * zq;
+          if (p.delta_write) aC[i] += sdA[rr * CP + ra + i] * zk;  // Additive: sdA holds something else
+        }
+      }
+#pragma unroll
+      for (int i4 = 0; i4 < 4; ++i4) {
+        const int i = 4 * q4 + i4, r = ra + i4;
+        const float Gr = sG[r * KP + d], eG = __expf(Gr), eGd = __expf(GCd - Gr);
+        const float qr = sq[r * KP + d], kr = sk[r * KP + d];
+        // Qg = e^G ⊙ q·s; Kd = e^{G_C − G} ⊙ k.
+        float dQs = eG * dqg[i], dK = eGd * dkd[i];
+        const float kd = eGd * kr * dkd[i];
+        float dg = eG * qr * dqg[i] - kd;
+        glk += kd;
+        if (p.delta_write) {  // Kb = β e^G ⊙ k: dKb = Tᵀ dW
+          float dkb = 0.0f;
+          for (int rr = r; rr < kC; ++rr) dkb += sT[rr * CP + r] * stage[rr * KS + d];
+          const float dkg = sb[r] * dkb;
+          dK += eG * dkg;
+          dg += eG * kr * dkg;
+          const float part = dkb * eG * kr;
+          if (K % 32 == 0) {  // the warp shares r and is whole: one atomic per warp
+            const float sum = device::warp_sum(part);
+            if (tid % 32 == 0) atomicAdd(&sdb[r], sum);
+          } else {
+            atomicAdd(&sdb[r], part);
+          }
+        }
+        // The decayed grams: Aqk (x = q, y = k, with the diagonal) and Ā (x = y = k, strictly lower).
+        const float eb = __expf(Gr - Gb), ee = __expf(Ge - Gr);
+        float rowQ = sdAq[r * CP + r] * kr + aQ[i4] * eb, rowK = aK[i4] * eb;  // s = r: e = 1
+        float col = sdAq[r * CP + r] * qr + aC[i4] * ee;
+        for (int s = rb; s < r; ++s) {
           const float e = sk[s * KP + d] * __expf(Gr - sG[s * KP + d]);
           rowQ += sdAq[r * CP + s] * e;
-          rowK += sdA[r * CP + s] * e;
+          if (p.delta_write) rowK += sdA[r * CP + s] * e;
         }
-        for (int rr = r + 1; rr < kC; ++rr) {
+        for (int rr = r + 1; rr <= re; ++rr) {
           const float e = __expf(sG[rr * KP + d] - Gr);
-          col += e * (sdAq[rr * CP + r] * sq[rr * KP + d] + sdA[rr * CP + r] * sk[rr * KP + d]);
+          float x = sdAq[rr * CP + r] * sq[rr * KP + d];
+          if (p.delta_write) x += sdA[rr * CP + r] * sk[rr * KP + d];
+          col += e * x;
         }
-      } else {  // Additive: no Ā (sdA holds something else)
-        for (int s = 0; s < r; ++s) rowQ += sdAq[r * CP + s] * sk[s * KP + d] * __expf(Gr - sG[s * KP + d]);
-        for (int rr = r + 1; rr < kC; ++rr) col += sdAq[rr * CP + r] * sq[rr * KP + d] * __expf(sG[rr * KP + d] - Gr);
+        dQs += rowQ;
+        dK += rowK + col;
+        dg += qr * rowQ + kr * rowK - kr * col;
+        if (r < nv && p.dq && p.dk) {
+          atomicAdd(&p.dq[((r0 + r) * p.H + h) * K + d], p.scale * dQs);
+          atomicAdd(&p.dk[((r0 + r) * p.H + h) * K + d], dK);
+        }
+        dG[r * KS + d] = dg;
       }
-      dQs += rowQ;
-      dK += rowK + col;
-      dg += qr * rowQ + kr * rowK - kr * col;
-      if (r < nv && p.dq && p.dk) {
-        atomicAdd(&p.dq[((r0 + r) * p.H + h) * K + d], p.scale * dQs);
-        atomicAdd(&p.dk[((r0 + r) * p.H + h) * K + d], dK);
-      }
-      dG[r * KS + d] = dg;
     }
     atomicAdd(&sdGl[d], glk);
   }
