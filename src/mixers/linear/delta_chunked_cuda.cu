@@ -808,7 +808,7 @@ __device__ __forceinline__ void stage_cols(float* dst, const float* src, int row
 
 // Everything of one chunk's backward that the carried adjoint does not need, all chunks at once.
 // The products over V (dQg = dO S₀ᵀ, dKd = V_new dSᵀ, dW = −dV_new S₀ᵀ, dAqk, dT's V part) run
-// over value tiles staged in shared memory; dQg and dKd stay in registers for the final pass.
+// over value tiles staged in shared memory; dQg and dKd wait in global scratch for the final pass.
 template <class T>
 __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   const int n = blockIdx.y / p.HV, hv = blockIdx.y % p.HV, h = hv / p.group;
@@ -841,7 +841,8 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   const float* Vn = p.U + base * V;                    // [kC][V] (V_new; V itself when Additive)
   const float* dVn = p.dVn + base * V;                 // [kC][V]
   float* dW = p.W + base * KS;                         // [kC][KS] scratch (W is spent)
-  float* dG = p.Kd + base * KS;                        // [kC][KS] scratch (Kd is spent)
+  float* dG = p.Kd + base * KS;                        // [kC][KS] scratch (Kd is spent): dKd, then dG
+  float* dQg = p.Qg + base * KS;                       // [kC][KS] scratch (Qg is spent)
 
   for (int i = tid; i < kC * K; i += kGradThreads) {
     const int r = i / K, d = i % K;
@@ -901,7 +902,14 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   if (rg == 0) sdGl[dl] = dl < K ? gl * __expf(sG[(kC - 1) * KP + dl]) : 0.0f;
   if (dl < KS)
 #pragma unroll
-    for (int i = 0; i < kGradRows; ++i) dW[(rg * kGradRows + i) * KS + dl] = dl < K ? dw[i] : 0.0f;
+    for (int i = 0; i < kGradRows; ++i) {
+      const int r = rg * kGradRows + i;
+      dW[r * KS + dl] = dl < K ? dw[i] : 0.0f;
+      // dQg and dKd wait in global scratch for the final pass (this thread reads them back): kept
+      // in registers across the passes between, they were indexed at run time and lived in local memory.
+      dQg[r * KS + dl] = dqg[i];
+      dG[r * KS + dl] = dkd[i];
+    }
 
   // Products over V into [kC, kC]: dAqk = tril(dO V_newᵀ) and dT's V part dV_new (β V)ᵀ (β later).
   {
@@ -1071,13 +1079,14 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
       }
 #pragma unroll
       for (int i4 = 0; i4 < 4; ++i4) {
-        const int i = 4 * q4 + i4, r = ra + i4;
+        const int r = ra + i4;
         const float Gr = sG[r * KP + d], eG = __expf(Gr), eGd = __expf(GCd - Gr);
         const float qr = sq[r * KP + d], kr = sk[r * KP + d];
         // Qg = e^G ⊙ q·s; Kd = e^{G_C − G} ⊙ k.
-        float dQs = eG * dqg[i], dK = eGd * dkd[i];
-        const float kd = eGd * kr * dkd[i];
-        float dg = eG * qr * dqg[i] - kd;
+        const float dqg_r = dQg[r * KS + d], dkd_r = dG[r * KS + d];
+        float dQs = eG * dqg_r, dK = eGd * dkd_r;
+        const float kd = eGd * kr * dkd_r;
+        float dg = eG * qr * dqg_r - kd;
         glk += kd;
         if (p.delta_write) {  // Kb = β e^G ⊙ k: dKb = Tᵀ dW
           float dkb = 0.0f;
