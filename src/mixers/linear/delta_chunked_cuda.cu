@@ -93,6 +93,19 @@ __device__ __forceinline__ int64_t srow(const ChunkDev& p, int n, int hv, int t)
   return (int64_t(n) * p.HV + hv) * (int64_t(p.c_count) * kC) + t;
 }
 
+// Which (sequence, value head, chunk) a per-chunk block owns: blockIdx.x = sequence × HV + value
+// head (any count), blockIdx.y = the chunk within the window (window_of keeps it ≤ 65,535). nv =
+// the chunk's real rows (≤ 0: past the sequence's end), r0 = its first token row.
+struct ChunkIds {
+  int n, hv, cw, nv;
+  int64_t r0;
+};
+__device__ __forceinline__ ChunkIds chunk_ids(const ChunkDev& p) {
+  const int n = int(blockIdx.x) / p.HV, hv = int(blockIdx.x) % p.HV, cw = int(blockIdx.y);
+  const int64_t t0 = int64_t(p.c_begin + cw) * kC, left = p.len[n] - t0;
+  return {n, hv, cw, int(left < kC ? left : int64_t(kC)), p.row0[n] + t0};
+}
+
 // G [kC][K+1] = the cumulative log-decays of the chunk's rows (0 past nv): the gates are loaded
 // by the whole block at once, then each channel is summed in double (differences of large sums
 // keep their digits), scaled by `unit` (log₂ e for log₂ units). Ends with __syncthreads.
@@ -303,12 +316,10 @@ __device__ __forceinline__ void invert_unit_lower(float* sT) {
 
 template <class T>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
-  const int n = blockIdx.y / p.HV, hv = blockIdx.y % p.HV, h = hv / p.group;
-  const int cw = blockIdx.x, c = p.c_begin + cw;
-  const int64_t L = p.len[n], t0 = int64_t(c) * kC;
-  if (t0 >= L) return;
-  const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
-  const int64_t r0 = p.row0[n] + t0;
+  const ChunkIds id = chunk_ids(p);
+  if (id.nv <= 0) return;
+  const int n = id.n, hv = id.hv, h = hv / p.group, cw = id.cw, nv = id.nv;
+  const int64_t r0 = id.r0;
   const int K = p.K, KP = K + 1, KS = p.KS, tid = threadIdx.x;
   extern __shared__ __align__(16) float smem[];
   float* sq = smem;              // [kC][KS]  q·s, later β 2^G k, then β V (rows read as float4)
@@ -600,10 +611,9 @@ constexpr int kOb = 64;
 template <class T>
 __global__ void __launch_bounds__(kRecThreads) output_kernel(ChunkDev p) {
   static_assert(kRecThreads == (kC / 4) * (kOb / 4), "one 4 x 4 output tile per thread");
-  const int n = blockIdx.y / p.HV, hv = blockIdx.y % p.HV, cw = blockIdx.x, c0 = blockIdx.z * kOb;
-  const int64_t L = p.len[n], t0 = int64_t(p.c_begin + cw) * kC;
-  if (t0 >= L) return;
-  const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
+  const ChunkIds id = chunk_ids(p);
+  if (id.nv <= 0) return;
+  const int n = id.n, hv = id.hv, cw = id.cw, nv = id.nv, c0 = blockIdx.z * kOb;
   const int K = p.K, KS = p.KS, V = p.V, tid = threadIdx.x;
   extern __shared__ __align__(16) float smem[];
   float* sS = smem;               // [KS][kOb]
@@ -667,7 +677,7 @@ __global__ void __launch_bounds__(kRecThreads) output_kernel(ChunkDev p) {
   for (int i = 0; i < 4; ++i) {
     const int r = r0 + i;
     if (r >= nv) break;
-    const int64_t orow = ((p.row0[n] + t0 + r) * p.HV + hv) * V;
+    const int64_t orow = ((id.r0 + r) * p.HV + hv) * V;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = c0 + j0 + e;
@@ -811,12 +821,10 @@ __device__ __forceinline__ void stage_cols(float* dst, const float* src, int row
 // over value tiles staged in shared memory; dQg and dKd wait in global scratch for the final pass.
 template <class T>
 __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
-  const int n = blockIdx.y / p.HV, hv = blockIdx.y % p.HV, h = hv / p.group;
-  const int cw = blockIdx.x, c = p.c_begin + cw;
-  const int64_t L = p.len[n], t0 = int64_t(c) * kC;
-  if (t0 >= L) return;
-  const int nv = int((L - t0 < kC ? L - t0 : int64_t(kC)));
-  const int64_t r0 = p.row0[n] + t0;
+  const ChunkIds id = chunk_ids(p);
+  if (id.nv <= 0) return;
+  const int n = id.n, hv = id.hv, h = hv / p.group, cw = id.cw, nv = id.nv;
+  const int64_t r0 = id.r0;
   const int K = p.K, KP = K + 1, KS = p.KS, V = p.V, tid = threadIdx.x;
   constexpr int CP = kC + 1;
   extern __shared__ __align__(16) float smem[];
@@ -1178,13 +1186,13 @@ template <class T>
 void launch(Step step, const ChunkDev& d, int64_t NHV) {
   configure<T>();
   const unsigned vtiles = unsigned((d.V + kVb - 1) / kVb);
-  const dim3 chunks(unsigned(d.c_count), unsigned(NHV)), tiles(unsigned(NHV), vtiles);
+  const dim3 chunks(unsigned(NHV), unsigned(d.c_count)), tiles(unsigned(NHV), vtiles);
   cudaStream_t st = device::stream();
   switch (step) {
     case Step::Prepare: prepare_kernel<T><<<chunks, kPrepThreads, prepare_smem(d.K), st>>>(d); break;
     case Step::Recur: recur_kernel<<<tiles, kRecThreads, recur_smem(d.KS), st>>>(d); break;
     case Step::Output:
-      output_kernel<T><<<dim3(unsigned(d.c_count), unsigned(NHV), unsigned((d.V + kOb - 1) / kOb)), kRecThreads,
+      output_kernel<T><<<dim3(unsigned(NHV), unsigned(d.c_count), unsigned((d.V + kOb - 1) / kOb)), kRecThreads,
                          output_smem(d.KS), st>>>(d);
       break;
     case Step::Reverse:
@@ -1243,7 +1251,8 @@ int64_t window_of(const cuda::DeviceArgs& a, const ChunkDev& d, int64_t chunks, 
   int64_t per_chunk = kC * (3 * d.KS + a.V + kC) + d.KS + a.K * a.V;
   if (backward) per_chunk += a.K * a.V + kC * (a.V + kC);
   per_chunk *= int64_t(sizeof(float)) * NHV;
-  return std::clamp<int64_t>(a.window > 0 ? a.window : kScratchBudget / per_chunk, 1, chunks);
+  // The chunk index of a window is gridDim.y of the per-chunk kernels (≤ 65,535).
+  return std::clamp<int64_t>(a.window > 0 ? a.window : kScratchBudget / per_chunk, 1, std::min<int64_t>(chunks, 65535));
 }
 
 }  // namespace

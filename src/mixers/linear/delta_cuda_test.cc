@@ -127,31 +127,23 @@ void expect_gpu_matches_cpu(const DeltaInputs& in, const DeltaCotangents& cot, c
                             const std::string& label) {
   DeltaOptions cpu = testing::options(var), gpu = cpu;
   gpu.device = Device::CUDA;
-  const DeltaOutputs ref = delta_forward(in, cpu, Impl::Recurrent), out = delta_forward(in, gpu, Impl::Recurrent);
-  expect_close(out.o, ref.o, 1e-4, label + " o");
-  expect_close(out.ht, ref.ht, 1e-4, label + " ht");
-  expect_close(out.zt, ref.zt, 1e-4, label + " zt");
-  const DeltaOutputs ch = delta_forward(in, gpu, Impl::Chunked);
-  expect_close(ch.o, ref.o, 1e-4, label + " chunked o");
-  expect_close(ch.ht, ref.ht, 1e-4, label + " chunked ht");
-  expect_close(ch.zt, ref.zt, 1e-4, label + " chunked zt");
+  const DeltaOutputs ref = delta_forward(in, cpu, Impl::Recurrent);
   const DeltaGrads gr = delta_backward(in, cot, cpu, Impl::Recurrent);
-  const DeltaGrads gg = delta_backward(in, cot, gpu, Impl::Recurrent);
-  expect_close(gg.dq, gr.dq, 1e-4, label + " dq");
-  expect_close(gg.dk, gr.dk, 1e-4, label + " dk");
-  expect_close(gg.dv, gr.dv, 1e-4, label + " dv");
-  expect_close(gg.dbeta, gr.dbeta, 1e-4, label + " dbeta");
-  expect_close(gg.dg, gr.dg, 1e-4, label + " dg");
-  expect_close(gg.dh0, gr.dh0, 1e-4, label + " dh0");
-  expect_close(gg.dz0, gr.dz0, 1e-4, label + " dz0");
-  const DeltaGrads gc = delta_backward(in, cot, gpu, Impl::Chunked);
-  expect_close(gc.dq, gr.dq, 1e-4, label + " chunked dq");
-  expect_close(gc.dk, gr.dk, 1e-4, label + " chunked dk");
-  expect_close(gc.dv, gr.dv, 1e-4, label + " chunked dv");
-  expect_close(gc.dbeta, gr.dbeta, 1e-4, label + " chunked dbeta");
-  expect_close(gc.dg, gr.dg, 1e-4, label + " chunked dg");
-  expect_close(gc.dh0, gr.dh0, 1e-4, label + " chunked dh0");
-  expect_close(gc.dz0, gr.dz0, 1e-4, label + " chunked dz0");
+  for (const Impl impl : {Impl::Recurrent, Impl::Chunked}) {
+    const std::string l = label + (impl == Impl::Chunked ? " chunked " : " ");
+    const DeltaOutputs out = delta_forward(in, gpu, impl);
+    expect_close(out.o, ref.o, 1e-4, l + "o");
+    expect_close(out.ht, ref.ht, 1e-4, l + "ht");
+    expect_close(out.zt, ref.zt, 1e-4, l + "zt");
+    const DeltaGrads gg = delta_backward(in, cot, gpu, impl);
+    expect_close(gg.dq, gr.dq, 1e-4, l + "dq");
+    expect_close(gg.dk, gr.dk, 1e-4, l + "dk");
+    expect_close(gg.dv, gr.dv, 1e-4, l + "dv");
+    expect_close(gg.dbeta, gr.dbeta, 1e-4, l + "dbeta");
+    expect_close(gg.dg, gr.dg, 1e-4, l + "dg");
+    expect_close(gg.dh0, gr.dh0, 1e-4, l + "dh0");
+    expect_close(gg.dz0, gr.dz0, 1e-4, l + "dz0");
+  }
 }
 
 // Random shapes against the CPU recurrent reference (fp32 storage).
@@ -190,6 +182,21 @@ TEST(DeltaCudaVarlen, PackedMatchesCpu) {
     in.cu_seqlens = {0, 1, 67, 150};
     const DeltaCotangents cot = random_cotangents(var, 1, T, HV, K, V, 3, 12);
     expect_gpu_matches_cpu(in, cot, var, std::string(var.name) + " varlen");
+  }
+}
+
+// More (sequence, value head) pairs than a grid's y dimension holds (65,535): 4,100 sequences of
+// 65 tokens (two chunks each) at 16 heads, the batch a prefill of many short prompts makes.
+TEST(DeltaCudaVarlen, ManySequences) {
+  for (const Variant& var : kVariants) {
+    if (var.decay != Decay::PerChannel && var.write != Write::Additive) continue;
+    if (var.normalize == Normalize::On) continue;
+    const int64_t N = 4100, L = 65, T = N * L, H = 16, K = 4, V = 4;
+    DeltaInputs in = random_inputs(var, 1, T, H, H, K, V, N, 13);
+    in.cu_seqlens.resize(size_t(N) + 1);
+    for (int64_t i = 0; i <= N; ++i) in.cu_seqlens[size_t(i)] = i * L;
+    const DeltaCotangents cot = random_cotangents(var, 1, T, H, K, V, N, 14);
+    expect_gpu_matches_cpu(in, cot, var, std::string(var.name) + " 4100 sequences");
   }
 }
 
