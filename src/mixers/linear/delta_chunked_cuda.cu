@@ -828,7 +828,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   const int K = p.K, KP = K + 1, KS = p.KS, V = p.V, tid = threadIdx.x;
   constexpr int CP = kC + 1;
   extern __shared__ __align__(16) float smem[];
-  float* stage = smem;               // [kStage] staged tiles, later e^G ⊙ K, dV_new, dW
+  float* stage = smem;               // [kStage] staged tiles, later dW, dV_new, dW
   float* sq = stage + kStage;        // [kC][KP] q·s
   float* sk = sq + kC * KP;          // [kC][KP]
   float* sG = sk + kC * KP;          // [kC][KP]
@@ -975,18 +975,26 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
         sAb[jc * CP + i] = val;
     }
     __syncthreads();
-    // dT = diag-scaled (dV_new Vᵀ + dW (e^G ⊙ K)ᵀ) · β_s, with e^G ⊙ K staged.
-    float* sKg = stage;  // [kC][KP]
-    for (int i = tid; i < kC * K; i += kGradThreads) {
-      const int r = i / K, d = i % K;
-      sKg[r * KP + d] = __expf(sG[r * KP + d]) * sk[r * KP + d];
-    }
-    __syncthreads();
-    for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
-      const int r = idx / kC, s = idx % kC;
-      float a = sdA[r * CP + s];
-      for (int d = 0; d < K; ++d) a += dW[r * KS + d] * sKg[s * KP + d];
-      sdA[r * CP + s] = a * sb[s];
+    // dT = (dV_new Vᵀ + dW (e^G ⊙ K)ᵀ) · β_s, dW staged in shared memory (read from global scratch
+    // in the inner loop it cost an L2 round trip per term). A thread owns column s of rows
+    // rq, rq + 8, …, so e^{G_s} ⊙ k_s is formed once per channel.
+    {
+      constexpr int kStep = kGradThreads / kC, kRows = kC / kStep;
+      static_assert(kStep * kC == kGradThreads && kRows * kStep == kC, "dT: whole columns per thread");
+      float* sdW = stage;  // [kC][KS]
+      for (int i = tid; i < kC * KS; i += kGradThreads) sdW[i] = dW[i];
+      __syncthreads();
+      const int s = tid % kC, rq = tid / kC;
+      float a[kRows];
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) a[m] = sdA[(rq + kStep * m) * CP + s];
+      for (int d = 0; d < K; ++d) {
+        const float kg = __expf(sG[s * KP + d]) * sk[s * KP + d];
+#pragma unroll
+        for (int m = 0; m < kRows; ++m) a[m] += sdW[(rq + kStep * m) * KS + d] * kg;
+      }
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) sdA[(rq + kStep * m) * CP + s] = a[m] * sb[s];
     }
     __syncthreads();
     // dA = −Tᵀ dT Tᵀ, strictly lower: Tmp = Tᵀ dT, then −Tmp Tᵀ.
@@ -1141,14 +1149,28 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   // dg = reverse cumulative sum of dG inside the chunk (G is the cumsum of g), dG_C at the end.
   if (p.decay != 0 && p.dg)
     for (int d = tid; d < K; d += kGradThreads) {
+      // 8 rows at a time, their loads in flight together (one row after another, each load
+      // waited for its round trip).
+      constexpr int kBatch = 8;
       float carry = sdGl[d];
-      for (int r = kC - 1; r >= 0; --r) {
-        carry += dG[r * KS + d];
-        if (r >= nv) continue;
-        if (p.decay == 2)
-          p.dg[((r0 + r) * p.HV + hv) * K + d] += carry;
-        else
-          atomicAdd(&p.dg[(r0 + r) * p.HV + hv], carry);
+      for (int top = kC - 1; top >= 0; top -= kBatch) {
+        float x[kBatch], old[kBatch];
+#pragma unroll
+        for (int e = 0; e < kBatch; ++e) {
+          const int r = top - e;
+          x[e] = dG[r * KS + d];
+          old[e] = p.decay == 2 && r < nv ? p.dg[((r0 + r) * p.HV + hv) * K + d] : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < kBatch; ++e) {
+          const int r = top - e;
+          carry += x[e];
+          if (r >= nv) continue;
+          if (p.decay == 2)
+            p.dg[((r0 + r) * p.HV + hv) * K + d] = old[e] + carry;
+          else
+            atomicAdd(&p.dg[(r0 + r) * p.HV + hv], carry);
+        }
       }
     }
   if (p.delta_write && p.dbeta)
