@@ -26,8 +26,9 @@
 // storing dS (the adjoint of each chunk's leaving state) and dV_new (operands by cp.async, one
 // phase ahead); `grads` — one block per
 // (chunk, sequence, value head), all at once: everything else of the README's chunk backward
-// (dKd, dQg, dW, dT, dA = −Tᵀ dT Tᵀ, the decayed grams' backward with their exponents masked as in
-// the forward, dβ, and dg as the reverse cumulative sum of dG inside the chunk).
+// (dKd, dQg, dW, dT, dA = −Tᵀ dT Tᵀ, the decayed grams' backward with every exponent ≤ 0 as in the
+// forward — per pair inside a 16-row block, split at the block's edges across blocks — dβ, and dg
+// as the reverse cumulative sum of dG inside the chunk).
 //
 // The scratch holds a window of chunks per (sequence, head); longer inputs run window after window,
 // the state passing between them through `ht` (or a temporary), so memory stays bounded (the
