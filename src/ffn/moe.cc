@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "core/parallel.h"
+#include "ffn/moe_group_score.h"
 
 namespace k3 {
 
@@ -65,19 +66,7 @@ std::vector<int64_t> select_experts(const float* choice, int64_t M, int64_t E, i
       const float* c = choice + m * E;
       int64_t n = 0;
       if (n_group > 1 && topk_group < n_group) {
-        // Group score: the sum of the group's two best choice scores (one if the group has one).
-        for (int64_t g = 0; g < n_group; ++g) {
-          float b1 = -INFINITY, b2 = -INFINITY;
-          for (int64_t j = g * gsize; j < (g + 1) * gsize; ++j) {
-            if (c[j] > b1) {
-              b2 = b1;
-              b1 = c[j];
-            } else if (c[j] > b2) {
-              b2 = c[j];
-            }
-          }
-          gscore[size_t(g)] = gsize > 1 ? b1 + b2 : b1;
-        }
+        for (int64_t g = 0; g < n_group; ++g) gscore[size_t(g)] = moe_group_score(c, g * gsize, (g + 1) * gsize);
         std::iota(groups.begin(), groups.end(), 0);
         std::partial_sort(groups.begin(), groups.begin() + topk_group, groups.end(), ByScore{gscore.data()});
         std::sort(groups.begin(), groups.begin() + topk_group);

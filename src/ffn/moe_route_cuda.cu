@@ -8,6 +8,7 @@
 #include "core/cuda_util.cuh"
 #include "core/device.h"
 #include "ffn/moe_cuda.h"
+#include "ffn/moe_group_score.h"
 
 namespace k3::gpu {
 namespace {
@@ -34,6 +35,17 @@ __device__ void block_best(float& v, int& i, float* sv, int* si) {
     if (si[w] >= 0 && (i < 0 || before(sv[w], si[w], v, i))) v = sv[w], i = si[w];
 }
 
+// The block-wide best x[j] (by key, ties to the lower j) among the j < n with !skip[j]; every
+// thread gets it, −1 when there is none.
+__device__ int best_candidate(const float* x, const unsigned char* skip, int n, float* sv, int* si) {
+  float v = -INFINITY;
+  int i = -1;
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    if (!skip[j] && (i < 0 || before(key(x[j]), j, v, i))) v = key(x[j]), i = j;
+  block_best(v, i, sv, si);
+  return i;
+}
+
 __global__ void __launch_bounds__(kThreads) select_kernel(const float* scores, const float* bias, int E, int K,
                                                          int n_group, int topk_group, int64_t* out) {
   extern __shared__ float smem[];
@@ -52,26 +64,13 @@ __global__ void __launch_bounds__(kThreads) select_kernel(const float* scores, c
   }
   __syncthreads();
   if (grouped) {
-    for (int g = threadIdx.x; g < n_group; g += kThreads) {  // as the host: NaN never enters a group score
-      float b1 = -INFINITY, b2 = -INFINITY;
-      for (int j = g * gsize; j < (g + 1) * gsize; ++j) {
-        if (c[j] > b1) {
-          b2 = b1;
-          b1 = c[j];
-        } else if (c[j] > b2) {
-          b2 = c[j];
-        }
-      }
-      gscore[g] = gsize > 1 ? b1 + b2 : b1;
+    for (int g = threadIdx.x; g < n_group; g += kThreads) {
+      gscore[g] = moe_group_score(c, g * gsize, (g + 1) * gsize);
       gsel[g] = 0;
     }
     __syncthreads();
     for (int round = 0; round < topk_group; ++round) {
-      float v = -INFINITY;
-      int i = -1;
-      for (int g = threadIdx.x; g < n_group; g += kThreads)
-        if (!gsel[g] && (i < 0 || before(key(gscore[g]), g, v, i))) v = key(gscore[g]), i = g;
-      block_best(v, i, sv, si);
+      const int i = best_candidate(gscore, gsel, n_group, sv, si);
       __syncthreads();
       if (threadIdx.x == 0) gsel[i] = 1;
       for (int j = i * gsize + int(threadIdx.x); j < (i + 1) * gsize; j += kThreads) taken[j] = 0;
@@ -79,11 +78,7 @@ __global__ void __launch_bounds__(kThreads) select_kernel(const float* scores, c
     }
   }
   for (int k = 0; k < K; ++k) {
-    float v = -INFINITY;
-    int i = -1;
-    for (int e = threadIdx.x; e < E; e += kThreads)
-      if (!taken[e] && (i < 0 || before(key(c[e]), e, v, i))) v = key(c[e]), i = e;
-    block_best(v, i, sv, si);
+    const int i = best_candidate(c, taken, E, sv, si);
     if (threadIdx.x == 0) {
       out[m * K + k] = i;
       if (i >= 0) taken[i] = 1;
