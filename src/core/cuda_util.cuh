@@ -69,4 +69,16 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   return warp_sum(x);
 }
 
+// Asynchronous 16-byte copies global → shared (cp.async, sm_80+): no register holds the data in
+// flight, so a memory-bound kernel can keep as many bytes in flight as shared memory holds.
+// `wait_group N` waits until at most N committed groups of this thread are in flight; copies not
+// yet committed to a group are not covered by it (`cp.async.wait_all` waits for every copy).
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
 }  // namespace k3::device

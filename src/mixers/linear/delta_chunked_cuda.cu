@@ -43,6 +43,10 @@
 namespace k3::linear::detail {
 namespace {
 
+using device::cp_async16;
+using device::cp_async_commit;
+using device::cp_async_wait0;
+using device::cp_async_wait1;
 using device::from_f32;
 using device::to_f32;
 
@@ -440,18 +444,10 @@ __device__ __forceinline__ void load_slab(float* dst, const float* src, int KS) 
 // Asynchronous copies into shared memory (cp.async): the next chunk's operands load while the
 // current one is computed. `async_slab` is load_slab's; `async_tile` copies a [kC, kVb] tile of a
 // [rows, V] array (columns c0…, zeros past V).
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, bool ok) {
   const unsigned d = unsigned(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most one committed group of this thread is still in flight.
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
-__device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
 __device__ __forceinline__ void async_slab(float* dst, const float* src, int floats) {
   for (int i = 4 * int(threadIdx.x); i < floats; i += 4 * kRecThreads) cp_async16(dst + i, src + i);
 }

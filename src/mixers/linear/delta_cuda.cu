@@ -386,81 +386,130 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dev p) {
   store_state(p, p.dh0 + soff, dS, warp, lane, rpw);
 }
 
-// The decode step (every sequence one token): one block per (sequence, value head); q, k and the
-// decay multipliers go to shared memory once, then each warp takes a tile of 16 value columns,
-// two lanes per column each holding half of its rows in registers: decay + u = Sᵀk, then the
-// write and o = Sᵀq (one shuffle joins the halves), with no further barriers. Small blocks and independent warps keep enough state loads in flight for
-// the bandwidth the step is bound by.
-constexpr int kDecodeWarps = 4;
+// The decode step (every sequence one token), the bandwidth-bound case: each element of S is read
+// once and written once. One block per (sequence, value head, tile of 32 value columns); a row of
+// the tile is 128 bytes, read by 8 lanes as float4s, so each load instruction of a warp fetches 4
+// whole rows (lines). Rows go round-robin to the block's 16 row groups (4 per warp): 8 rows × 4
+// columns of S per thread for K ≤ 128, 32 registers, 8 blocks of 128 threads per SM. The state
+// loads are issued before q, k and the decays are staged. Column sums (u = Sᵀk after the decay,
+// o = Sᵀq after the write) are a shuffle across the warp's row groups and one exchange across
+// warps in shared memory; two barriers in all. (On the H200 2 and 4 rows per thread were slower;
+// a version staging the tile by cp.async, 11 blocks of 16 KB in flight per SM, ran
+// at the same speed: tools/gpu/NOTES.md, "Seventh session".)
+constexpr int kDecodeRows = 8, kDecodeWarps = kKMax / kDecodeRows / 4;
+
+// Four columns j…j+3 of one row of S (zeros past V). `vec`: V % 4 == 0 and S 16-byte aligned, so
+// the four are one aligned float4 (every row starts at a multiple of 4 floats) and lie wholly
+// inside or outside.
+__device__ __forceinline__ float4 load_cols(const float* row, int j, int V, bool vec) {
+  if (vec) return j < V ? __ldcs(reinterpret_cast<const float4*>(row + j)) : make_float4(0, 0, 0, 0);
+  return make_float4(j < V ? row[j] : 0.0f, j + 1 < V ? row[j + 1] : 0.0f, j + 2 < V ? row[j + 2] : 0.0f,
+                     j + 3 < V ? row[j + 3] : 0.0f);
+}
+__device__ __forceinline__ void store_cols(float* row, int j, int V, bool vec, float4 x) {
+  if (vec) {
+    if (j < V) __stcs(reinterpret_cast<float4*>(row + j), x);
+    return;
+  }
+  if (j < V) row[j] = x.x;
+  if (j + 1 < V) row[j + 1] = x.y;
+  if (j + 2 < V) row[j + 2] = x.z;
+  if (j + 3 < V) row[j + 3] = x.w;
+}
+// Sum over the warp's 4 row groups (lanes 8 and 16 apart), then over the block's warps: every
+// thread gets the totals of its 4 columns. `red` holds one float4 per (warp, column lane).
+template <int W>
+__device__ __forceinline__ float4 column_sums(float4 x, float4 (*red)[8], int warp, int lane) {
+#pragma unroll
+  for (int m = 8; m <= 16; m *= 2) {
+    x.x += __shfl_xor_sync(0xffffffffu, x.x, m);
+    x.y += __shfl_xor_sync(0xffffffffu, x.y, m);
+    x.z += __shfl_xor_sync(0xffffffffu, x.z, m);
+    x.w += __shfl_xor_sync(0xffffffffu, x.w, m);
+  }
+  if (lane < 8) red[warp][lane] = x;
+  __syncthreads();
+  float4 t = red[0][lane & 7];
+#pragma unroll
+  for (int w = 1; w < W; ++w) {
+    const float4 y = red[w][lane & 7];
+    t.x += y.x, t.y += y.y, t.z += y.z, t.w += y.w;
+  }
+  return t;
+}
 
 template <class T>
-__global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(Dev p) {
+__global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeRows) decode_kernel(Dev p) {
+  constexpr int G = kDecodeWarps * 4;  // row groups
+  const int K = p.K, V = p.V;
   __shared__ float sq[kKMax], sk[kKMax], sa[kKMax];
+  __shared__ float4 red_u[kDecodeWarps][8], red_o[kDecodeWarps][8];
   const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV, h = hv / p.group;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t r = p.row0[n];  // this sequence's token row
-  const int64_t soff = (int64_t(n) * p.HV + hv) * p.K * p.V;
-  for (int i = threadIdx.x; i < p.K; i += blockDim.x) {
-    sq[i] = to_f32(static_cast<const T*>(p.q)[(r * p.H + h) * p.K + i]) * p.scale;
-    sk[i] = to_f32(static_cast<const T*>(p.k)[(r * p.H + h) * p.K + i]);
-    sa[i] = p.decay == 1 ? __expf(p.g[r * p.HV + hv]) : p.decay == 2 ? __expf(p.g[(r * p.HV + hv) * p.K + i]) : 1.0f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, rg = warp * 4 + lane / 8;
+  const int j = blockIdx.y * 32 + 4 * (lane & 7);  // the first of this thread's 4 columns
+  const int64_t r = p.row0[n];                     // this sequence's token row
+  const int64_t soff = (int64_t(n) * p.HV + hv) * K * V + int64_t(rg) * V;  // + row offsets G·V·rr
+  const bool vec = (V & 3) == 0 && ((reinterpret_cast<uintptr_t>(p.h0) | reinterpret_cast<uintptr_t>(p.ht)) & 15) == 0;
+  float4 S[kDecodeRows];
+#pragma unroll
+  for (int rr = 0; rr < kDecodeRows; ++rr) {
+    const int i = rg + G * rr;
+    S[rr] = p.h0 && i < K ? load_cols(p.h0 + soff + G * V * rr, j, V, vec) : make_float4(0, 0, 0, 0);
+  }
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    sq[i] = to_f32(static_cast<const T*>(p.q)[(r * p.H + h) * K + i]) * p.scale;
+    sk[i] = to_f32(static_cast<const T*>(p.k)[(r * p.H + h) * K + i]);
+    sa[i] = p.decay == 1 ? __expf(p.g[r * p.HV + hv]) : p.decay == 2 ? __expf(p.g[(r * p.HV + hv) * K + i]) : 1.0f;
   }
   __syncthreads();
-  const float beta = p.delta_write ? p.beta[r * p.HV + hv] : 1.0f;
-  // Lanes 0-15 and 16-31 split the rows of the same 16 columns (64 registers of S per lane).
-  // Volatile reads keep q, k and a in shared memory: hoisted into registers they would triple
-  // the register footprint and halve the warps in flight.
+  // Volatile reads keep q, k and a in shared memory: hoisted into registers ahead of their use
+  // they would take as many registers as S and halve the blocks in flight.
   const volatile float* vq = sq;
   const volatile float* vk = sk;
   const volatile float* va = sa;
-  const int half = lane / 16, rows = (p.K + 1) / 2, i0 = half * rows;
-  for (int j0 = (blockIdx.y * kDecodeWarps + warp) * 16; j0 < p.V; j0 += gridDim.y * kDecodeWarps * 16) {
-    const int j = j0 + (lane & 15);
-    const bool col = j < p.V;
-    float S[kKMax / 2];
-    const float* src = p.h0 ? p.h0 + soff + int64_t(i0) * p.V + j : nullptr;
+  float4 u = make_float4(0, 0, 0, 0);
 #pragma unroll
-    for (int ii = 0; ii < kKMax / 2; ++ii, src += p.V) {
-      const int i = i0 + ii;
-      S[ii] = (col && ii < rows && i < p.K && p.h0) ? *src : 0.0f;
+  for (int rr = 0; rr < kDecodeRows; ++rr) {
+    const int i = rg + G * rr;
+    if (i < K) {
+      const float a = va[i], kk = vk[i];
+      S[rr].x *= a, S[rr].y *= a, S[rr].z *= a, S[rr].w *= a;
+      u.x += S[rr].x * kk, u.y += S[rr].y * kk, u.z += S[rr].z * kk, u.w += S[rr].w * kk;
     }
-    float u = 0.0f;
+  }
+  u = column_sums<kDecodeWarps>(u, red_u, warp, lane);
+  float4 d;  // the write's value: β (v − u) for the delta rule, v for the additive one
+  {
+    const T* vr = static_cast<const T*>(p.v) + (r * p.HV + hv) * V;
+    const float beta = p.delta_write ? p.beta[r * p.HV + hv] : 1.0f;
+    float vj[4];
 #pragma unroll
-    for (int ii = 0; ii < kKMax / 2; ++ii) {
-      const int i = i0 + ii;
-      if (ii < rows && i < p.K) {
-        S[ii] *= va[i];
-        u += S[ii] * vk[i];
-      }
-    }
-    u += __shfl_xor_sync(0xffffffffu, u, 16);
-    const float vj = col ? to_f32(static_cast<const T*>(p.v)[(r * p.HV + hv) * p.V + j]) : 0.0f;
-    const float delta = p.delta_write ? beta * (vj - u) : vj;
-    float o = 0.0f;
+    for (int e = 0; e < 4; ++e) vj[e] = j + e < V ? to_f32(vr[j + e]) : 0.0f;
+    d = p.delta_write ? make_float4(beta * (vj[0] - u.x), beta * (vj[1] - u.y), beta * (vj[2] - u.z), beta * (vj[3] - u.w))
+                      : make_float4(vj[0], vj[1], vj[2], vj[3]);
+  }
+  float4 o = make_float4(0, 0, 0, 0);
 #pragma unroll
-    for (int ii = 0; ii < kKMax / 2; ++ii) {
-      const int i = i0 + ii;
-      if (ii < rows && i < p.K) {
-        S[ii] += vk[i] * delta;
-        o += S[ii] * vq[i];
-      }
+  for (int rr = 0; rr < kDecodeRows; ++rr) {
+    const int i = rg + G * rr;
+    if (i < K) {
+      const float kk = vk[i], qq = vq[i];
+      S[rr].x += kk * d.x, S[rr].y += kk * d.y, S[rr].z += kk * d.z, S[rr].w += kk * d.w;
+      o.x += S[rr].x * qq, o.y += S[rr].y * qq, o.z += S[rr].z * qq, o.w += S[rr].w * qq;
+      if (p.ht) store_cols(p.ht + soff + G * V * rr, j, V, vec, S[rr]);
     }
-    o += __shfl_xor_sync(0xffffffffu, o, 16);
-    if (!col) continue;
-    if (p.ht) {
-      float* dst = p.ht + soff + int64_t(i0) * p.V + j;
+  }
+  o = column_sums<kDecodeWarps>(o, red_o, warp, lane);
+  if (threadIdx.x < 8) {
+    const int64_t oi = (r * p.HV + hv) * V;
+    const float oj[4] = {o.x, o.y, o.z, o.w};
 #pragma unroll
-      for (int ii = 0; ii < kKMax / 2; ++ii, dst += p.V) {
-        const int i = i0 + ii;
-        if (ii < rows && i < p.K) *dst = S[ii];
-      }
-    }
-    const int64_t oi = (r * p.HV + hv) * p.V + j;
-    if (half == 0) {
+    for (int e = 0; e < 4; ++e) {
+      if (j + e >= V) break;
       if (p.o_f32)
-        static_cast<float*>(p.o)[oi] = o;
+        static_cast<float*>(p.o)[oi + j + e] = oj[e];
       else
-        static_cast<T*>(p.o)[oi] = from_f32<T>(o);
+        static_cast<T*>(p.o)[oi + j + e] = from_f32<T>(oj[e]);
     }
   }
 }
@@ -586,7 +635,7 @@ void forward(const DeviceArgs& a) {
     return cuda::chunked_forward(a);
   const Dev d = to_dev(a);
   if (a.max_len == 1) {  // every sequence one token: the decode step
-    const dim3 blocks(unsigned(a.N * a.HV), unsigned((a.V + kDecodeWarps * 16 - 1) / (kDecodeWarps * 16)));
+    const dim3 blocks(unsigned(a.N * a.HV), unsigned((a.V + 31) / 32));
     if (!blocks.x) return;
     if (a.io == DType::BF16)
       decode_kernel<__nv_bfloat16><<<blocks, kDecodeWarps * 32, 0, device::stream()>>>(d);

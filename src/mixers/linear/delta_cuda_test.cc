@@ -167,7 +167,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DeltaCudaShapes,
                                             ::testing::Values(Shape6{2, 1, 2, 4, 16, 24}, Shape6{2, 63, 2, 4, 16, 24},
                                                               Shape6{1, 64, 1, 2, 32, 48}, Shape6{2, 65, 2, 2, 24, 16},
                                                               Shape6{1, 200, 2, 4, 16, 24},
-                                                              Shape6{1, 70, 1, 1, 128, 128}, Shape6{1, 40, 1, 1, 64, 200})),
+                                                              Shape6{1, 70, 1, 1, 128, 128}, Shape6{1, 40, 1, 1, 64, 200},
+                                                              Shape6{3, 1, 2, 4, 128, 128}, Shape6{2, 1, 1, 2, 100, 37})),
                          [](const ::testing::TestParamInfo<std::tuple<int, Shape6>>& p) {
                            const Shape6 s = std::get<1>(p.param);
                            return std::string(kVariants[std::get<0>(p.param)].name) + "_T" + std::to_string(s.T) +
