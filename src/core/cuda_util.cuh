@@ -69,6 +69,20 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   return warp_sum(x);
 }
 
+// acc += t · x per component, as fused multiply-adds (the rows of the register-tiled products).
+__device__ __forceinline__ void axpy4(float (&acc)[4], float t, float4 x) {
+  acc[0] = fmaf(t, x.x, acc[0]);
+  acc[1] = fmaf(t, x.y, acc[1]);
+  acc[2] = fmaf(t, x.z, acc[2]);
+  acc[3] = fmaf(t, x.w, acc[3]);
+}
+__device__ __forceinline__ void axpy4(float4& acc, float t, float4 x) {
+  acc.x = fmaf(t, x.x, acc.x);
+  acc.y = fmaf(t, x.y, acc.y);
+  acc.z = fmaf(t, x.z, acc.z);
+  acc.w = fmaf(t, x.w, acc.w);
+}
+
 // Asynchronous 16-byte copies global → shared (cp.async, sm_80+): no register holds the data in
 // flight, so a memory-bound kernel can keep as many bytes in flight as shared memory holds.
 // `wait_group N` waits until at most N committed groups of this thread are in flight; copies not

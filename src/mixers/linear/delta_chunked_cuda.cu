@@ -43,6 +43,7 @@
 namespace k3::linear::detail {
 namespace {
 
+using device::axpy4;
 using device::cp_async16;
 using device::cp_async_commit;
 using device::cp_async_wait0;
@@ -222,12 +223,7 @@ __device__ __forceinline__ void lower_times(const float* sT, const float* X, int
     for (int i = 0; i < 4; ++i) {
       const float ti[4] = {t[i].x, t[i].y, t[i].z, t[i].w};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc[i][0] = fmaf(ti[e], x[e].x, acc[i][0]);
-        acc[i][1] = fmaf(ti[e], x[e].y, acc[i][1]);
-        acc[i][2] = fmaf(ti[e], x[e].z, acc[i][2]);
-        acc[i][3] = fmaf(ti[e], x[e].w, acc[i][3]);
-      }
+      for (int e = 0; e < 4; ++e) axpy4(acc[i], ti[e], x[e]);
     }
   }
 #pragma unroll
@@ -235,11 +231,7 @@ __device__ __forceinline__ void lower_times(const float* sT, const float* X, int
     const float4 x = *reinterpret_cast<const float4*>(X + (r0 + e) * ldx + 4 * c);
 #pragma unroll
     for (int i = e; i < 4; ++i) {
-      const float t = i == e ? 1.0f : sT[(r0 + i) * kC + r0 + e];
-      acc[i][0] = fmaf(t, x.x, acc[i][0]);
-      acc[i][1] = fmaf(t, x.y, acc[i][1]);
-      acc[i][2] = fmaf(t, x.z, acc[i][2]);
-      acc[i][3] = fmaf(t, x.w, acc[i][3]);
+      axpy4(acc[i], i == e ? 1.0f : sT[(r0 + i) * kC + r0 + e], x);
     }
   }
 }
@@ -636,12 +628,7 @@ __global__ void __launch_bounds__(kRecThreads) output_kernel(ChunkDev p) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc[i][0] = fmaf(a[i][e], x[e].x, acc[i][0]);
-        acc[i][1] = fmaf(a[i][e], x[e].y, acc[i][1]);
-        acc[i][2] = fmaf(a[i][e], x[e].z, acc[i][2]);
-        acc[i][3] = fmaf(a[i][e], x[e].w, acc[i][3]);
-      }
+      for (int e = 0; e < 4; ++e) axpy4(acc[i], a[i][e], x[e]);
   };
   auto load4 = [](const float* src, float (&a)[4]) {
     const float4 v = *reinterpret_cast<const float4*>(src);

@@ -26,6 +26,7 @@
 namespace k3::linear::detail {
 namespace {
 
+using device::axpy4;
 using device::from_f32;
 using device::to_f32;
 using device::warp_sum;
@@ -389,14 +390,17 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dev p) {
 // The decode step (every sequence one token), the bandwidth-bound case: each element of S is read
 // once and written once. One block per (sequence, value head, tile of 32 value columns); a row of
 // the tile is 128 bytes, read by 8 lanes as float4s, so each load instruction of a warp fetches 4
-// whole rows (lines). Rows go round-robin to the block's 16 row groups (4 per warp): 8 rows × 4
-// columns of S per thread for K ≤ 128, 32 registers, 8 blocks of 128 threads per SM. The state
-// loads are issued before q, k and the decays are staged. Column sums (u = Sᵀk after the decay,
-// o = Sᵀq after the write) are a shuffle across the warp's row groups and one exchange across
-// warps in shared memory; two barriers in all. (On the H200 2 and 4 rows per thread were slower;
-// a version staging the tile by cp.async, 11 blocks of 16 KB in flight per SM, ran
-// at the same speed: tools/gpu/NOTES.md, "Seventh session".)
+// whole rows (whole 128-byte lines when V is a multiple of 32, as every model's heads are). Rows
+// go round-robin to the block's 16 row groups (4 per warp): 8 rows × 4 columns of S per thread
+// for K ≤ 128, 32 registers, 8 blocks of 128 threads per SM. The state loads are issued before q,
+// k and the decays are staged (one barrier). The column sums (u = Sᵀk after the decay, o = Sᵀq
+// after the write) are a shuffle across the warp's row groups and an exchange across warps in
+// shared memory, a barrier each. (On the H200 2 and 4 rows per thread were slower; a version
+// staging the tile by cp.async, 11 blocks of 16 KB in flight per SM, ran at the same speed:
+// tools/gpu/NOTES.md, "Seventh session".)
 constexpr int kDecodeRows = 8, kDecodeWarps = kKMax / kDecodeRows / 4;
+constexpr int kDecodeBlocksPerSM = 8;  // launch bounds: ≤ 64 registers per thread
+static_assert(kKMax % (4 * kDecodeRows) == 0, "the row groups times the rows per thread cover kKMax");
 
 // Four columns j…j+3 of one row of S (zeros past V). `vec`: V % 4 == 0 and S 16-byte aligned, so
 // the four are one aligned float4 (every row starts at a multiple of 4 floats) and lie wholly
@@ -439,7 +443,7 @@ __device__ __forceinline__ float4 column_sums(float4 x, float4 (*red)[8], int wa
 }
 
 template <class T>
-__global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeRows) decode_kernel(Dev p) {
+__global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_kernel(Dev p) {
   constexpr int G = kDecodeWarps * 4;  // row groups
   const int K = p.K, V = p.V;
   __shared__ float sq[kKMax], sk[kKMax], sa[kKMax];
@@ -474,7 +478,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeRows) decode_kernel(
     if (i < K) {
       const float a = va[i], kk = vk[i];
       S[rr].x *= a, S[rr].y *= a, S[rr].z *= a, S[rr].w *= a;
-      u.x += S[rr].x * kk, u.y += S[rr].y * kk, u.z += S[rr].z * kk, u.w += S[rr].w * kk;
+      axpy4(u, kk, S[rr]);
     }
   }
   u = column_sums<kDecodeWarps>(u, red_u, warp, lane);
@@ -494,8 +498,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeRows) decode_kernel(
     const int i = rg + G * rr;
     if (i < K) {
       const float kk = vk[i], qq = vq[i];
-      S[rr].x += kk * d.x, S[rr].y += kk * d.y, S[rr].z += kk * d.z, S[rr].w += kk * d.w;
-      o.x += S[rr].x * qq, o.y += S[rr].y * qq, o.z += S[rr].z * qq, o.w += S[rr].w * qq;
+      axpy4(S[rr], kk, d);
+      axpy4(o, qq, S[rr]);
       if (p.ht) store_cols(p.ht + soff + G * V * rr, j, V, vec, S[rr]);
     }
   }
