@@ -33,7 +33,8 @@ std::vector<T> split_list(const std::string& s, const char* what) {
 
 const char* kRecallHelp =
     "Train a 2-layer model of one mixer family from scratch on a synthetic recall task and measure its\n"
-    "greedy accuracy on held-out examples (a different seed stream than training).\n"
+    "greedy accuracy on held-out examples (a different seed stream than training), and the step at\n"
+    "which its smoothed training loss first fell below half its initial value (leaving the plateau).\n"
     "Tasks (details in src/train/recall_tasks.md):\n"
     "  mqar        Zoology MQAR: --pairs key-value pairs (default seq-len/8), then one query per key at\n"
     "              power-law placed slots (power_a 0.01), filler token 0 elsewhere; keys [1,V/2), values\n"
@@ -145,6 +146,7 @@ void register_bench_recall(CLI::App* bench) {
           j["runs_by_seed"].push_back(r.to_json());
         }
         j.erase("seed");
+        j.erase("half_loss_step");  // per seed, in runs_by_seed
       } else {
         j = results[0].to_json();
       }

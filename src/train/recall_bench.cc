@@ -117,6 +117,17 @@ std::string fmt_g(double x) {
   return b;
 }
 
+std::string half_loss_text(int64_t step) {
+  return step >= 0 ? "loss halved at step " + std::to_string(step) : "loss never halved";
+}
+
+// The table's cell: when the best lr's run halved its loss.
+std::string half_loss_cell(const RecallResult& r) {
+  for (const RecallRun& run : r.runs)
+    if (run.lr == r.best_lr) return run.half_loss_step >= 0 ? std::to_string(run.half_loss_step) : "never";
+  return "-";
+}
+
 void write_text(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp";
   {
@@ -190,6 +201,7 @@ RecallRun train_once(const RecallBenchOptions& o, const Json& config, float lr) 
     }
   }
   run.final_train_loss = avg;
+  run.half_loss_step = half_loss_step(run.loss_curve);
   run.train_seconds = seconds_since(t0);
   if (o.cuda) move_to(*model, Device::CPU);
   run.accuracy = evaluate(*model, o.task, recall_test_seed(o.seed), o.test_examples);
@@ -197,6 +209,17 @@ RecallRun train_once(const RecallBenchOptions& o, const Json& config, float lr) 
 }
 
 }  // namespace
+
+int64_t half_loss_step(const std::vector<double>& loss_curve) {
+  if (loss_curve.empty()) return -1;
+  const double half = 0.5 * loss_curve[0];
+  double avg = loss_curve[0];
+  for (size_t i = 0; i < loss_curve.size(); ++i) {
+    avg = i == 0 ? loss_curve[0] : 0.9 * avg + 0.1 * loss_curve[i];
+    if (avg < half) return int64_t(i) + 1;
+  }
+  return -1;
+}
 
 const std::vector<std::string>& recall_mixers() {
   static const std::vector<std::string> m = {"softmax", "linear", "deltanet", "gdn", "kda", "k3-hybrid"};
@@ -251,9 +274,14 @@ Json RecallResult::to_json() const {
     runs_j.push_back({{"lr", r.lr},
                       {"accuracy", r.accuracy},
                       {"final_train_loss", r.final_train_loss},
+                      {"half_loss_step", r.half_loss_step >= 0 ? Json(r.half_loss_step) : Json(nullptr)},
                       {"train_seconds", r.train_seconds}});
   std::vector<double> lrs(options.lrs.begin(), options.lrs.end());
+  Json half = nullptr;  // the best lr's run
+  for (const auto& r : runs)
+    if (r.lr == best_lr && r.half_loss_step >= 0) half = r.half_loss_step;
   return Json{{"accuracy", accuracy},
+              {"half_loss_step", half},
               {"task", recall_task_name(options.task.task)},
               {"mixer", options.mixer},
               {"seq_len", options.task.seq_len},
@@ -302,8 +330,8 @@ RecallResult run_recall_bench(RecallBenchOptions o) {
   for (float lr : o.lrs) {
     RecallRun r = train_once(o, config, lr);
     if (!o.quiet)
-      std::fprintf(stderr, "  [%s lr %g] held-out accuracy %.4f (%.1fs)\n", o.mixer.c_str(), double(lr), r.accuracy,
-                   r.train_seconds);
+      std::fprintf(stderr, "  [%s lr %g] held-out accuracy %.4f (%.1fs; %s)\n", o.mixer.c_str(), double(lr), r.accuracy,
+                   r.train_seconds, half_loss_text(r.half_loss_step).c_str());
     res.train_seconds += r.train_seconds;
     if (r.accuracy > res.accuracy) {
       res.accuracy = r.accuracy;
@@ -316,15 +344,15 @@ RecallResult run_recall_bench(RecallBenchOptions o) {
 
 std::string recall_table_markdown(const std::vector<RecallResult>& results) {
   std::ostringstream s;
-  s << "| mixer | task | seq-len | pairs | d_model | state (elements) | accuracy | best lr | train time |\n";
-  s << "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  s << "| mixer | task | seq-len | pairs | d_model | state (elements) | accuracy | best lr | loss halved at | train time |\n";
+  s << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& r : results) {
     char acc[32], t[32];
     std::snprintf(acc, sizeof acc, "%.4f", r.accuracy);
     std::snprintf(t, sizeof t, "%.1fs", r.train_seconds);
     s << "| " << r.options.mixer << " | " << recall_task_name(r.options.task.task) << " | " << r.options.task.seq_len
       << " | " << r.options.task.pairs << " | " << r.options.d_model << " | " << r.state_elements << " | " << acc
-      << " | " << fmt_g(double(r.best_lr)) << " | " << t << " |\n";
+      << " | " << fmt_g(double(r.best_lr)) << " | " << half_loss_cell(r) << " | " << t << " |\n";
   }
   return s.str();
 }

@@ -37,8 +37,15 @@ struct RecallBenchOptions {
 struct RecallRun {
   float lr = 0;
   double accuracy = 0, final_train_loss = 0, train_seconds = 0;
+  int64_t half_loss_step = -1;     // half_loss_step(loss_curve)
   std::vector<double> loss_curve;  // the training loss of every step
 };
+
+// When a run leaves the loss plateau: the number of steps after which the training loss, smoothed
+// as the progress line smooths it (avg ← 0.9 avg + 0.1 loss, starting at the first step's loss),
+// is first below half the first step's loss; −1 if it never is. The recall tasks start at about
+// ln(vocab) and sit on a plateau well above half of it until the model learns to retrieve.
+int64_t half_loss_step(const std::vector<double>& loss_curve);
 
 struct RecallResult {
   RecallBenchOptions options;  // with the task's defaults filled in

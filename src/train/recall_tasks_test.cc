@@ -202,6 +202,21 @@ TEST(RecallBench, ModelsDifferInTheirMemoryOnly) {
   EXPECT_EQ(default_recall_steps(RecallTask::Mqar), 1500);
 }
 
+// The plateau exit: a loss of 4 for 10 steps, then 1. The smoothed loss after n of the steps at
+// 1 is 1 + 3 · 0.9ⁿ, below 2 (half of 4) first at n = 11 (3 · 0.9¹⁰ = 1.046, 3 · 0.9¹¹ = 0.941):
+// 10 + 11 = 21 steps.
+TEST(RecallBench, HalfLossStep) {
+  std::vector<double> curve(10, 4.0);
+  curve.resize(40, 1.0);
+  EXPECT_EQ(half_loss_step(curve), 21);
+  EXPECT_EQ(half_loss_step(std::vector<double>(40, 4.0)), -1);  // never leaves the plateau
+  EXPECT_EQ(half_loss_step({}), -1);
+  // A drop to 0 after the first step: 4 · 0.9ⁿ < 2 first at n = 7 (0.9⁶ = 0.531, 0.9⁷ = 0.478).
+  std::vector<double> drop(11, 0.0);
+  drop[0] = 4.0;
+  EXPECT_EQ(half_loss_step(drop), 8);
+}
+
 TEST(RecallBench, SmokeEveryMixer) {
   for (const std::string& mixer : recall_mixers()) {
     RecallBenchOptions o;
