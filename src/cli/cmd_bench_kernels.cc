@@ -36,7 +36,11 @@ struct KernelArgs {
   std::vector<int64_t> heads = {16};
   std::vector<int64_t> decode_batches = {64, 256};
   int64_t train_batch = 8;
+  std::vector<std::string> only;  // sections to run (kKernelSections); empty: all
 };
+
+// The sections of the report besides the ceilings, which always run (every ratio needs them).
+const std::vector<std::string> kKernelSections = {"prefill", "decode", "attention", "mla", "gpt2"};
 
 #if defined(K3_HAS_CUDA)
 template <class F>
@@ -116,6 +120,10 @@ void run_kernels(const KernelArgs& args) {
   Report rep;
   Rng rng(1);
   double gemm_tf = 1.0;
+  auto section = [&](const char* name) {
+    return args.only.empty() || std::find(args.only.begin(), args.only.end(), name) != args.only.end();
+  };
+  const std::vector<int64_t> none;  // the loop range of a section left out
 
   // Ceilings: device-to-device copy (bytes read + written) and a bf16 GEMM.
   const size_t copy_bytes = size_t(2) << 30;
@@ -154,7 +162,7 @@ void run_kernels(const KernelArgs& args) {
                       {"deltanet", linear::Write::Delta, linear::Decay::None, 0.0}};
   const int64_t K = 128, V = 128;
   for (const Var& var : vars)
-    for (int64_t H : args.heads)
+    for (int64_t H : section("prefill") ? args.heads : none)
       for (int64_t T : args.seq_lens) {
         const int64_t rows = T;
         device::Buffer q = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
@@ -218,7 +226,7 @@ void run_kernels(const KernelArgs& args) {
 
   // Decode: one token per sequence, state read and written in place (fp32).
   for (const Var& var : vars)
-    for (int64_t N : args.decode_batches) {
+    for (int64_t N : section("decode") ? args.decode_batches : none) {
       const int64_t H = 16;
       device::Buffer q = random_values(rng, N * H * K, -0.09f, 0.09f, device::Storage::BF16);
       device::Buffer k = random_values(rng, N * H * K, -0.09f, 0.09f, device::Storage::BF16);
@@ -259,6 +267,15 @@ void run_kernels(const KernelArgs& args) {
                  fmt("%.0f%% of copy", 100.0 * bytes / (gms * 1e-3) / copy_bw), "-"},
                 gms);
         da.max_len = 1;
+        // The same step writing the new state to another buffer, as fla's figure does.
+        device::Buffer S2(size_t(N * H * K * V) * 4);
+        da.ht = S2.as<float>();
+        const double oms = median_ms(args.reps, [&] { linear::cuda::forward(da); });
+        rep.add(key + "_out_of_place_ms",
+                {"kda step N" + std::to_string(N) + " into a new state buffer", fmt2("%.3f ms %.0f GB/s", oms, bytes / (oms * 1e-3) / 1e9),
+                 fmt("%.0f%% of copy", 100.0 * bytes / (oms * 1e-3) / copy_bw), "-"},
+                oms);
+        da.ht = S.as<float>();
       }
       // The same step as a decode loop: 32 steps captured in one CUDA graph, per-step time.
       constexpr int kSteps = 32;
@@ -274,7 +291,7 @@ void run_kernels(const KernelArgs& args) {
               gms);
     }
   // Softmax attention: causal prefill (B = 1, hd 128) and a decode step over a KV cache.
-  for (int64_t T : args.seq_lens) {
+  for (int64_t T : section("attention") ? args.seq_lens : none) {
     const int64_t H = 16, hd = 128;
     device::Buffer q = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
     device::Buffer k = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
@@ -294,7 +311,7 @@ void run_kernels(const KernelArgs& args) {
              fmt("%.1f TFLOP/s (fp32 SIMT)", tf), anchor},
             ms);
   }
-  for (int64_t N : args.decode_batches) {
+  for (int64_t N : section("attention") ? args.decode_batches : none) {
     const int64_t H = 16, hd = 128, S = 4096;
     device::Buffer q = random_values(rng, N * H * hd, -1, 1, device::Storage::BF16);
     device::Buffer k = random_values(rng, N * S * H * hd, -1, 1, device::Storage::BF16);
@@ -317,7 +334,7 @@ void run_kernels(const KernelArgs& args) {
     int64_t H, R, rope, S;
   };
   for (const LatentCase& lc : {LatentCase{"mla576 H16 ctx4096", 16, 512, 64, 4096}, LatentCase{"mla64 H6 ctx128K", 6, 48, 16, 131072}})
-    for (int64_t N : args.decode_batches) {
+    for (int64_t N : section("mla") ? args.decode_batches : none) {
       const int64_t W = lc.R + lc.rope;
       if (double(N) * lc.S * W * 4 > 40e9) continue;
       device::Buffer qt = random_values(rng, N * lc.H * W, -1, 1, device::Storage::F32);
@@ -339,7 +356,7 @@ void run_kernels(const KernelArgs& args) {
               ms);
     }
   // GPT-2 124M training on the GPU (fp32 weights and GEMMs, no TF32), one step of B × 1024 tokens.
-  if (args.train_batch > 0) {
+  if (args.train_batch > 0 && section("gpt2")) {
     auto model = build_model(preset_config("gpt2"), "gpt2");
     model->init_random(1);
     const auto* gpt2 = dynamic_cast<const Gpt2Model*>(model.get());
@@ -387,6 +404,8 @@ void register_bench_kernels(CLI::App* bench) {
   cmd->add_option("--decode-batch", args->decode_batches, "Batch sizes of the decode step")->capture_default_str();
   cmd->add_option("--train-batch", args->train_batch, "GPT-2 124M training batch (T = 1024; 0 skips)")
       ->capture_default_str();
+  cmd->add_option("--only", args->only, "Run only these sections (the copy/GEMM ceilings always run)")
+      ->check(CLI::IsMember(kKernelSections));
   cmd->add_option("--versus", args->versus, "JSON of the same shapes timed by fla (tools/gpu/fla_bench.py)");
   cmd->add_option("--json", args->json, "Write k3's figures as JSON");
   cmd->callback([args] { run_kernels(*args); });
