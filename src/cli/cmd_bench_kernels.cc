@@ -404,7 +404,8 @@ void register_bench_kernels(CLI::App* bench) {
   cmd->add_option("--decode-batch", args->decode_batches, "Batch sizes of the decode step")->capture_default_str();
   cmd->add_option("--train-batch", args->train_batch, "GPT-2 124M training batch (T = 1024; 0 skips)")
       ->capture_default_str();
-  cmd->add_option("--only", args->only, "Run only these sections (the copy/GEMM ceilings always run)")
+  cmd->add_option("--only", args->only, "Run only these sections, comma- or space-separated (the copy/GEMM ceilings always run)")
+      ->delimiter(',')
       ->check(CLI::IsMember(kKernelSections));
   cmd->add_option("--versus", args->versus, "JSON of the same shapes timed by fla (tools/gpu/fla_bench.py)");
   cmd->add_option("--json", args->json, "Write k3's figures as JSON");
