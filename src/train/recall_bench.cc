@@ -123,10 +123,14 @@ std::string half_loss_text(int64_t step) {
 
 // The table's cell: when the best lr's run halved its loss.
 std::string half_loss_cell(const RecallResult& r) {
-  for (const RecallRun& run : r.runs)
-    if (run.lr == r.best_lr) return run.half_loss_step >= 0 ? std::to_string(run.half_loss_step) : "never";
-  return "-";
+  const RecallRun* best = r.best_run();
+  if (!best) return "-";
+  return best->half_loss_step >= 0 ? std::to_string(best->half_loss_step) : "never";
 }
+
+// The training loss as the progress line shows it, smoothed over steps (half_loss_step reads the
+// same curve).
+double smoothed_loss(double avg, double loss, size_t step) { return step == 0 ? loss : 0.9 * avg + 0.1 * loss; }
 
 void write_text(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp";
@@ -190,7 +194,7 @@ RecallRun train_once(const RecallBenchOptions& o, const Json& config, float lr) 
     opt.step(*model, sched.at(step));
     model->after_step();
     run.loss_curve.push_back(loss);
-    avg = step == 0 ? loss : 0.9 * avg + 0.1 * loss;
+    avg = smoothed_loss(avg, loss, size_t(step));
     const bool last = step + 1 == o.steps;
     if (!o.quiet && ((step + 1) % o.log_every == 0 || last)) {
       const double el = seconds_since(t0);
@@ -213,9 +217,9 @@ RecallRun train_once(const RecallBenchOptions& o, const Json& config, float lr) 
 int64_t half_loss_step(const std::vector<double>& loss_curve) {
   if (loss_curve.empty()) return -1;
   const double half = 0.5 * loss_curve[0];
-  double avg = loss_curve[0];
+  double avg = 0;
   for (size_t i = 0; i < loss_curve.size(); ++i) {
-    avg = i == 0 ? loss_curve[0] : 0.9 * avg + 0.1 * loss_curve[i];
+    avg = smoothed_loss(avg, loss_curve[i], i);
     if (avg < half) return int64_t(i) + 1;
   }
   return -1;
@@ -268,6 +272,12 @@ int64_t recall_state_elements(const Json& config, int64_t seq_len) {
   return int64_t(std::llround(bytes / double(sizeof(float))));
 }
 
+const RecallRun* RecallResult::best_run() const {
+  for (const RecallRun& r : runs)
+    if (r.lr == best_lr) return &r;
+  return nullptr;
+}
+
 Json RecallResult::to_json() const {
   Json runs_j = Json::array();
   for (const auto& r : runs)
@@ -277,9 +287,8 @@ Json RecallResult::to_json() const {
                       {"half_loss_step", r.half_loss_step >= 0 ? Json(r.half_loss_step) : Json(nullptr)},
                       {"train_seconds", r.train_seconds}});
   std::vector<double> lrs(options.lrs.begin(), options.lrs.end());
-  Json half = nullptr;  // the best lr's run
-  for (const auto& r : runs)
-    if (r.lr == best_lr && r.half_loss_step >= 0) half = r.half_loss_step;
+  const RecallRun* best = best_run();
+  const Json half = best && best->half_loss_step >= 0 ? Json(best->half_loss_step) : Json(nullptr);
   return Json{{"accuracy", accuracy},
               {"half_loss_step", half},
               {"task", recall_task_name(options.task.task)},

@@ -55,6 +55,7 @@ struct RecallResult {
   float best_lr = 0;
   double train_seconds = 0;    // all lrs together
   std::vector<RecallRun> runs;
+  const RecallRun* best_run() const;  // the first run at best_lr (null before any run)
   Json to_json() const;
 };
 
