@@ -290,27 +290,32 @@ void run_kernels(const KernelArgs& args) {
                fmt2("%.3f ms %.0f GB/s", gms, gbw / 1e9), fmt("%.0f%% of copy", 100.0 * gbw / copy_bw), "-"},
               gms);
     }
-  // Softmax attention: causal prefill (B = 1, hd 128) and a decode step over a KV cache.
-  for (int64_t T : section("attention") ? args.seq_lens : none) {
-    const int64_t H = 16, hd = 128;
-    device::Buffer q = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
-    device::Buffer k = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
-    device::Buffer v = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
-    device::Buffer y(size_t(T * H * hd) * 2), lse(size_t(T * H) * 4);
-    const cuda::AttnShape shape{1, T, T, H, hd, hd, 0, 1.0f / std::sqrt(float(hd))};
-    const double ms = median_ms(3, [&] {
-      cuda::attention_forward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), shape, device::Storage::BF16);
-    });
-    const double tf = 2.0 * double(T) * T * H * hd / (ms * 1e-3) / 1e12;  // causal: half of 4·T²·H·hd
-    const std::string key = "sdpa_fwd_T" + std::to_string(T) + "_H16";
-    std::string anchor = fmt2("anchors cuDNN %.0f TFLOP/s: %.2fx", 605.0, tf / 605.0);
-    if (fla.contains(key) && fla[key].is_number())
-      anchor = fmt2("torch SDPA %.3f ms: %.2fx", fla[key].get<double>(), fla[key].get<double>() / ms);
-    rep.add(key + "_ms",
-            {"softmax attention causal fwd T" + std::to_string(T) + " H16 hd128", fmt("%.2f ms", ms),
-             fmt("%.1f TFLOP/s (fp32 SIMT)", tf), anchor},
-            ms);
-  }
+  // Softmax attention: causal prefill (B = 1, 16 heads; hd 128, and MLA's hd 192 / hdv 128), bf16
+  // storage (the tensor-core kernel), and a decode step over a KV cache.
+  for (int64_t T : section("attention") ? args.seq_lens : none)
+    for (const auto& [hd, hdv] : {std::pair<int64_t, int64_t>{128, 128}, {192, 128}}) {
+      const int64_t H = 16;
+      device::Buffer q = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
+      device::Buffer k = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
+      device::Buffer v = random_values(rng, T * H * hdv, -1, 1, device::Storage::BF16);
+      device::Buffer y(size_t(T * H * hdv) * 2), lse(size_t(T * H) * 4);
+      const cuda::AttnShape shape{1, T, T, H, hd, hdv, 0, 1.0f / std::sqrt(float(hd))};
+      const double ms = median_ms(std::max(3, args.reps / 2), [&] {
+        cuda::attention_forward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), shape, device::Storage::BF16);
+      });
+      // Causal: half of the 2·T²·H·(hd + hdv) FLOPs of the two products.
+      const double tf = double(T) * T * H * (hd + hdv) / (ms * 1e-3) / 1e12;
+      const std::string suffix = hd == hdv ? "" : "_hd192";
+      const std::string key = "sdpa_fwd_T" + std::to_string(T) + "_H16" + suffix;
+      std::string anchor = fmt2("anchors cuDNN %.0f TFLOP/s: %.2fx", 605.0, tf / 605.0);
+      if (fla.contains(key) && fla[key].is_number())
+        anchor = fmt2("torch SDPA %.3f ms: %.2fx", fla[key].get<double>(), fla[key].get<double>() / ms);
+      rep.add(key + "_ms",
+              {"softmax attention causal fwd T" + std::to_string(T) + " H16 hd" + std::to_string(hd) +
+                   (hd == hdv ? "" : "/" + std::to_string(hdv)),
+               fmt2("%.3f ms %.0f TFLOP/s", ms, tf), fmt("%.0f%% of GEMM", 100.0 * tf / gemm_tf), anchor},
+              ms);
+    }
   for (int64_t N : section("attention") ? args.decode_batches : none) {
     const int64_t H = 16, hd = 128, S = 4096;
     device::Buffer q = random_values(rng, N * H * hd, -1, 1, device::Storage::BF16);

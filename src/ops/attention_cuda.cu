@@ -1,5 +1,6 @@
 // Causal softmax attention on CUDA, flash-style: scores live in registers a tile at a time, never
-// in memory. fp32 arithmetic, fp32 or bf16 storage (ops/attention.h has the CPU math).
+// in memory. fp32 arithmetic, fp32 or bf16 storage (ops/attention.h has the CPU math). With bf16
+// storage at the common head dims the tensor-core kernels run instead (attention_mma_cuda.cu).
 //
 // Forward: one block per (sequence, head, 32 queries); 4 threads share a query row, each holding
 // a quarter of its dimensions (d = sub + 4i), so a q·k dot is 4 partial sums and two shuffles.
@@ -9,8 +10,10 @@
 // that see those keys, recomputing p = exp(s − lse): dv += p·dy, ds = p (dy·v − D), dk += ds·q,
 // and dq += ds·k through atomic adds (FlashAttention-2's scheme).
 #include <cfloat>
+#include <type_traits>
 
 #include "core/cuda_util.cuh"
+#include "ops/attention_mma_cuda.h"
 #include "ops/ops_cuda.h"
 
 namespace k3::cuda {
@@ -318,6 +321,8 @@ void launch_bwd(const void* q, const void* k, const void* v, const void* y, cons
   rowdot_kernel<T><<<device::blocks_for(rows, 8), 256, 0, device::stream()>>>(
       static_cast<const T*>(y), static_cast<const T*>(dy), D.as<float>(), a);
   K3_CUDA_LAUNCHED();
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)  // tensor cores where the shape allows
+    if (attention_backward_mma(q, k, v, lse, D.as<float>(), dy, dq, dk, dv, a)) return;
   const size_t smem = size_t(kTileQ) * size_t(a.hd + a.hdv) * sizeof(float);
   K3_CUDA_CHECK(cudaFuncSetAttribute(bwd_kernel<T, DPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((a.S + kTileK - 1) / kTileK), unsigned(a.H), unsigned(a.B));
@@ -337,6 +342,7 @@ void attention_forward(const void* q, const void* k, const void* v, void* y, flo
     K3_DISPATCH_STORAGE(st, T, launch_decode<T>(q, k, v, y, lse, a));
     return;
   }
+  if (st == device::Storage::BF16 && attention_forward_mma(q, k, v, y, lse, a)) return;  // tensor cores
   const bool wide = a.hd > 128 || a.hdv > 128;  // two register layouts: head dims ≤ 128 and ≤ 256
   K3_DISPATCH_STORAGE(st, T, wide ? launch_fwd<T, 64>(q, k, v, y, lse, a) : launch_fwd<T, 32>(q, k, v, y, lse, a));
 }
