@@ -155,6 +155,7 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   // the attention output and lse, the block's mid-point, the MLP's pre- and post-GELU values.
   struct Saved {
     Buffer x, h1, mu1, rs1, q, k, v, y, lse, xm, h2, mu2, rs2, ff, ff2;
+    Buffer qb, kb, vb, yb;  // bf16 copies for attention under bf16 GEMMs (its products are GEMMs)
   };
   std::vector<Saved> sv(static_cast<size_t>(L));
   Buffer x = buf(M * D), tmp = buf(M * D), qkv = buf(M * 3 * D);
@@ -184,7 +185,18 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     mm(a.h1.as<float>(), Op::N, m.f(p + "attn.c_attn.weight"), Op::N, M, 3 * D, D, qkv.as<float>(), 0.0f);
     add_bias(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), M, 3 * D);
     split_qkv(qkv.as<float>(), a.q.as<float>(), a.k.as<float>(), a.v.as<float>(), M, D);
-    attention_forward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), as, s);
+    if (m.bf16_gemms) {  // the tensor-core kernels: bf16 operands, fp32 softmax and accumulation
+      const auto bf = device::Storage::BF16;
+      a.qb = Buffer(size_t(M * D) * 2), a.kb = Buffer(size_t(M * D) * 2), a.vb = Buffer(size_t(M * D) * 2);
+      a.yb = Buffer(size_t(M * D) * 2);
+      cast(a.q.as<float>(), a.qb.get(), M * D, bf);
+      cast(a.k.as<float>(), a.kb.get(), M * D, bf);
+      cast(a.v.as<float>(), a.vb.get(), M * D, bf);
+      attention_forward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), as, bf);
+      widen(a.yb.get(), a.y.as<float>(), M * D, bf);
+    } else {
+      attention_forward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), as, s);
+    }
     mm(a.y.as<float>(), Op::N, m.f(p + "attn.c_proj.weight"), Op::N, M, D, D, x.as<float>(), 1.0f);
     add_bias(x.as<float>(), m.f(p + "attn.c_proj.bias"), M, D);
     device::copy(a.xm.get(), x.get(), size_t(M * D) * 4);
@@ -237,8 +249,15 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     device::zero(dq.get(), dq.bytes());
     device::zero(dk.get(), dk.bytes());
     device::zero(dv.get(), dv.bytes());
-    attention_backward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), dy.get(), dq.as<float>(),
-                       dk.as<float>(), dv.as<float>(), as, s);
+    if (m.bf16_gemms) {
+      Buffer dyb(size_t(M * D) * 2);
+      cast(dy.as<float>(), dyb.get(), M * D, device::Storage::BF16);
+      attention_backward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), dyb.get(),
+                         dq.as<float>(), dk.as<float>(), dv.as<float>(), as, device::Storage::BF16);
+    } else {
+      attention_backward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), dy.get(), dq.as<float>(),
+                         dk.as<float>(), dv.as<float>(), as, s);
+    }
     merge_qkv(dq.as<float>(), dk.as<float>(), dv.as<float>(), dqkv.as<float>(), M, D);
     mm(dqkv.as<float>(), Op::N, m.f(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f);
     mm(a.h1.as<float>(), Op::T, dqkv.as<float>(), Op::N, D, 3 * D, M, m.gr(p + "attn.c_attn.weight"), 1.0f);

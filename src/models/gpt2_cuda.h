@@ -33,7 +33,8 @@ class Gpt2Runner {
   };
   float train_step(const int64_t* ids, const int64_t* targets, int64_t B, int64_t T, float lr, const Adam& adam);
   // Mixed precision for train_step: every GEMM's operands rounded to bf16 (forward and backward),
-  // fp32 accumulation, fp32 activations, gradients, moments and master weights.
+  // attention's too (q, k, v, y, dy: the tensor-core kernels), fp32 accumulation, fp32 softmax,
+  // activations, gradients, moments and master weights.
   void set_bf16_gemms(bool on);
   // Copies the GPU weights back into a model of the same configuration.
   void copy_to(const Gpt2Model& model) const;

@@ -273,9 +273,18 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_
   const cuda::AttnShape a{B, T, T, H, hd, hdv, 0, sc};
   const bool train = recording();
   Tensor lse = train ? empty({B, H, T}) : Tensor();
-  cuda::attention_forward(in(q, "attention"), in(k, "attention"), in(v, "attention"), out(y),
-                          train ? out(lse) : nullptr, a, device::Storage::F32);
-  return make_node(std::move(y), {q, k, v}, [q, k, v, lse, a](Node& self) {
+  // Under Bf16Gemms attention's operands are bf16 too (autocast's split: its two products are
+  // GEMMs), which runs the tensor-core kernels; softmax, lse and gradients stay fp32.
+  const bool bf16 = g_bf16_gemms;
+  const auto st = bf16 ? device::Storage::BF16 : device::Storage::F32;
+  {
+    const Operand qo(in(q, "attention"), q->value.numel(), st), ko(in(k, "attention"), k->value.numel(), st),
+        vo(in(v, "attention"), v->value.numel(), st);
+    Tensor yb = bf16 ? Tensor::empty_on(Device::CUDA, {B * T * Dv}, DType::BF16) : Tensor();
+    cuda::attention_forward(qo.ptr, ko.ptr, vo.ptr, bf16 ? yb.raw() : out(y), train ? out(lse) : nullptr, a, st);
+    if (bf16) cuda::widen(yb.raw(), out(y), y.numel(), st);
+  }
+  return make_node(std::move(y), {q, k, v}, [q, k, v, lse, a, st](Node& self) {
     // The kernel writes all three gradients: inputs that need none get scratch.
     auto target = [](const Var& x, Tensor& scratch) {
       if (needs_grad(x)) return x->grad_cuda();
@@ -284,8 +293,11 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_
     };
     Tensor sq, sk, sv;
     float *dq = target(q, sq), *dk = target(k, sk), *dv = target(v, sv);
-    cuda::attention_backward(q->value.cuda_f32(), k->value.cuda_f32(), v->value.cuda_f32(), self.value.cuda_f32(),
-                             lse.cuda_f32(), dy(self), dq, dk, dv, a, device::Storage::F32);
+    // y went through bf16 on the way out, so its bf16 copy here is the one the forward wrote.
+    const Operand qo(q->value.cuda_f32(), q->value.numel(), st), ko(k->value.cuda_f32(), k->value.numel(), st),
+        vo(v->value.cuda_f32(), v->value.numel(), st), yo(self.value.cuda_f32(), self.value.numel(), st),
+        dyo(dy(self), self.value.numel(), st);
+    cuda::attention_backward(qo.ptr, ko.ptr, vo.ptr, yo.ptr, lse.cuda_f32(), dyo.ptr, dq, dk, dv, a, st);
   }, "attention");
 }
 

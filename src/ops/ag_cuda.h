@@ -23,7 +23,9 @@ bool on_cuda(const Var& x);
 // Mixed precision for the GEMMs of linear and the cross-entropy head while a Bf16Gemms scope is
 // alive on this thread: fp32 weights and activations are rounded to bf16 as GEMM operands (both
 // in the forward and in the backward's dX / dW products), products accumulate in fp32 and the
-// gradients and master weights stay fp32. Every other op keeps fp32 (PyTorch autocast's split).
+// gradients and master weights stay fp32. Causal attention's operands (q, k, v, y, dy) are bf16 in
+// the scope too: its two products are GEMMs, run on the tensor cores. Every other op keeps fp32
+// (PyTorch autocast's split).
 class Bf16Gemms {
  public:
   Bf16Gemms();

@@ -139,13 +139,16 @@ TEST(AgCuda, CrossEntropyHeadWithZLoss) {
         << "z_loss " << z;
 }
 
-// Mixed precision: under Bf16Gemms the GEMM operands of linear and the head are rounded to bf16
-// (fp32 accumulation): the output and every gradient stay within the bf16 tolerance (5e-3
+// Mixed precision: under Bf16Gemms the GEMM operands of linear, the head and attention are rounded
+// to bf16 (fp32 accumulation): the output and every gradient stay within the bf16 tolerance (5e-3
 // relative) of the fp32 CPU, and differ from it by more than fp32 noise (the path is taken).
 TEST(AgCuda, Bf16GemmsStayWithinTheBf16Tolerance) {
   Rng rng(12);
   Var x = rand_var(rng, {2, 29, 96}), w_oi = rand_var(rng, {80, 96}), w_io = rand_var(rng, {96, 80}), b = rand_var(rng, {80});
   Var h = rand_var(rng, {37, 64}), head = rand_var(rng, {301, 64}, 0.5f);
+  // Attention at head dims 64 and 128 (the tensor-core kernels), 100 and 70 tokens.
+  Var q64 = rand_var(rng, {2 * 100, 4 * 64}), k64 = rand_var(rng, {2 * 100, 4 * 64}), v64 = rand_var(rng, {2 * 100, 4 * 64});
+  Var q128 = rand_var(rng, {70, 2 * 128}), k128 = rand_var(rng, {70, 2 * 128}), v128 = rand_var(rng, {70, 2 * 128});
   std::vector<int64_t> targets(37);
   for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 5 == 3 ? -1 : int64_t((i * 97) % 301);
   ag::gpu::Bf16Gemms bf16;
@@ -158,6 +161,12 @@ TEST(AgCuda, Bf16GemmsStayWithinTheBf16Tolerance) {
         })},
         std::pair{"head", testing::compare_with_grads({h, head}, [&](auto& v) {
           return ag::cross_entropy_head(v[0], v[1], targets, 64, 0.0f);
+        })},
+        std::pair{"attention hd 64", testing::compare_with_grads({q64, k64, v64}, [](auto& v) {
+          return ag::causal_attention(v[0], v[1], v[2], 2, 100, 4, 0.125f);
+        })},
+        std::pair{"attention hd 128", testing::compare_with_grads({q128, k128, v128}, [](auto& v) {
+          return ag::causal_attention(v[0], v[1], v[2], 1, 70, 2, 0.0884f);
         })}}) {
     EXPECT_LT(d, 5e-3) << name;
     EXPECT_GT(d, 1e-4) << name << ": no bf16 rounding seen";

@@ -156,6 +156,11 @@ __global__ void cast_kernel(const float* x, T* y, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = from_f32<T>(x[i]);
 }
+template <class T>
+__global__ void widen_kernel(const T* x, float* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = to_f32(x[i]);
+}
 __global__ void split_qkv_kernel(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // over M·3D
   if (i >= M * 3 * D) return;
@@ -208,6 +213,13 @@ void cast(const float* x, void* y, int64_t n, Storage st) {
   K3_DISPATCH_STORAGE(st, T,
                       cast_kernel<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
                           x, static_cast<T*>(y), n));
+  K3_CUDA_LAUNCHED();
+}
+void widen(const void* x, float* y, int64_t n, Storage st) {
+  if (!n) return;
+  K3_DISPATCH_STORAGE(st, T,
+                      widen_kernel<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
+                          static_cast<const T*>(x), y, n));
   K3_CUDA_LAUNCHED();
 }
 void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D) {

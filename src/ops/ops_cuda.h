@@ -75,11 +75,12 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
                         const void* dy, float* dq, float* dk, float* dv, const AttnShape& a, Storage st);
 
 // Small glue kernels: y += x (n values); y[M, N] += bias[N]; fp32 → bf16/fp32 copy (casts
-// activations to a GEMM's operand storage); the q/k/v column blocks of a fused [M, 3·H·hd]
+// activations to a GEMM's operand storage) and back; the q/k/v column blocks of a fused [M, 3·H·hd]
 // projection into three contiguous [M, H, hd] arrays.
 void add_inplace(float* y, const float* x, int64_t n);
 void add_bias(float* y, const float* bias, int64_t M, int64_t N);
 void cast(const float* x, void* y, int64_t n, Storage st);
+void widen(const void* x, float* y, int64_t n, Storage st);  // cast's inverse: storage `st` → fp32
 void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D);
 void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D);  // inverse
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
