@@ -315,6 +315,27 @@ void run_kernels(const KernelArgs& args) {
                    (hd == hdv ? "" : "/" + std::to_string(hdv)),
                fmt2("%.3f ms %.0f TFLOP/s", ms, tf), fmt("%.0f%% of GEMM", 100.0 * tf / gemm_tf), anchor},
               ms);
+      if (hd != hdv) continue;  // the backward's tensor-core kernel takes hd = hdv
+      // Forward + backward (gradients into fp32 arrays, as training does): 2.5x the forward's FLOPs.
+      device::Buffer dy = random_values(rng, T * H * hdv, -1, 1, device::Storage::BF16);
+      device::Buffer dq(size_t(T * H * hd) * 4), dk(size_t(T * H * hd) * 4), dv(size_t(T * H * hdv) * 4);
+      const double fb_ms = median_ms(std::max(3, args.reps / 2), [&] {
+        cuda::attention_forward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), shape, device::Storage::BF16);
+        device::zero(dq.get(), dq.bytes());
+        device::zero(dk.get(), dk.bytes());
+        device::zero(dv.get(), dv.bytes());
+        cuda::attention_backward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), dy.get(), dq.as<float>(),
+                                 dk.as<float>(), dv.as<float>(), shape, device::Storage::BF16);
+      });
+      const double fb_tf = 3.5 * double(T) * T * H * (hd + hdv) / (fb_ms * 1e-3) / 1e12;
+      const std::string fb_key = "sdpa_fwdbwd_T" + std::to_string(T) + "_H16";
+      std::string fb_anchor = "-";
+      if (fla.contains(fb_key) && fla[fb_key].is_number())
+        fb_anchor = fmt2("torch SDPA %.3f ms: %.2fx", fla[fb_key].get<double>(), fla[fb_key].get<double>() / fb_ms);
+      rep.add(fb_key + "_ms",
+              {"softmax attention causal fwd+bwd T" + std::to_string(T) + " H16 hd" + std::to_string(hd),
+               fmt2("%.3f ms %.0f TFLOP/s", fb_ms, fb_tf), fmt("%.0f%% of GEMM", 100.0 * fb_tf / gemm_tf), fb_anchor},
+              fb_ms);
     }
   for (int64_t N : section("attention") ? args.decode_batches : none) {
     const int64_t H = 16, hd = 128, S = 4096;

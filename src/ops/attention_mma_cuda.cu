@@ -1,16 +1,14 @@
-// Causal softmax attention on the tensor cores (mma.sync m16n8k16, bf16 operands, fp32
-// accumulation): FlashAttention-2's schedule for bf16 storage, forward and backward.
+// Causal softmax attention on the tensor cores for bf16 storage, fp32 accumulation and softmax:
+// the forward on Hopper's warpgroup MMA (wgmma), the backward on mma.sync (m16n8k16), both on
+// FlashAttention-2's schedule (a block walks the other operand's tiles, the softmax online).
 //
-// Forward: a block takes 16·W queries of one (sequence, head), W warps of 16 rows each; keys and values
-// stream through shared memory 64 at a time, double-buffered by cp.async (the next tile loads
-// while this one is used). Each warp computes its [16, 64] scores S = Q Kᵀ with Q's fragments
-// held in registers, updates the online softmax in the accumulator layout (a thread holds two
-// rows, g and g + 8, of every 8-column tile: its quad of 4 lanes shares those rows), rounds
-// P = exp(S − m) to bf16 in place (the accumulator layout of two adjacent 8-key tiles is the A
-// operand's layout of one 16-key step) and accumulates O += P V. Rows of 16-byte chunks in shared
-// memory are XOR-swizzled (chunk c of row r at c ^ (r mod 8)), so the 8 row addresses of an
-// ldmatrix hit 8 different bank groups. The softmax runs in base 2 (exp2 of scores prescaled by
-// scale·log2 e); lse is written in natural log as the SIMT kernel does.
+// Conventions shared by both: tiles of 16-byte chunks in shared memory are XOR-swizzled (chunk
+// c of row r at c ^ (r mod 8)), so the 8 row addresses of an ldmatrix, or a wgmma's 8-row core
+// matrices, hit 8 different bank groups. An accumulator tile holds, per thread, two rows (g and
+// g + 8, g = lane / 4) of each 8-column block: the 4 lanes of a quad share those rows, and the
+// layout of two adjacent 8-column blocks, rounded to bf16, is the A-operand layout of one 16-wide
+// k step, so P and dS feed the next product from registers. The softmax runs in base 2 (exp2 of
+// scores prescaled by scale·log2 e); lse is written in natural log as the SIMT kernel does.
 #include <cfloat>
 
 #include "core/cuda_util.cuh"
@@ -76,128 +74,213 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat
   }
 }
 
-template <int DK, int DV, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32) fwd_mma_kernel(const __nv_bfloat16* __restrict__ q,
-                                                             const __nv_bfloat16* __restrict__ k,
-                                                             const __nv_bfloat16* __restrict__ v,
-                                                             __nv_bfloat16* __restrict__ y, float* __restrict__ lse,
-                                                             AttnShape a) {
-  constexpr int kThreads = WARPS * 32, kRows = WARPS * 16;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kRows][DK]
-  __nv_bfloat16* sk = sq + kRows * DK;                              // [2][kKeys][DK]
-  __nv_bfloat16* sv = sk + 2 * kKeys * DK;                          // [2][kKeys][DV]
+// Forward on Hopper's warpgroup MMA (wgmma, sm_90a): a block of 2 warpgroups takes 128 queries,
+// 64 per warpgroup. S = Q Kᵀ reads both operands from shared memory through matrix descriptors
+// (m64n64k16 per 16 dimensions); O += P V takes P from registers (the accumulator layout of S,
+// rounded to bf16, is wgmma's A-fragment layout) and V from shared memory transposed (V's rows
+// are keys, so its N dimension, the value columns, is the contiguous one). Tiles are stored in
+// the 128-byte swizzle the descriptors name: 64-column panels of 128-byte rows, 16-byte chunk c of
+// row r at c ^ (r mod 8), each panel 1024-byte aligned. Keys and values are double-buffered by
+// cp.async (the next tile loads while this one is used).
+constexpr int kWgRows = 64;  // queries per warpgroup
 
-  // The heaviest query tiles (most keys under the causal mask) start first.
-  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows;
+// Element offset of (r, c) in a tile of `rows` rows stored as 64-column swizzled panels.
+__device__ __forceinline__ int panel_off(int rows, int r, int c) {
+  return (c >> 6) * rows * 64 + r * 64 + ((((c & 63) >> 3) ^ (r & 7)) << 3) + (c & 7);
+}
+
+template <int D, int THREADS>
+__device__ __forceinline__ void load_panels(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t stride, int rows,
+                                            int valid) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < rows * kChunks; i += THREADS) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    const bool ok = r < valid;
+    cp_async16_zfill(tile + panel_off(rows, r, c), ok ? base + r * stride + c : base, ok);
+  }
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, LBO (16 B units; the stride
+// between 64-column panels along N of an MN-major operand, unused for K-major), SBO (between
+// 8-row groups: 1024 B).
+__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo_bytes) {
+  const uint32_t a = unsigned(__cvta_generic_to_shared(p));
+  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator registers across the asynchronous MMAs.
+__device__ __forceinline__ void pin(float (&d)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define K3_WG_D32                                                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define K3_WG_OUT32(d)                                                                                       \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// d (+)= A B, m64n64k16: A and B K-major in shared memory. accumulate 0 overwrites d.
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " K3_WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : K3_WG_OUT32(d)
+      : "l"(da), "l"(db), "r"(accumulate));
+#else
+  __trap();  // built for sm_90a only (CMAKE_CUDA_ARCHITECTURES 90a)
+#endif
+}
+// d += A B, m64n64k16: A in registers (the mma.sync A-fragment layout per warp), B MN-major.
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const unsigned (&a)[4], uint64_t db) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " K3_WG_D32
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : K3_WG_OUT32(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#else
+  __trap();
+#endif
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __restrict__ q,
+                                                        const __nv_bfloat16* __restrict__ k,
+                                                        const __nv_bfloat16* __restrict__ v,
+                                                        __nv_bfloat16* __restrict__ y, float* __restrict__ lse,
+                                                        AttnShape a) {
+  constexpr int kThreads = 256, kRows = 2 * kWgRows;
+  static_assert(DK % 64 == 0 && DV % 64 == 0, "64-column panels");
+  extern __shared__ unsigned char smem_raw[];
+  // Panels must start on 1024-byte boundaries (the swizzle's period): align the base.
+  const uint32_t raw = unsigned(__cvta_generic_to_shared(smem_raw));
+  __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (raw & 1023)) & 1023));  // [kRows][DK]
+  __nv_bfloat16* sk = sq + kRows * DK;       // [2][kKeys][DK]
+  __nv_bfloat16* sv = sk + 2 * kKeys * DK;   // [2][kKeys][DV]
+
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest tiles first
   const int h = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
   const int64_t qstride = a.H * DK, vstride = a.H * DV;
   const __nv_bfloat16* kb = k + (int64_t(b) * a.S * a.H + h) * DK;
   const __nv_bfloat16* vb = v + (int64_t(b) * a.S * a.H + h) * DV;
-
-  const int64_t last_key = a.pos0 + min64(q0 + kRows, a.Tq) - 1;  // the tile's last visible key
+  const int64_t last_key = a.pos0 + min64(q0 + kRows, a.Tq) - 1;
   const int ntiles = int(last_key / kKeys) + 1;
   auto load_kv = [&](int tile, int buf) {
     const int64_t k0 = int64_t(tile) * kKeys;
     const int valid = int(min64(kKeys, a.S - k0));
-    load_tile<DK, kThreads>(sk + buf * kKeys * DK, kb + k0 * qstride, qstride, kKeys, valid);
-    load_tile<DV, kThreads>(sv + buf * kKeys * DV, vb + k0 * vstride, vstride, kKeys, valid);
+    load_panels<DK, kThreads>(sk + buf * kKeys * DK, kb + k0 * qstride, qstride, kKeys, valid);
+    load_panels<DV, kThreads>(sv + buf * kKeys * DV, vb + k0 * vstride, vstride, kKeys, valid);
   };
-  load_tile<DK, kThreads>(sq, q + ((int64_t(b) * a.Tq + q0) * a.H + h) * DK, qstride, kRows,
-                          int(min64(kRows, a.Tq - q0)));
+  load_panels<DK, kThreads>(sq, q + ((int64_t(b) * a.Tq + q0) * a.H + h) * DK, qstride, kRows,
+                            int(min64(kRows, a.Tq - q0)));
   load_kv(0, 0);
   device::cp_async_commit();
 
-  unsigned qf[DK / 16][4];   // this warp's 16 query rows as A fragments, one per 16 dimensions
-  float o[DV / 8][4] = {};   // output accumulator: 8-column tiles
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8 (log2 units for m)
+  float o[DV / 64][32];
+#pragma unroll
+  for (int p = 0; p < DV / 64; ++p)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[p][i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kLog2e;
-  const int64_t row_q[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const int64_t row_q[2] = {q0 + wg * kWgRows + warp * 16 + g, q0 + wg * kWgRows + warp * 16 + g + 8};
+  // This warpgroup's 64 query rows: panel p starts at sq + p·kRows·64 + wg·64·64.
+  const __nv_bfloat16* wq = sq + wg * kWgRows * 64;
 
   for (int tile = 0; tile < ntiles; ++tile) {
     const int buf = tile & 1;
     if (tile + 1 < ntiles) {
-      load_kv(tile + 1, buf ^ 1);  // the buffer the previous tile used: freed by its closing barrier
+      load_kv(tile + 1, buf ^ 1);
       device::cp_async_commit();
       device::cp_async_wait1();
     } else {
       device::cp_async_wait0();
     }
+    // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    if (tile == 0) {
-#pragma unroll
-      for (int kk = 0; kk < DK / 16; ++kk)
-        ldmatrix_x4(qf[kk], sq + swz<DK>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
-    }
     const __nv_bfloat16* tk = sk + buf * kKeys * DK;
     const __nv_bfloat16* tv = sv + buf * kKeys * DV;
 
-    // S = Q Kᵀ: 8 tiles of 8 keys; one ldmatrix.x4 gives the B fragments of two key tiles.
-    float s[kKeys / 8][4] = {};
+    float s[32];
+    pin(s);
+    wg_fence();
 #pragma unroll
     for (int kk = 0; kk < DK / 16; ++kk) {
-#pragma unroll
-      for (int nt = 0; nt < kKeys / 8; nt += 2) {
-        unsigned bf[4];
-        const int mi = lane >> 3;
-        ldmatrix_x4(bf, tk + swz<DK>(nt * 8 + (mi >> 1) * 8 + (lane & 7), 2 * kk + (mi & 1)));
-        mma_bf16(s[nt], qf[kk], bf[0], bf[1]);
-        mma_bf16(s[nt + 1], qf[kk], bf[2], bf[3]);
-      }
+      const int p = kk >> 2, off = (kk & 3) * 16;  // panel, and 32 bytes per step inside its rows
+      wgmma_ss(s, smem_desc(wq + p * kRows * 64 + off, 16), smem_desc(tk + p * kKeys * 64 + off, 16), kk > 0);
     }
-    // The causal mask, on tiles that reach past the block's first query.
+    wg_commit();
+    wg_wait0();
+    pin(s);
+
     const int64_t k0 = int64_t(tile) * kKeys;
-    if (k0 + kKeys - 1 > a.pos0 + q0) {
+    if (k0 + kKeys - 1 > a.pos0 + q0 + wg * kWgRows) {
 #pragma unroll
-      for (int nt = 0; nt < kKeys / 8; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int64_t key = k0 + nt * 8 + 2 * t + (e & 1);
-          if (key > a.pos0 + row_q[e >> 1]) s[nt][e] = -INFINITY;
+          if (key > a.pos0 + row_q[e >> 1]) s[nt * 4 + e] = -INFINITY;
         }
     }
-    // Online softmax, per row (quad-wide max).
     float mref[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int nt = 0; nt < kKeys / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[r], mx * sl2);
-      mref[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet: p = 0, no NaN
+      mref[r] = m_new == -INFINITY ? 0.0f : m_new;
       const float corr = exp2f(m[r] - mref[r]);
       m[r] = m_new;
       l[r] *= corr;
 #pragma unroll
-      for (int dt = 0; dt < DV / 8; ++dt) o[dt][2 * r] *= corr, o[dt][2 * r + 1] *= corr;
+      for (int p = 0; p < DV / 64; ++p)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) o[p][nt * 4 + 2 * r] *= corr, o[p][nt * 4 + 2 * r + 1] *= corr;
     }
 #pragma unroll
-    for (int nt = 0; nt < kKeys / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(fmaf(s[nt][e], sl2, -mref[e >> 1]));
-        s[nt][e] = p;
-        l[e >> 1] += p;
-      }
-    // O += P V: P's accumulator tiles 2j and 2j + 1 are the A fragment of keys [16j, 16j + 16).
-#pragma unroll
-    for (int j = 0; j < kKeys / 16; ++j) {
-      const unsigned pa[4] = {pack_bf16(s[2 * j][0], s[2 * j][1]), pack_bf16(s[2 * j][2], s[2 * j][3]),
-                              pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]),
-                              pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
-#pragma unroll
-      for (int dt = 0; dt < DV / 8; dt += 2) {
-        unsigned bf[4];
-        const int mi = lane >> 3;
-        ldmatrix_x4_trans(bf, tv + swz<DV>(16 * j + (mi & 1) * 8 + (lane & 7), dt + (mi >> 1)));
-        mma_bf16(o[dt], pa, bf[0], bf[1]);
-        mma_bf16(o[dt + 1], pa, bf[2], bf[3]);
-      }
+    for (int i = 0; i < 32; ++i) {
+      const float pv = exp2f(fmaf(s[i], sl2, -mref[(i >> 1) & 1]));
+      s[i] = pv;
+      l[(i >> 1) & 1] += pv;
     }
-    __syncthreads();  // every warp is done with this buffer before the next load overwrites it
+    unsigned pa[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      pa[j][0] = pack_bf16(s[8 * j + 0], s[8 * j + 1]);
+      pa[j][1] = pack_bf16(s[8 * j + 2], s[8 * j + 3]);
+      pa[j][2] = pack_bf16(s[8 * j + 4], s[8 * j + 5]);
+      pa[j][3] = pack_bf16(s[8 * j + 6], s[8 * j + 7]);
+    }
+#pragma unroll
+    for (int p = 0; p < DV / 64; ++p) pin(o[p]);
+    wg_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int p = 0; p < DV / 64; ++p)  // keys [16j, 16j + 16) of value panel p
+        wgmma_rs(o[p], pa[j], smem_desc(tv + p * kKeys * 64 + j * 16 * 64, kKeys * 128));
+    wg_commit();
+    wg_wait0();
+#pragma unroll
+    for (int p = 0; p < DV / 64; ++p) pin(o[p]);
+    __syncthreads();  // both warpgroups are done with this buffer before the next load
   }
 
 #pragma unroll
@@ -209,21 +292,23 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_mma_kernel(const __nv_bfloat16
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     __nv_bfloat16* yr = y + ((int64_t(b) * a.Tq + qi) * a.H + h) * DV;
 #pragma unroll
-    for (int dt = 0; dt < DV / 8; ++dt)
-      *reinterpret_cast<__nv_bfloat162*>(yr + dt * 8 + 2 * t) =
-          __floats2bfloat162_rn(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+    for (int p = 0; p < DV / 64; ++p)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+        *reinterpret_cast<__nv_bfloat162*>(yr + p * 64 + nt * 8 + 2 * t) =
+            __floats2bfloat162_rn(o[p][nt * 4 + 2 * r] * inv, o[p][nt * 4 + 2 * r + 1] * inv);
     if (lse && t == 0) lse[(int64_t(b) * a.H + h) * a.Tq + qi] = m[r] / kLog2e + logf(l[r]);
   }
 }
 
-template <int DK, int DV, int WARPS>
-void launch(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a) {
-  constexpr int kRows = WARPS * 16;
-  const size_t smem = (size_t(kRows) * DK + 2 * size_t(kKeys) * (DK + DV)) * sizeof(__nv_bfloat16);
-  auto kernel = fwd_mma_kernel<DK, DV, WARPS>;
+template <int DK, int DV>
+void launch_wgmma(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a) {
+  constexpr int kRows = 2 * kWgRows;
+  const size_t smem = (size_t(kRows) * DK + 2 * size_t(kKeys) * (DK + DV)) * sizeof(__nv_bfloat16) + 1024;
+  auto kernel = fwd_wgmma_kernel<DK, DV>;
   K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((a.Tq + kRows - 1) / kRows), unsigned(a.H), unsigned(a.B));
-  kernel<<<grid, WARPS * 32, smem, device::stream()>>>(
+  kernel<<<grid, 256, smem, device::stream()>>>(
       static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
       static_cast<const __nv_bfloat16*>(v), static_cast<__nv_bfloat16*>(y), lse, a);
   K3_CUDA_LAUNCHED();
@@ -421,9 +506,9 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 bool attention_forward_mma(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a) {
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y)) return false;
-  if (a.hd == 64 && a.hdv == 64) return launch<64, 64, 4>(q, k, v, y, lse, a), true;
-  if (a.hd == 128 && a.hdv == 128) return launch<128, 128, 4>(q, k, v, y, lse, a), true;
-  if (a.hd == 192 && a.hdv == 128) return launch<192, 128, 4>(q, k, v, y, lse, a), true;  // MLA prefill
+  if (a.hd == 64 && a.hdv == 64) return launch_wgmma<64, 64>(q, k, v, y, lse, a), true;
+  if (a.hd == 128 && a.hdv == 128) return launch_wgmma<128, 128>(q, k, v, y, lse, a), true;
+  if (a.hd == 192 && a.hdv == 128) return launch_wgmma<192, 128>(q, k, v, y, lse, a), true;  // MLA prefill
   return false;
 }
 

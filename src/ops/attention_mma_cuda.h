@@ -6,9 +6,9 @@
 
 namespace k3::cuda {
 
-// Runs the forward on the tensor cores when it can: bf16 storage (the caller's), head dims
-// hd = hdv ∈ {64, 128} or hd 192 / hdv 128 (MLA), 16-byte-aligned arrays. Returns false, having
-// launched nothing, for any other shape; the SIMT kernels take those.
+// Runs the forward on the tensor cores (wgmma: sm_90a) when it can: bf16 storage (the caller's),
+// head dims hd = hdv ∈ {64, 128} or hd 192 / hdv 128 (MLA), 16-byte-aligned arrays. Returns false,
+// having launched nothing, for any other shape; the SIMT kernels take those.
 bool attention_forward_mma(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a);
 // The backward (gradients accumulated into dq, dk, dv as attention_backward's), given each
 // query row's D = Σ dy·y [B, H, Tq]: hd = hdv ∈ {64, 128}, 16-byte-aligned arrays, else false.

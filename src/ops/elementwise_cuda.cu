@@ -1,6 +1,7 @@
 // Elementwise and row-wise ops on CUDA: GELU, SiTU/SiLU GLU, embedding, RoPE, cross-entropy,
 // AdamW. Each mirrors its CPU function (ops/activation.cc, ops/situ.cc, ops/embedding.cc,
 // ops/rope.cc, ops/ag.cc's cross_entropy_head, train/optimizer.cc).
+#include <algorithm>
 #include <cmath>
 
 #include "core/cuda_util.cuh"
@@ -176,13 +177,28 @@ __global__ void merge_qkv_kernel(const float* q, const float* k, const float* v,
   const float* src = part == 0 ? q : part == 1 ? k : v;
   qkv[i] = src[m * D + d];
 }
-// One thread per column, rows in a loop: coalesced across the warp, no atomics.
-__global__ void bias_grad_kernel(const float* dy, float* db, int64_t M, int64_t N) {
-  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (n >= N) return;
+// A block per 32 columns and a slice of the rows: 8 warps walk the slice's rows in turn (each
+// warp's load coalesced over its 32 columns), their partial sums meet in shared memory and one
+// atomic per column adds the slice's sum. Enough slices that every SM has work: one thread per
+// column walking all M rows ran N / 256 blocks, latency-bound for milliseconds at M = 8192.
+constexpr int kBiasRowLanes = 8;
+__global__ void __launch_bounds__(32 * kBiasRowLanes) bias_grad_kernel(const float* dy, float* db, int64_t M,
+                                                                       int64_t N, int64_t rows_per_block) {
+  __shared__ float part[kBiasRowLanes][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int64_t n = int64_t(blockIdx.x) * 32 + tx;
+  const int64_t m0 = int64_t(blockIdx.y) * rows_per_block, m1 = m0 + rows_per_block < M ? m0 + rows_per_block : M;
   float s = 0.0f;
-  for (int64_t m = 0; m < M; ++m) s += dy[m * N + n];
-  db[n] += s;
+  if (n < N)
+#pragma unroll 4
+    for (int64_t m = m0 + ty; m < m1; m += kBiasRowLanes) s += dy[m * N + n];
+  part[ty][tx] = s;
+  __syncthreads();
+  if (ty != 0 || n >= N) return;
+  float total = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kBiasRowLanes; ++r) total += part[r][tx];
+  atomicAdd(&db[n], total);
 }
 
 }  // namespace
@@ -194,7 +210,12 @@ void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64
 }
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N) {
   if (!M || !N) return;
-  bias_grad_kernel<<<device::blocks_for(N, kThreads), kThreads, 0, device::stream()>>>(dy, db, M, N);
+  const int64_t col_blocks = (N + 31) / 32;
+  // About 1,024 blocks in all, each slice at least 64 rows.
+  const int64_t slices = std::max<int64_t>(1, std::min((1024 + col_blocks - 1) / col_blocks, (M + 63) / 64));
+  const int64_t rows = (M + slices - 1) / slices;
+  const dim3 grid(unsigned(col_blocks), unsigned((M + rows - 1) / rows));
+  bias_grad_kernel<<<grid, 32 * kBiasRowLanes, 0, device::stream()>>>(dy, db, M, N, rows);
   K3_CUDA_LAUNCHED();
 }
 

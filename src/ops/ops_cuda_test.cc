@@ -175,8 +175,9 @@ TEST_P(OpsCuda, CausalAttentionForwardBackward) {
   struct Case {
     int64_t Tq, pos0, hd, hdv;
   };
-  // bf16 storage at hd 64 / 128 / 192-128 runs the tensor-core forward (64-query blocks, 64-key
-  // tiles): the longer cases walk several double-buffered tiles, with pos0 off the tile grid.
+  // bf16 storage at hd 64 / 128 / 192-128 runs the tensor-core forward (wgmma, 128-query blocks,
+  // 64-key tiles) and at 64 / 128 the tensor-core backward (64-key blocks, 64- or 32-query tiles):
+  // the longer cases walk several double-buffered tiles, with pos0 off the tile grid.
   for (const Case c : {Case{1, 0, 64, 64}, Case{63, 0, 64, 64}, Case{65, 7, 128, 128}, Case{130, 0, 32, 48},
                        Case{1, 99, 128, 128}, Case{40, 3, 192, 128}, Case{300, 0, 128, 128}, Case{200, 37, 64, 64},
                        Case{150, 70, 192, 128}}) {
@@ -248,6 +249,23 @@ TEST(OpsCudaOnly, GatesForwardBackward) {
     EXPECT_LE(rel(down(gdx, n), dx), 1e-5) << kind;
     EXPECT_LE(rel(down(gdA, s.H), dA), 1e-4) << kind;
     EXPECT_LE(rel(down(gdb, s.H * s.K), db), 1e-4) << kind;
+  }
+}
+
+// Column sums added into db: shapes with one row slice, several, and a ragged last column block.
+TEST(OpsCudaOnly, BiasGradSumsEveryRow) {
+  Rng rng(6);
+  for (const auto& [M, N] : {std::pair<int64_t, int64_t>{14, 40}, {8192, 77}, {3001, 768}}) {
+    const auto dy = randv(rng, M * N), db0 = randv(rng, N);
+    std::vector<float> want = db0;
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = db0[size_t(n)];
+      for (int64_t m = 0; m < M; ++m) acc += dy[size_t(m * N + n)];
+      want[size_t(n)] = float(acc);
+    }
+    Buffer gdy = up(dy), gdb = up(db0);
+    cuda::bias_grad(gdy.as<float>(), gdb.as<float>(), M, N);
+    EXPECT_LE(rel(down(gdb, N), want), 1e-5) << M << " x " << N;
   }
 }
 

@@ -84,24 +84,41 @@ del a, b
 # prefill (the flash backend needs hd = hdv).
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
+SDPA_BACKENDS = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                 ("efficient", SDPBackend.EFFICIENT_ATTENTION))
+
+
+def time_backends(what, fn):
+    """Records fn's time under each SDPA backend as sdpa_{backend}_{what}, the fastest as sdpa_{what}."""
+    best = None
+    for name, backend in SDPA_BACKENDS:
+        try:
+            with sdpa_kernel(backend):
+                t = ms(fn)
+        except Exception as e:  # a backend that does not take the shape
+            print(f"sdpa {name} {what}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+            continue
+        record(f"sdpa_{name}_{what}", t)
+        best = t if best is None else min(best, t)
+    if best is not None:
+        record(f"sdpa_{what}", best)
+
+
 for T in args.seq_len:
     for hd, hdv, suffix in ((128, 128, ""), (192, 128, "_hd192")):
         q = torch.randn(1, 16, T, hd, device=dev, dtype=bf)
         k_ = torch.randn_like(q)
         v_ = torch.randn(1, 16, T, hdv, device=dev, dtype=bf)
-        best = None
-        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
-                              ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
-            try:
-                with sdpa_kernel(backend):
-                    t = ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k_, v_, is_causal=True))
-            except Exception as e:  # a backend that does not take the shape
-                print(f"sdpa {name} T{T}{suffix}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
-                continue
-            record(f"sdpa_{name}_fwd_T{T}_H16{suffix}", t)
-            best = t if best is None else min(best, t)
-        if best is not None:
-            record(f"sdpa_fwd_T{T}_H16{suffix}", best)
+        time_backends(f"fwd_T{T}_H16{suffix}",
+                      lambda: torch.nn.functional.scaled_dot_product_attention(q, k_, v_, is_causal=True))
+        if hd != hdv:
+            continue
+        # Forward + backward (the gradients of q, k and v).
+        dout = torch.randn_like(v_)
+        for t_ in (q, k_, v_):
+            t_.requires_grad_(True)
+        time_backends(f"fwdbwd_T{T}_H16", lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, k_, v_, is_causal=True).backward(dout))
 
 for kind in args.kinds:
     for H in args.heads:

@@ -272,6 +272,73 @@ TEST(DeltaCudaChunked, WindowsAndDeviceApi) {
   }
 }
 
+// The decode step (one token per sequence: max_len 1 picks the decode kernel) through the device
+// API in each of its modes, against the CPU recurrent reference: the state updated in place,
+// written to a second buffer (h0 left as it was), not written (ht null), bf16 q/k/v/o, and a
+// state 4 bytes off 16-byte alignment (the kernel's scalar path); K = V = 128 (whole-line loads)
+// and K 64 / V 37 (the scalar path's shape).
+TEST(DeltaCudaDecode, EveryModeMatchesCpu) {
+  for (const Variant& var : kVariants) {
+    if (var.normalize == Normalize::On) continue;  // the normaliser is the host wrapper's extra column
+    for (const auto& [K, V] : {std::pair<int64_t, int64_t>{128, 128}, {64, 37}}) {
+      const int64_t N = 5, H = 2, HV = 4, n_state = N * HV * K * V;
+      DeltaInputs in = random_inputs(var, 1, N, H, HV, K, V, N, 31);
+      in.cu_seqlens = {0, 1, 2, 3, 4, 5};
+      const DeltaOptions cpu = testing::options(var);
+      const DeltaOutputs ref = delta_forward(in, cpu, Impl::Recurrent);
+      DeltaInputs rin = in;  // what the bf16 mode computes from
+      rin.q = round_bf16(in.q), rin.k = round_bf16(in.k), rin.v = round_bf16(in.v);
+      const DeltaOutputs rref = delta_forward(rin, cpu, Impl::Recurrent);
+      const std::vector<int64_t> r0 = {0, 1, 2, 3, 4}, ln = {1, 1, 1, 1, 1};
+      device::Buffer row0 = device::upload_new(r0.data(), 40), len = device::upload_new(ln.data(), 40);
+      const char* modes[] = {"in place", "new buffer", "no ht", "bf16", "misaligned state"};
+      for (int mode = 0; mode < 5; ++mode) {
+        const bool bf16 = mode == 3;
+        const auto io = bf16 ? device::Storage::BF16 : device::Storage::F32;
+        auto put = [](const Tensor& t, device::Storage st) {
+          return t.defined() ? device::upload_values(t.f32(), t.numel(), st) : device::Buffer();
+        };
+        device::Buffer q = put(in.q, io), k = put(in.k, io), v = put(in.v, io), beta = put(in.beta, device::Storage::F32),
+                       g = put(in.g, device::Storage::F32);
+        // The state at offset 1 float in mode 4, at 0 otherwise.
+        const int64_t off = mode == 4 ? 1 : 0;
+        std::vector<float> host(size_t(n_state + off), 0.0f);
+        std::copy(in.h0.f32(), in.h0.f32() + n_state, host.begin() + off);
+        device::Buffer S = device::upload_new(host.data(), host.size() * 4), S2(size_t(n_state) * 4);
+        device::Buffer o(size_t(N * HV * V) * (bf16 ? 2 : 4));
+        cuda::DeviceArgs a;
+        a.N = N, a.H = H, a.HV = HV, a.K = K, a.V = V, a.write = var.write, a.decay = var.decay;
+        a.io = bf16 ? DType::BF16 : DType::F32, a.o_dtype = a.io;
+        a.row0 = row0.as<int64_t>(), a.len = len.as<int64_t>(), a.max_len = 1;
+        a.q = q.get(), a.k = k.get(), a.v = v.get(), a.beta = beta.as<float>(), a.g = g.as<float>();
+        a.h0 = S.as<float>() + off;
+        a.ht = mode == 1 ? S2.as<float>() : mode == 2 ? nullptr : S.as<float>() + off;
+        a.o = o.get();
+        cuda::forward(a);
+        const std::string label = std::string(var.name) + " K " + std::to_string(K) + " V " + std::to_string(V) + " " +
+                                  modes[mode];
+        const DeltaOutputs& want = bf16 ? rref : ref;
+        const double tol = bf16 ? 5e-3 : 1e-4;
+        Tensor go = Tensor::empty(want.o.shape());
+        device::download_values(go.f32(), o, go.numel(), io);
+        expect_close(go, want.o, tol, label + " o");
+        std::vector<float> state(host.size());
+        device::download(state.data(), S.get(), state.size() * 4);
+        Tensor ght = Tensor::empty(want.ht.shape());
+        if (mode == 1) device::download(ght.f32(), S2.get(), size_t(n_state) * 4);
+        else std::copy(state.begin() + off, state.end(), ght.f32());
+        if (mode != 2) expect_close(ght, want.ht, tol, label + " ht");
+        if (mode == 1 || mode == 2) {  // h0 read, never written
+          EXPECT_TRUE(std::equal(state.begin(), state.end(), host.begin())) << label << ": h0 changed";
+        }
+        if (mode == 4) {
+          EXPECT_EQ(state[0], 0.0f) << label << ": wrote before the state";
+        }
+      }
+    }
+  }
+}
+
 // The differentiable op (ag::delta_rule, what models train through) on the device against the
 // CPU chunked form: output and the gradients of q, k, v, β and g, for each variant a k3 model
 // trains (linear attention, DeltaNet, Gated DeltaNet, KDA with its gate), grouped value heads
