@@ -392,7 +392,7 @@ void run_kernels(const KernelArgs& args) {
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(rng.uniform() * 50000) % 50257;
     for (size_t i = 0; i < ids.size(); ++i) tg[i] = (i + 1) % size_t(T) ? ids[i + 1] : -1;
     const double flops = 6.0 * double(model->total_params()) * B * T + 12.0 * 12 * 768 * double(T) * B * T / 2;
-    for (const bool bf16 : {false, true}) {  // fp32, then bf16 GEMM and attention operands (fp32 accumulation)
+    for (const bool bf16 : {true, false}) {  // bf16 GEMM and attention operands (fp32 accumulation), then fp32
       run.set_bf16_gemms(bf16);
       const double ms = median_ms(3, [&] { run.train_step(ids.data(), tg.data(), B, T, 1e-4f, {}); });
       const double tps = double(B * T) / (ms * 1e-3);

@@ -2,9 +2,11 @@
 //   h = LN1(x); qkv = h Wa + ba; (q, k, v) = split; y = causal_attention(q, k, v);
 //   x += y Wp + bp; h = LN2(x); f = gelu(h Wfc + bfc); x += f Wp2 + bp2
 // then logits = LNf(x) wteᵀ. Weights are HF Conv1D [in, out] (row-major: y = x W).
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/cuda_util.cuh"
 #include "models/gpt2_cuda.h"
@@ -51,11 +53,22 @@ Gpt2Runner::Gpt2Runner(const Gpt2Model& model, device::Storage weights) : impl_(
     // tied LM head reads wte as a GEMM operand too: keep an extra copy in the weight storage.
     const bool gemm = t.ndim() == 2 && name.find(".weight") != std::string::npos && name.rfind("wte", 0) != 0 &&
                       name.rfind("wpe", 0) != 0;
-    impl_->w.emplace(name, device::upload_values(t.f32(), t.numel(), gemm ? weights : device::Storage::F32));
-    if (name == "wte.weight" && weights != device::Storage::F32)
-      impl_->w.emplace("lm_head", device::upload_values(t.f32(), t.numel(), weights));
+    if (name == "wte.weight") {
+      // Rows padded with zeros to a multiple of 64 (llm.c's 50,304 for GPT-2): the three LM-head
+      // GEMMs of a training step then have aligned extents (50,257 columns leave cuBLAS only its
+      // unaligned kernels). The pad rows get zero gradients and stay zero; lookups and the
+      // forward-only head read the first V rows.
+      const int64_t V = t.dim(0), D = t.dim(1), Vp = (V + 63) / 64 * 64;
+      std::vector<float> padded(size_t(Vp * D), 0.0f);
+      std::copy(t.f32(), t.f32() + t.numel(), padded.begin());
+      impl_->w.emplace(name, device::upload_values(padded.data(), Vp * D, device::Storage::F32));
+      impl_->numel[name] = Vp * D;
+      if (weights != device::Storage::F32) impl_->w.emplace("lm_head", device::upload_values(t.f32(), t.numel(), weights));
+    } else {
+      impl_->w.emplace(name, device::upload_values(t.f32(), t.numel(), gemm ? weights : device::Storage::F32));
+      impl_->numel[name] = t.numel();
+    }
     impl_->decay[name] = kind == ParamKind::Weight;
-    impl_->numel[name] = t.numel();
   });
 }
 
@@ -208,13 +221,16 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     mm(a.ff2.as<float>(), Op::N, m.f(p + "mlp.c_proj.weight"), Op::N, M, D, F, x.as<float>(), 1.0f);
     add_bias(x.as<float>(), m.f(p + "mlp.c_proj.bias"), M, D);
   }
-  Buffer hf = buf(M * D), muf = buf(M), rsf = buf(M), logits = buf(M * V), loss = buf(M);
+  // The LM head over wte's zero-padded Vp rows (the constructor): logits [M, Vp], their pad
+  // columns zero; the loss reads the first V and zeroes the pad columns of dlogits.
+  const int64_t Vp = m.numel.at("wte.weight") / D;
+  Buffer hf = buf(M * D), muf = buf(M), rsf = buf(M), logits = buf(M * Vp), loss = buf(M);
   layernorm_forward(x.get(), m.f("ln_f.weight"), m.f("ln_f.bias"), eps, M, D, hf.get(), muf.as<float>(),
                     rsf.as<float>(), s);
-  mm(hf.as<float>(), Op::N, m.f("wte.weight"), Op::T, M, V, D, logits.as<float>(), 0.0f);
+  mm(hf.as<float>(), Op::N, m.f("wte.weight"), Op::T, M, Vp, D, logits.as<float>(), 0.0f);
   // Loss and dlogits (in place of the logits), scaled by 1 / scored positions.
   cross_entropy(logits.as<float>(), tgt.as<int64_t>(), M, V, loss.as<float>(), logits.as<float>(),
-                1.0f / float(std::max<int64_t>(count, 1)));
+                1.0f / float(std::max<int64_t>(count, 1)), 0.0f, Vp);
   std::vector<float> losses(static_cast<size_t>(M));
   device::download(losses.data(), loss.get(), losses.size() * 4);
   double total = 0.0;
@@ -224,8 +240,8 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   Buffer dh = buf(M * D), dx = buf(M * D), dff = buf(M * F), dff2 = buf(M * F), dy = buf(M * D), dqkv = buf(M * 3 * D);
   Buffer dq = buf(M * D), dk = buf(M * D), dv = buf(M * D);
   const float* dlogits = logits.as<float>();
-  mm(dlogits, Op::N, m.f("wte.weight"), Op::N, M, D, V, dh.as<float>(), 0.0f);          // dhf = dlogits wte
-  mm(dlogits, Op::T, hf.as<float>(), Op::N, V, D, M, m.gr("wte.weight"), 1.0f);         // dwte += dlogitsᵀ hf
+  mm(dlogits, Op::N, m.f("wte.weight"), Op::N, M, D, Vp, dh.as<float>(), 0.0f);         // dhf = dlogits wte
+  mm(dlogits, Op::T, hf.as<float>(), Op::N, Vp, D, M, m.gr("wte.weight"), 1.0f);        // dwte += dlogitsᵀ hf
   layernorm_backward(x.get(), m.f("ln_f.weight"), muf.as<float>(), rsf.as<float>(), dh.get(), M, D, dx.get(),
                      m.gr("ln_f.weight"), m.gr("ln_f.bias"), s);
   for (int64_t l = L - 1; l >= 0; --l) {

@@ -83,6 +83,7 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat
 // row r at c ^ (r mod 8), each panel 1024-byte aligned. Keys and values are double-buffered by
 // cp.async (the next tile loads while this one is used).
 constexpr int kWgRows = 64;  // queries per warpgroup
+constexpr int kStages = 3;   // key/value tiles in shared memory: in use, next, loading
 
 // Element offset of (r, c) in a tile of `rows` rows stored as 64-column swizzled panels.
 __device__ __forceinline__ int panel_off(int rows, int r, int c) {
@@ -112,6 +113,7 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo_bytes)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 // Keeps the compiler from moving accumulator registers across the asynchronous MMAs.
 __device__ __forceinline__ void pin(float (&d)[32]) {
 #pragma unroll
@@ -165,8 +167,8 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   // Panels must start on 1024-byte boundaries (the swizzle's period): align the base.
   const uint32_t raw = unsigned(__cvta_generic_to_shared(smem_raw));
   __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (raw & 1023)) & 1023));  // [kRows][DK]
-  __nv_bfloat16* sk = sq + kRows * DK;       // [2][kKeys][DK]
-  __nv_bfloat16* sv = sk + 2 * kKeys * DK;   // [2][kKeys][DV]
+  __nv_bfloat16* sk = sq + kRows * DK;                 // [kStages][kKeys][DK]
+  __nv_bfloat16* sv = sk + kStages * kKeys * DK;       // [kStages][kKeys][DV]
 
   const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest tiles first
   const int h = blockIdx.y, b = blockIdx.z;
@@ -177,55 +179,48 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   const __nv_bfloat16* vb = v + (int64_t(b) * a.S * a.H + h) * DV;
   const int64_t last_key = a.pos0 + min64(q0 + kRows, a.Tq) - 1;
   const int ntiles = int(last_key / kKeys) + 1;
-  auto load_kv = [&](int tile, int buf) {
-    const int64_t k0 = int64_t(tile) * kKeys;
-    const int valid = int(min64(kKeys, a.S - k0));
-    load_panels<DK, kThreads>(sk + buf * kKeys * DK, kb + k0 * qstride, qstride, kKeys, valid);
-    load_panels<DV, kThreads>(sv + buf * kKeys * DV, vb + k0 * vstride, vstride, kKeys, valid);
+  // Tile j lives in stage j mod 3, loaded two tiles ahead; one cp.async group per tile (empty
+  // past the last), so "tile j landed" is always "at most N groups pending".
+  auto load_kv = [&](int tile) {
+    if (tile < ntiles) {
+      const int64_t k0 = int64_t(tile) * kKeys;
+      const int valid = int(min64(kKeys, a.S - k0)), st = tile % kStages;
+      load_panels<DK, kThreads>(sk + st * kKeys * DK, kb + k0 * qstride, qstride, kKeys, valid);
+      load_panels<DV, kThreads>(sv + st * kKeys * DV, vb + k0 * vstride, vstride, kKeys, valid);
+    }
+    device::cp_async_commit();
   };
   load_panels<DK, kThreads>(sq, q + ((int64_t(b) * a.Tq + q0) * a.H + h) * DK, qstride, kRows,
                             int(min64(kRows, a.Tq - q0)));
-  load_kv(0, 0);
-  device::cp_async_commit();
+  load_kv(0);  // in Q's group
+  load_kv(1);
+  load_kv(2);
 
   float o[DV / 64][32];
 #pragma unroll
   for (int p = 0; p < DV / 64; ++p)
 #pragma unroll
     for (int i = 0; i < 32; ++i) o[p][i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
   const float sl2 = a.scale * kLog2e;
   const int64_t row_q[2] = {q0 + wg * kWgRows + warp * 16 + g, q0 + wg * kWgRows + warp * 16 + g + 8};
   // This warpgroup's 64 query rows: panel p starts at sq + p·kRows·64 + wg·64·64.
   const __nv_bfloat16* wq = sq + wg * kWgRows * 64;
+  float s[32];
+  unsigned pa[4][4];
 
-  for (int tile = 0; tile < ntiles; ++tile) {
-    const int buf = tile & 1;
-    if (tile + 1 < ntiles) {
-      load_kv(tile + 1, buf ^ 1);
-      device::cp_async_commit();
-      device::cp_async_wait1();
-    } else {
-      device::cp_async_wait0();
-    }
-    // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    const __nv_bfloat16* tk = sk + buf * kKeys * DK;
-    const __nv_bfloat16* tv = sv + buf * kKeys * DV;
-
-    float s[32];
-    pin(s);
-    wg_fence();
+  auto issue_scores = [&](int tile) {  // s = Q K_tileᵀ, asynchronously
+    const __nv_bfloat16* tk = sk + (tile % kStages) * kKeys * DK;
 #pragma unroll
     for (int kk = 0; kk < DK / 16; ++kk) {
       const int p = kk >> 2, off = (kk & 3) * 16;  // panel, and 32 bytes per step inside its rows
       wgmma_ss(s, smem_desc(wq + p * kRows * 64 + off, 16), smem_desc(tk + p * kKeys * 64 + off, 16), kk > 0);
     }
     wg_commit();
-    wg_wait0();
-    pin(s);
-
+  };
+  // Mask, online softmax of tile `tile`'s scores in s: s becomes P (fp32), corr the factor the
+  // accumulator must take before P V is added.
+  auto softmax = [&](int tile) {
     const int64_t k0 = int64_t(tile) * kKeys;
     if (k0 + kKeys - 1 > a.pos0 + q0 + wg * kWgRows) {
 #pragma unroll
@@ -245,14 +240,10 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[r], mx * sl2);
-      mref[r] = m_new == -INFINITY ? 0.0f : m_new;
-      const float corr = exp2f(m[r] - mref[r]);
+      mref[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet: p = 0, no NaN
+      corr[r] = exp2f(m[r] - mref[r]);
       m[r] = m_new;
-      l[r] *= corr;
-#pragma unroll
-      for (int p = 0; p < DV / 64; ++p)
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) o[p][nt * 4 + 2 * r] *= corr, o[p][nt * 4 + 2 * r + 1] *= corr;
+      l[r] *= corr[r];
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
@@ -260,7 +251,8 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
       s[i] = pv;
       l[(i >> 1) & 1] += pv;
     }
-    unsigned pa[4][4];
+  };
+  auto pack_p = [&] {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       pa[j][0] = pack_bf16(s[8 * j + 0], s[8 * j + 1]);
@@ -268,20 +260,63 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
       pa[j][2] = pack_bf16(s[8 * j + 4], s[8 * j + 5]);
       pa[j][3] = pack_bf16(s[8 * j + 6], s[8 * j + 7]);
     }
-#pragma unroll
-    for (int p = 0; p < DV / 64; ++p) pin(o[p]);
-    wg_fence();
+  };
+
+  device::cp_async_wait2();  // Q and tile 0
+  // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  pin(s);
+  wg_fence();
+  issue_scores(0);
+  wg_wait0();
+  pin(s);
+  softmax(0);
+  pack_p();
+
+  auto issue_pv = [&](int tile) {  // o += P V_tile, asynchronously
+    const __nv_bfloat16* tv = sv + (tile % kStages) * kKeys * DV;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int p = 0; p < DV / 64; ++p)  // keys [16j, 16j + 16) of value panel p
         wgmma_rs(o[p], pa[j], smem_desc(tv + p * kKeys * 64 + j * 16 * 64, kKeys * 128));
     wg_commit();
+  };
+  // Tile j < last: the scores of tile j + 1 are computed while P_j V_j runs, and their softmax
+  // while the tensor cores finish it; the accumulator takes the new factor once P_j V_j is in.
+  // (The last tile is peeled off, so every pass commits the same two groups.)
+  for (int tile = 0; tile + 1 < ntiles; ++tile) {
+    device::cp_async_wait1();  // tile + 1 landed
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < DV / 64; ++p) pin(o[p]);
+    pin(s);
+    wg_fence();
+    issue_scores(tile + 1);
+    issue_pv(tile);
+    wg_wait1();  // the scores (committed first) are in; P V may still run
+    pin(s);
+    softmax(tile + 1);
     wg_wait0();
 #pragma unroll
     for (int p = 0; p < DV / 64; ++p) pin(o[p]);
-    __syncthreads();  // both warpgroups are done with this buffer before the next load
+    __syncthreads();  // both warpgroups are done with stage tile mod 3 (K read last pass, V now)
+    load_kv(tile + 3);
+    pack_p();
+#pragma unroll
+    for (int p = 0; p < DV / 64; ++p)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[p][i] *= corr[(i >> 1) & 1];
   }
+#pragma unroll
+  for (int p = 0; p < DV / 64; ++p) pin(o[p]);
+  wg_fence();
+  issue_pv(ntiles - 1);
+  wg_wait0();
+#pragma unroll
+  for (int p = 0; p < DV / 64; ++p) pin(o[p]);
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -304,7 +339,7 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
 template <int DK, int DV>
 void launch_wgmma(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a) {
   constexpr int kRows = 2 * kWgRows;
-  const size_t smem = (size_t(kRows) * DK + 2 * size_t(kKeys) * (DK + DV)) * sizeof(__nv_bfloat16) + 1024;
+  const size_t smem = (size_t(kRows) * DK + kStages * size_t(kKeys) * (DK + DV)) * sizeof(__nv_bfloat16) + 1024;
   auto kernel = fwd_wgmma_kernel<DK, DV>;
   K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((a.Tq + kRows - 1) / kRows), unsigned(a.H), unsigned(a.B));

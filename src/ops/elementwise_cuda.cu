@@ -107,11 +107,11 @@ __global__ void rope_kernel(T* x, int64_t H, int64_t hd, int64_t offset, int64_t
 }
 
 // One block per row: max, log-sum-exp, loss = lse − logit[target]; dlogits = (p − onehot)·scale.
-__global__ void xent_kernel(const float* logits, const int64_t* targets, int64_t vocab, float* loss, float* dlogits,
-                            float scale, float z_loss) {
+__global__ void xent_kernel(const float* logits, const int64_t* targets, int64_t vocab, int64_t ld, float* loss,
+                            float* dlogits, float scale, float z_loss) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
-  const float* z = logits + row * vocab;
+  const float* z = logits + row * ld;
   const int64_t t = targets[row];
   const float zt = t >= 0 ? z[t] : 0.0f;  // read before dlogits may overwrite the logits in place
   float mx = -INFINITY;
@@ -129,7 +129,8 @@ __global__ void xent_kernel(const float* logits, const int64_t* targets, int64_t
   if (!dlogits) return;
   const float zs = 1.0f + 2.0f * z_loss * lse;  // d/dz of lse − z_t + c·lse² is softmax·(1 + 2c·lse) − onehot
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
-    dlogits[row * vocab + j] = t < 0 ? 0.0f : (zs * expf(z[j] - lse) - (j == t ? 1.0f : 0.0f)) * scale;
+    dlogits[row * ld + j] = t < 0 ? 0.0f : (zs * expf(z[j] - lse) - (j == t ? 1.0f : 0.0f)) * scale;
+  for (int64_t j = vocab + threadIdx.x; j < ld; j += blockDim.x) dlogits[row * ld + j] = 0.0f;  // pad columns
 }
 
 __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
@@ -156,6 +157,14 @@ template <class T>
 __global__ void cast_kernel(const float* x, T* y, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = from_f32<T>(x[i]);
+}
+// Four at a time (the GEMM operand casts of mixed precision move gigabytes per training step).
+__global__ void cast_bf16x4_kernel(const float4* x, uint2* y, int64_t n4) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n4) return;
+  const float4 v = x[i];
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+  y[i] = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
 }
 template <class T>
 __global__ void widen_kernel(const T* x, float* y, int64_t n) {
@@ -231,6 +240,14 @@ void add_bias(float* y, const float* bias, int64_t M, int64_t N) {
 }
 void cast(const float* x, void* y, int64_t n, Storage st) {
   if (!n) return;
+  if (st == Storage::BF16 && n % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
+      (reinterpret_cast<uintptr_t>(y) & 7) == 0) {  // 16-byte loads, 8-byte stores
+    const int64_t n4 = n / 4;
+    cast_bf16x4_kernel<<<device::blocks_for(n4, kThreads), kThreads, 0, device::stream()>>>(
+        reinterpret_cast<const float4*>(x), reinterpret_cast<uint2*>(y), n4);
+    K3_CUDA_LAUNCHED();
+    return;
+  }
   K3_DISPATCH_STORAGE(st, T,
                       cast_kernel<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
                           x, static_cast<T*>(y), n));
@@ -319,9 +336,10 @@ void rope_apply(void* x, int64_t M, int64_t H, int64_t hd, int64_t offset, int64
 }
 
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
-                   float* dlogits, float scale, float z_loss) {
+                   float* dlogits, float scale, float z_loss, int64_t ld) {
   if (!M) return;
-  xent_kernel<<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, loss, dlogits, scale, z_loss);
+  xent_kernel<<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, ld ? ld : vocab, loss, dlogits,
+                                                         scale, z_loss);
   K3_CUDA_LAUNCHED();
 }
 

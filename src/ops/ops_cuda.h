@@ -87,9 +87,11 @@ void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += �
 
 // Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored), with
 // the z-loss c·lse² (c = z_loss): loss[M] per row, and dlogits [M, Vocab] = (softmax·(1 + 2c·lse)
-// − onehot) · scale (null: no gradient; may be `logits` itself, overwritten in place).
+// − onehot) · scale (null: no gradient; may be `logits` itself, overwritten in place). Rows of
+// both are `ld` floats apart (0: vocab), as when the head's weight has padded rows: dlogits'
+// columns [vocab, ld) are written as zeros.
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
-                   float* dlogits, float scale, float z_loss = 0.0f);
+                   float* dlogits, float scale, float z_loss = 0.0f, int64_t ld = 0);
 
 // AdamW step on fp32 parameters (train/optimizer.h semantics: decoupled weight decay,
 // bias-corrected moments).

@@ -3,6 +3,7 @@
 // closed forms in double. Needs a GPU: label "gpu".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <vector>
@@ -249,6 +250,24 @@ TEST(OpsCudaOnly, GatesForwardBackward) {
     EXPECT_LE(rel(down(gdx, n), dx), 1e-5) << kind;
     EXPECT_LE(rel(down(gdA, s.H), dA), 1e-4) << kind;
     EXPECT_LE(rel(down(gdb, s.H * s.K), db), 1e-4) << kind;
+  }
+}
+
+// fp32 → bf16 (round to nearest even, as the host's round_to_bf16) and back: lengths that take
+// the four-wide kernel and one that does not, and a misaligned start.
+TEST(OpsCudaOnly, CastRoundsAsTheHostAndWidensExactly) {
+  Rng rng(7);
+  for (const int64_t n : {int64_t(4096), int64_t(1001)}) {
+    const auto x = randv(rng, n + 1, 3.0f);
+    const std::vector<float> want = bf16_round(x);
+    Buffer gx = up(x);
+    for (const int64_t off : {int64_t(0), int64_t(1)}) {
+      Buffer gb(size_t(n) * 2), gw(size_t(n) * 4);
+      cuda::cast(gx.as<float>() + off, gb.get(), n, Storage::BF16);
+      cuda::widen(gb.get(), gw.as<float>(), n, Storage::BF16);
+      const std::vector<float> got = down(gw, n);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + off)) << "n " << n << " offset " << off;
+    }
   }
 }
 
