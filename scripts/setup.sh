@@ -28,7 +28,7 @@ fi
 BUILD_DIR="${1:-build}"
 shift || true
 SHARED="${K3_SHARED_DIR:-$(cd .. && pwd)/shared}"
-# The CUDA backend (sm_90) is built wherever the CUDA toolkit is installed, GPU or not; GPU tests
+# The CUDA backend (sm_90a) is built wherever the CUDA toolkit is installed, GPU or not; GPU tests
 # carry the ctest label "gpu". An explicit -DK3_CUDA=... wins.
 CUDA_ARGS=()
 if [[ " $* " != *" -DK3_CUDA="* ]] && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }; then

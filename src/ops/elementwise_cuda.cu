@@ -149,9 +149,17 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += x[i];
 }
+// Row-wise kernels on [M, N] arrays: blockIdx.x over column blocks, rows strided by gridDim.y (at
+// most 65,535), so no thread divides a flat index by N (64-bit division per element cost the GPT-2
+// step's bias adds and q/k/v splits several times their memory time).
+inline dim3 row_grid(int64_t M, int64_t N) {
+  return dim3(device::blocks_for(N, kThreads), unsigned(std::min<int64_t>(M, 65535)));
+}
 __global__ void bias_kernel(float* y, const float* b, int64_t M, int64_t N) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < M * N) y[i] += b[i % N];
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const float bn = b[n];
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) y[m * N + n] += bn;
 }
 template <class T>
 __global__ void cast_kernel(const float* x, T* y, int64_t n) {
@@ -172,19 +180,19 @@ __global__ void widen_kernel(const T* x, float* y, int64_t n) {
   if (i < n) y[i] = to_f32(x[i]);
 }
 __global__ void split_qkv_kernel(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // over M·3D
-  if (i >= M * 3 * D) return;
-  const int64_t m = i / (3 * D), c = i % (3 * D), part = c / D, d = c % D;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // column of [M, 3D]
+  if (c >= 3 * D) return;
+  const int64_t part = c / D, d = c - part * D;
   float* dst = part == 0 ? q : part == 1 ? k : v;
-  dst[m * D + d] = qkv[i];
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) dst[m * D + d] = qkv[m * 3 * D + c];
 }
 
 __global__ void merge_qkv_kernel(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= M * 3 * D) return;
-  const int64_t m = i / (3 * D), c = i % (3 * D), part = c / D, d = c % D;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= 3 * D) return;
+  const int64_t part = c / D, d = c - part * D;
   const float* src = part == 0 ? q : part == 1 ? k : v;
-  qkv[i] = src[m * D + d];
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) qkv[m * 3 * D + c] = src[m * D + d];
 }
 // A block per 32 columns and a slice of the rows: 8 warps walk the slice's rows in turn (each
 // warp's load coalesced over its 32 columns), their partial sums meet in shared memory and one
@@ -214,7 +222,7 @@ __global__ void __launch_bounds__(32 * kBiasRowLanes) bias_grad_kernel(const flo
 
 void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D) {
   if (!M) return;
-  merge_qkv_kernel<<<device::blocks_for(M * 3 * D, kThreads), kThreads, 0, device::stream()>>>(q, k, v, qkv, M, D);
+  merge_qkv_kernel<<<row_grid(M, 3 * D), kThreads, 0, device::stream()>>>(q, k, v, qkv, M, D);
   K3_CUDA_LAUNCHED();
 }
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N) {
@@ -235,7 +243,7 @@ void add_inplace(float* y, const float* x, int64_t n) {
 }
 void add_bias(float* y, const float* bias, int64_t M, int64_t N) {
   if (!M || !N) return;
-  bias_kernel<<<device::blocks_for(M * N, kThreads), kThreads, 0, device::stream()>>>(y, bias, M, N);
+  bias_kernel<<<row_grid(M, N), kThreads, 0, device::stream()>>>(y, bias, M, N);
   K3_CUDA_LAUNCHED();
 }
 void cast(const float* x, void* y, int64_t n, Storage st) {
@@ -262,7 +270,7 @@ void widen(const void* x, float* y, int64_t n, Storage st) {
 }
 void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D) {
   if (!M) return;
-  split_qkv_kernel<<<device::blocks_for(M * 3 * D, kThreads), kThreads, 0, device::stream()>>>(qkv, q, k, v, M, D);
+  split_qkv_kernel<<<row_grid(M, 3 * D), kThreads, 0, device::stream()>>>(qkv, q, k, v, M, D);
   K3_CUDA_LAUNCHED();
 }
 
