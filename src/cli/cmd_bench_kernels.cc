@@ -42,6 +42,11 @@ struct KernelArgs {
 // The sections of the report besides the ceilings, which always run (every ratio needs them).
 const std::vector<std::string> kKernelSections = {"prefill", "decode", "attention", "mla", "gpt2"};
 
+// The command has no CPU form: its errors say what it needs and where the CPU benchmarks are (the
+// shared require_cuda message would point at a --device option this command does not have).
+constexpr const char* kCpuBenchmarks =
+    "the CPU benchmarks are `k3 bench decode`, `k3 bench recall` and `k3 bench memory`";
+
 #if defined(K3_HAS_CUDA)
 template <class F>
 double median_ms(int reps, F&& f) {
@@ -96,8 +101,11 @@ std::string fmt2(const char* f, double a, double b2) {
   return b;
 }
 
+
 void run_kernels(const KernelArgs& args) {
-  device::require_cuda("bench kernels");
+  if (device::cuda_device_count() == 0)
+    throw error("bench kernels", "times k3's CUDA kernels and needs an NVIDIA GPU; this machine has none usable (",
+                kCpuBenchmarks, ")");
   std::printf("device: %s\n", device::describe());
   nlohmann::json fla = nlohmann::json::object();
   if (!args.versus.empty()) {
@@ -413,7 +421,10 @@ void run_kernels(const KernelArgs& args) {
   }
 }
 #else
-void run_kernels(const KernelArgs&) { device::require_cuda("bench kernels"); }
+void run_kernels(const KernelArgs&) {
+  throw error("bench kernels", "times k3's CUDA kernels: this k3 was built without the CUDA backend (configure with ",
+              "-DK3_CUDA=ON where the CUDA toolkit is installed; ", kCpuBenchmarks, ")");
+}
 #endif
 
 }  // namespace
