@@ -1,6 +1,6 @@
 // Causal softmax attention on the tensor cores for bf16 storage, fp32 accumulation and softmax:
 // the forward on Hopper's warpgroup MMA (wgmma), the backward on mma.sync (m16n8k16), both on
-// FlashAttention-2's schedule (a block walks the other operand's tiles, the softmax online).
+// FlashAttention's schedule (a block walks the other operand's tiles, the softmax online).
 //
 // Conventions shared by both: tiles of 16-byte chunks in shared memory are XOR-swizzled (chunk
 // c of row r at c ^ (r mod 8)), so the 8 row addresses of an ldmatrix, or a wgmma's 8-row core
@@ -61,7 +61,7 @@ __device__ __forceinline__ int swz(int r, int c) {
   return r * D + ((c ^ (r & 7)) << 3);
 }
 
-// Rows [row0, row0 + n) of a [*, H, D] array (row stride H·D elements) into a swizzled tile;
+// n rows from `base` (row stride `stride` elements, as in a [*, H, D] array) into a swizzled tile;
 // rows at or past `valid` are zero-filled.
 template <int D, int THREADS>
 __device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t stride,
@@ -80,8 +80,9 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat
 // rounded to bf16, is wgmma's A-fragment layout) and V from shared memory transposed (V's rows
 // are keys, so its N dimension, the value columns, is the contiguous one). Tiles are stored in
 // the 128-byte swizzle the descriptors name: 64-column panels of 128-byte rows, 16-byte chunk c of
-// row r at c ^ (r mod 8), each panel 1024-byte aligned. Keys and values are double-buffered by
-// cp.async (the next tile loads while this one is used).
+// row r at c ^ (r mod 8), each panel 1024-byte aligned. Keys and values stream through a 3-stage
+// cp.async ring, and each warpgroup overlaps the next tile's scores with this tile's P V
+// (FlashAttention-3's intra-warpgroup schedule; the loop's comments say how).
 constexpr int kWgRows = 64;  // queries per warpgroup
 constexpr int kStages = 3;   // key/value tiles in shared memory: in use, next, loading
 
