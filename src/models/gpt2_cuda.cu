@@ -168,7 +168,9 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   // the attention output and lse, the block's mid-point, the MLP's pre- and post-GELU values.
   struct Saved {
     Buffer x, h1, mu1, rs1, q, k, v, y, lse, xm, h2, mu2, rs2, ff, ff2;
-    Buffer qb, kb, vb, yb;  // bf16 copies for attention under bf16 GEMMs (its products are GEMMs)
+    // Under bf16 GEMMs: bf16 copies made once in the forward for attention and for both the
+    // forward GEMM and the backward's weight-gradient GEMM that read each activation.
+    Buffer qb, kb, vb, yb, h1b, h2b, ff2b;
   };
   std::vector<Saved> sv(static_cast<size_t>(L));
   Buffer x = buf(M * D), tmp = buf(M * D), qkv = buf(M * 3 * D);
@@ -177,14 +179,39 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   embedding_forward(m.f("wpe.weight"), c.n_positions, gpos.as<int64_t>(), M, D, tmp.get(), s, false);
   add_inplace(x.as<float>(), tmp.as<float>(), M * D);
   const AttnShape as{B, T, T, H, hd, hd, 0, 1.0f / std::sqrt(float(hd))};
-  auto mm = [&](const float* a, Op ta, const float* b, Op tb, int64_t rows, int64_t cols, int64_t inner, float* out,
+  // A GEMM operand: the fp32 array and, under bf16 GEMMs, its bf16 copy if one was made (an
+  // operand read by two GEMMs is cast once; one without a copy is cast for its GEMM).
+  struct Operand {
+    const float* f;
+    const void* b = nullptr;
+  };
+  const auto bf = device::Storage::BF16;  // round both operands, accumulate in fp32
+  auto bf_copy = [&](const float* x, int64_t n) {
+    Buffer c;
+    if (m.bf16_gemms) {
+      c = Buffer(size_t(n) * 2);
+      cast(x, c.get(), n, bf);
+    }
+    return c;
+  };
+  auto mm = [&](Operand a, Op ta, Operand b, Op tb, int64_t rows, int64_t cols, int64_t inner, float* out,
                 float beta) {
-    if (!m.bf16_gemms) return gemm(ta, tb, rows, cols, inner, 1.0f, a, 0, b, 0, beta, out, 0, s);
-    const auto bf = device::Storage::BF16;  // round both operands, accumulate in fp32
-    Buffer ab(size_t(rows * inner) * 2), bb(size_t(inner * cols) * 2);
-    cast(a, ab.get(), rows * inner, bf);
-    cast(b, bb.get(), inner * cols, bf);
-    gemm(ta, tb, rows, cols, inner, 1.0f, ab.get(), 0, bb.get(), 0, beta, out, 0, bf);
+    if (!m.bf16_gemms) return gemm(ta, tb, rows, cols, inner, 1.0f, a.f, 0, b.f, 0, beta, out, 0, s);
+    Buffer ab, bb;
+    if (!a.b) ab = bf_copy(a.f, rows * inner), a.b = ab.get();
+    if (!b.b) bb = bf_copy(b.f, inner * cols), b.b = bb.get();
+    gemm(ta, tb, rows, cols, inner, 1.0f, a.b, 0, b.b, 0, beta, out, 0, bf);
+  };
+  // Weights under bf16 GEMMs: cast once per step (the forward and the backward read each).
+  std::map<std::string, Buffer> wb;
+  auto W = [&](const std::string& name) {
+    Operand o{m.f(name)};
+    if (m.bf16_gemms) {
+      auto it = wb.find(name);
+      if (it == wb.end()) it = wb.emplace(name, bf_copy(o.f, m.numel.at(name))).first;
+      o.b = it->second.get();
+    }
+    return o;
   };
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
@@ -195,11 +222,11 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     device::copy(a.x.get(), x.get(), size_t(M * D) * 4);
     layernorm_forward(x.get(), m.f(p + "ln_1.weight"), m.f(p + "ln_1.bias"), eps, M, D, a.h1.get(), a.mu1.as<float>(),
                       a.rs1.as<float>(), s);
-    mm(a.h1.as<float>(), Op::N, m.f(p + "attn.c_attn.weight"), Op::N, M, 3 * D, D, qkv.as<float>(), 0.0f);
+    a.h1b = bf_copy(a.h1.as<float>(), M * D);
+    mm({a.h1.as<float>(), a.h1b.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::N, M, 3 * D, D, qkv.as<float>(), 0.0f);
     add_bias(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), M, 3 * D);
     split_qkv(qkv.as<float>(), a.q.as<float>(), a.k.as<float>(), a.v.as<float>(), M, D);
     if (m.bf16_gemms) {  // the tensor-core kernels: bf16 operands, fp32 softmax and accumulation
-      const auto bf = device::Storage::BF16;
       a.qb = Buffer(size_t(M * D) * 2), a.kb = Buffer(size_t(M * D) * 2), a.vb = Buffer(size_t(M * D) * 2);
       a.yb = Buffer(size_t(M * D) * 2);
       cast(a.q.as<float>(), a.qb.get(), M * D, bf);
@@ -210,15 +237,17 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     } else {
       attention_forward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), as, s);
     }
-    mm(a.y.as<float>(), Op::N, m.f(p + "attn.c_proj.weight"), Op::N, M, D, D, x.as<float>(), 1.0f);
+    mm({a.y.as<float>(), a.yb.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::N, M, D, D, x.as<float>(), 1.0f);
     add_bias(x.as<float>(), m.f(p + "attn.c_proj.bias"), M, D);
     device::copy(a.xm.get(), x.get(), size_t(M * D) * 4);
     layernorm_forward(x.get(), m.f(p + "ln_2.weight"), m.f(p + "ln_2.bias"), eps, M, D, a.h2.get(), a.mu2.as<float>(),
                       a.rs2.as<float>(), s);
-    mm(a.h2.as<float>(), Op::N, m.f(p + "mlp.c_fc.weight"), Op::N, M, F, D, a.ff.as<float>(), 0.0f);
+    a.h2b = bf_copy(a.h2.as<float>(), M * D);
+    mm({a.h2.as<float>(), a.h2b.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::N, M, F, D, a.ff.as<float>(), 0.0f);
     add_bias(a.ff.as<float>(), m.f(p + "mlp.c_fc.bias"), M, F);
     gelu_tanh_forward(a.ff.get(), a.ff2.get(), M * F, s);
-    mm(a.ff2.as<float>(), Op::N, m.f(p + "mlp.c_proj.weight"), Op::N, M, D, F, x.as<float>(), 1.0f);
+    a.ff2b = bf_copy(a.ff2.as<float>(), M * F);
+    mm({a.ff2.as<float>(), a.ff2b.get()}, Op::N, W(p + "mlp.c_proj.weight"), Op::N, M, D, F, x.as<float>(), 1.0f);
     add_bias(x.as<float>(), m.f(p + "mlp.c_proj.bias"), M, D);
   }
   // The LM head over wte's zero-padded Vp rows (the constructor): logits [M, Vp], their pad
@@ -227,7 +256,8 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   Buffer hf = buf(M * D), muf = buf(M), rsf = buf(M), logits = buf(M * Vp), loss = buf(M);
   layernorm_forward(x.get(), m.f("ln_f.weight"), m.f("ln_f.bias"), eps, M, D, hf.get(), muf.as<float>(),
                     rsf.as<float>(), s);
-  mm(hf.as<float>(), Op::N, m.f("wte.weight"), Op::T, M, Vp, D, logits.as<float>(), 0.0f);
+  const Buffer hfb = bf_copy(hf.as<float>(), M * D);
+  mm({hf.as<float>(), hfb.get()}, Op::N, W("wte.weight"), Op::T, M, Vp, D, logits.as<float>(), 0.0f);
   // Loss and dlogits (in place of the logits), scaled by 1 / scored positions.
   cross_entropy(logits.as<float>(), tgt.as<int64_t>(), M, V, loss.as<float>(), logits.as<float>(),
                 1.0f / float(std::max<int64_t>(count, 1)), 0.0f, Vp);
@@ -240,27 +270,37 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   Buffer dh = buf(M * D), dx = buf(M * D), dff = buf(M * F), dff2 = buf(M * F), dy = buf(M * D), dqkv = buf(M * 3 * D);
   Buffer dq = buf(M * D), dk = buf(M * D), dv = buf(M * D);
   const float* dlogits = logits.as<float>();
-  mm(dlogits, Op::N, m.f("wte.weight"), Op::N, M, D, Vp, dh.as<float>(), 0.0f);         // dhf = dlogits wte
-  mm(dlogits, Op::T, hf.as<float>(), Op::N, Vp, D, M, m.gr("wte.weight"), 1.0f);        // dwte += dlogitsᵀ hf
+  {
+    const Buffer dlb = bf_copy(dlogits, M * Vp);
+    mm({dlogits, dlb.get()}, Op::N, W("wte.weight"), Op::N, M, D, Vp, dh.as<float>(), 0.0f);  // dhf = dlogits wte
+    mm({dlogits, dlb.get()}, Op::T, {hf.as<float>(), hfb.get()}, Op::N, Vp, D, M, m.gr("wte.weight"),
+       1.0f);  // dwte += dlogitsᵀ hf
+  }
   layernorm_backward(x.get(), m.f("ln_f.weight"), muf.as<float>(), rsf.as<float>(), dh.get(), M, D, dx.get(),
                      m.gr("ln_f.weight"), m.gr("ln_f.bias"), s);
   for (int64_t l = L - 1; l >= 0; --l) {
     const std::string p = "h." + std::to_string(l) + ".";
     Saved& a = sv[size_t(l)];
     // MLP: x_out = xm + ff2 Wp2 + bp2.
-    mm(dx.as<float>(), Op::N, m.f(p + "mlp.c_proj.weight"), Op::T, M, F, D, dff2.as<float>(), 0.0f);
-    mm(a.ff2.as<float>(), Op::T, dx.as<float>(), Op::N, F, D, M, m.gr(p + "mlp.c_proj.weight"), 1.0f);
+    Buffer db = bf_copy(dx.as<float>(), M * D);
+    mm({dx.as<float>(), db.get()}, Op::N, W(p + "mlp.c_proj.weight"), Op::T, M, F, D, dff2.as<float>(), 0.0f);
+    mm({a.ff2.as<float>(), a.ff2b.get()}, Op::T, {dx.as<float>(), db.get()}, Op::N, F, D, M,
+       m.gr(p + "mlp.c_proj.weight"), 1.0f);
     bias_grad(dx.as<float>(), m.gr(p + "mlp.c_proj.bias"), M, D);
     gelu_tanh_backward(a.ff.get(), dff2.get(), dff.get(), M * F, s);
-    mm(dff.as<float>(), Op::N, m.f(p + "mlp.c_fc.weight"), Op::T, M, D, F, dh.as<float>(), 0.0f);
-    mm(a.h2.as<float>(), Op::T, dff.as<float>(), Op::N, D, F, M, m.gr(p + "mlp.c_fc.weight"), 1.0f);
+    db = bf_copy(dff.as<float>(), M * F);
+    mm({dff.as<float>(), db.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::T, M, D, F, dh.as<float>(), 0.0f);
+    mm({a.h2.as<float>(), a.h2b.get()}, Op::T, {dff.as<float>(), db.get()}, Op::N, D, F, M,
+       m.gr(p + "mlp.c_fc.weight"), 1.0f);
     bias_grad(dff.as<float>(), m.gr(p + "mlp.c_fc.bias"), M, F);
     layernorm_backward(a.xm.get(), m.f(p + "ln_2.weight"), a.mu2.as<float>(), a.rs2.as<float>(), dh.get(), M, D,
                        tmp.get(), m.gr(p + "ln_2.weight"), m.gr(p + "ln_2.bias"), s);
     add_inplace(dx.as<float>(), tmp.as<float>(), M * D);
     // Attention: xm = x + y Wp + bp.
-    mm(dx.as<float>(), Op::N, m.f(p + "attn.c_proj.weight"), Op::T, M, D, D, dy.as<float>(), 0.0f);
-    mm(a.y.as<float>(), Op::T, dx.as<float>(), Op::N, D, D, M, m.gr(p + "attn.c_proj.weight"), 1.0f);
+    db = bf_copy(dx.as<float>(), M * D);
+    mm({dx.as<float>(), db.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::T, M, D, D, dy.as<float>(), 0.0f);
+    mm({a.y.as<float>(), a.yb.get()}, Op::T, {dx.as<float>(), db.get()}, Op::N, D, D, M,
+       m.gr(p + "attn.c_proj.weight"), 1.0f);
     bias_grad(dx.as<float>(), m.gr(p + "attn.c_proj.bias"), M, D);
     device::zero(dq.get(), dq.bytes());
     device::zero(dk.get(), dk.bytes());
@@ -275,8 +315,10 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
                          dk.as<float>(), dv.as<float>(), as, s);
     }
     merge_qkv(dq.as<float>(), dk.as<float>(), dv.as<float>(), dqkv.as<float>(), M, D);
-    mm(dqkv.as<float>(), Op::N, m.f(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f);
-    mm(a.h1.as<float>(), Op::T, dqkv.as<float>(), Op::N, D, 3 * D, M, m.gr(p + "attn.c_attn.weight"), 1.0f);
+    db = bf_copy(dqkv.as<float>(), M * 3 * D);
+    mm({dqkv.as<float>(), db.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f);
+    mm({a.h1.as<float>(), a.h1b.get()}, Op::T, {dqkv.as<float>(), db.get()}, Op::N, D, 3 * D, M,
+       m.gr(p + "attn.c_attn.weight"), 1.0f);
     bias_grad(dqkv.as<float>(), m.gr(p + "attn.c_attn.bias"), M, 3 * D);
     layernorm_backward(a.x.get(), m.f(p + "ln_1.weight"), a.mu1.as<float>(), a.rs1.as<float>(), dh.get(), M, D,
                        tmp.get(), m.gr(p + "ln_1.weight"), m.gr(p + "ln_1.bias"), s);
