@@ -101,7 +101,6 @@ std::string fmt2(const char* f, double a, double b2) {
   return b;
 }
 
-
 void run_kernels(const KernelArgs& args) {
   if (device::cuda_device_count() == 0)
     throw error("bench kernels", "times k3's CUDA kernels and needs an NVIDIA GPU; this machine has none usable (",

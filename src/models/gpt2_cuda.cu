@@ -227,11 +227,8 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     add_bias(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), M, 3 * D);
     split_qkv(qkv.as<float>(), a.q.as<float>(), a.k.as<float>(), a.v.as<float>(), M, D);
     if (m.bf16_gemms) {  // the tensor-core kernels: bf16 operands, fp32 softmax and accumulation
-      a.qb = Buffer(size_t(M * D) * 2), a.kb = Buffer(size_t(M * D) * 2), a.vb = Buffer(size_t(M * D) * 2);
-      a.yb = Buffer(size_t(M * D) * 2);
-      cast(a.q.as<float>(), a.qb.get(), M * D, bf);
-      cast(a.k.as<float>(), a.kb.get(), M * D, bf);
-      cast(a.v.as<float>(), a.vb.get(), M * D, bf);
+      a.qb = bf_copy(a.q.as<float>(), M * D), a.kb = bf_copy(a.k.as<float>(), M * D);
+      a.vb = bf_copy(a.v.as<float>(), M * D), a.yb = Buffer(size_t(M * D) * 2);
       attention_forward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), as, bf);
       widen(a.yb.get(), a.y.as<float>(), M * D, bf);
     } else {
@@ -306,10 +303,9 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     device::zero(dk.get(), dk.bytes());
     device::zero(dv.get(), dv.bytes());
     if (m.bf16_gemms) {
-      Buffer dyb(size_t(M * D) * 2);
-      cast(dy.as<float>(), dyb.get(), M * D, device::Storage::BF16);
+      const Buffer dyb = bf_copy(dy.as<float>(), M * D);
       attention_backward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), dyb.get(),
-                         dq.as<float>(), dk.as<float>(), dv.as<float>(), as, device::Storage::BF16);
+                         dq.as<float>(), dk.as<float>(), dv.as<float>(), as, bf);
     } else {
       attention_backward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), dy.get(), dq.as<float>(),
                          dk.as<float>(), dv.as<float>(), as, s);
