@@ -187,10 +187,12 @@ void run_kernels(const KernelArgs& args) {
         da.q = q.get(), da.k = k.get(), da.v = v.get(), da.beta = beta.as<float>(), da.g = g.as<float>();
         da.o = o.get(), da.ht = ht.as<float>();
         const std::string key = std::string(var.name) + "_fwd_T" + std::to_string(T) + "_H" + std::to_string(H);
-        // Both forward forms; the chunked one is what prefill uses (Form::Auto), fla's figure is its.
-        for (const linear::cuda::Form form : {linear::cuda::Form::Chunked, linear::cuda::Form::Recurrent}) {
-          const bool chunked = form == linear::cuda::Form::Chunked;
-          da.form = form;
+        // Both forward forms; the chunked one is what prefill uses (Form::Auto: on the tensor
+        // cores, TF32), fla's figure is its. The chunked SIMT kernels are timed beside it.
+        for (const int which : {0, 1, 2}) {
+          const bool chunked = which < 2, simt = which == 1;
+          da.form = chunked ? linear::cuda::Form::Chunked : linear::cuda::Form::Recurrent;
+          da.simt = simt;
           da.max_len = T;
           const double ms = median_ms(std::max(3, args.reps / 4), [&] { linear::cuda::forward(da); });
           const double tps = double(T) / (ms * 1e-3);
@@ -200,16 +202,18 @@ void run_kernels(const KernelArgs& args) {
           const double C = 64;
           const double flops = chunked ? 2.0 * double(T) * H * (2 * C * K + C * (K + V) / 2 + 3 * K * V + C * V / 2)
                                        : 6.0 * double(T) * H * K * V;
-          const std::string k2 = chunked ? key : std::string(var.name) + "_recurrent_fwd_T" + std::to_string(T) + "_H" +
-                                                     std::to_string(H);
+          const char* form = which == 0 ? "_fwd_T" : which == 1 ? "_simt_fwd_T" : "_recurrent_fwd_T";
+          const std::string k2 = std::string(var.name) + form + std::to_string(T) + "_H" + std::to_string(H);
           rep.add(k2 + "_ms",
-                  {std::string(var.name) + (chunked ? " chunked" : " recurrent") + " fwd B1 T" + std::to_string(T) + " H" +
-                       std::to_string(H),
-                   fmt2("%.2f ms %.2fM tok/s", ms, tps / 1e6), fmt("%.2f TFLOP/s (fp32 SIMT)", flops / (ms * 1e-3) / 1e12),
+                  {std::string(var.name) + (which == 0 ? " chunked" : which == 1 ? " chunked SIMT" : " recurrent") +
+                       " fwd B1 T" + std::to_string(T) + " H" + std::to_string(H),
+                   fmt2("%.2f ms %.2fM tok/s", ms, tps / 1e6),
+                   fmt(which == 0 ? "%.2f TFLOP/s (TF32 tensor cores)" : "%.2f TFLOP/s (fp32 SIMT)", flops / (ms * 1e-3) / 1e12),
                    chunked ? anchor_of(key, ms, T == 8192 && H == 16 ? var.anchor_fwd_ms : 0.0, "anchors fla") : "-"},
                   ms);
         }
         da.form = linear::cuda::Form::Auto;
+        da.simt = false;
         if (T == args.seq_lens.front()) {
           device::Buffer dq = device::zeros_f32(rows * H * K), dk = device::zeros_f32(rows * H * K),
                          dv = device::zeros_f32(rows * H * V), db = device::zeros_f32(rows * H),

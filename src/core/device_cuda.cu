@@ -129,6 +129,15 @@ void require_cuda(const char* who) {
               ") reports none usable; run on the CPU (--device cpu)");
 }
 
+int sm_count() {
+  static const int n = [] {
+    int v = 0;
+    K3_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
+    return v;
+  }();
+  return n;
+}
+
 const char* describe() {
   static const std::string text = [] {
     if (cuda_device_count() == 0) return std::string("no CUDA device");

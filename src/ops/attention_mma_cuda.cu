@@ -17,16 +17,13 @@
 namespace k3::cuda {
 namespace {
 
+using device::cp_async16_zfill;
+
 constexpr int kKeys = 64;  // keys per tile
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 
-// 16 bytes global → shared; src_bytes 0 fills the chunk with zeros (rows past the sequence).
-__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
   const unsigned a = unsigned(__cvta_generic_to_shared(p));

@@ -35,6 +35,7 @@
 // backward keeps every window's entering state and recomputes the window before its reverse).
 // fp32 arithmetic throughout (SIMT); q/k/v/o in fp32 or bf16 storage as in the recurrent kernels.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda_util.cuh"
 #include "core/device.h"
@@ -80,6 +81,7 @@ struct ChunkDev {
   float* TA;     // [NHV, c_count·kC, kC] T (lower, unit diagonal) and Ā transposed above it, or null
   float* Sc;     // [NHV, c_count, K, V] state entering each chunk, or null (forward only)
   int store_vn;  // recur writes V_new over U (the backward reads it)
+  int tc;        // prepare / recur / output on the tensor cores (TF32): bf16 storage, K % 16 == 0
   // Backward.
   const void* d_o;  // io dtype (or fp32 when do_f32), or null
   int do_f32;
@@ -112,12 +114,22 @@ __device__ __forceinline__ ChunkIds chunk_ids(const ChunkDev& p) {
   return {n, hv, cw, int(left < kC ? left : int64_t(kC)), p.row0[n] + t0};
 }
 
-// G [kC][K+1] = the cumulative log-decays of the chunk's rows (0 past nv): the gates are loaded
+// G [kC][KP] (KP = K + 1 unless given) = the cumulative log-decays of the chunk's rows (0 past nv): the gates are loaded
 // by the whole block at once, then each channel is summed in double (differences of large sums
 // keep their digits), scaled by `unit` (log₂ e for log₂ units). Ends with __syncthreads.
 __device__ __forceinline__ void load_cumsum(float* G, const ChunkDev& p, int64_t r0, int nv, int hv, int threads,
-                                            double unit = 1.0) {
-  const int K = p.K, KP = K + 1;
+                                            double unit = 1.0, int KP = 0) {
+  const int K = p.K;
+  if (KP == 0) KP = K + 1;
+  if (p.decay == 2 && K % 4 == 0 && reinterpret_cast<uintptr_t>(p.g) % 16 == 0) {  // per-channel gates, four per load
+    const int k4 = K / 4;
+    for (int i = threadIdx.x; i < kC * k4; i += threads) {
+      const int r = i / k4, d = 4 * (i % k4);
+      float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (r < nv) g = *reinterpret_cast<const float4*>(p.g + ((r0 + r) * p.HV + hv) * K + d);
+      G[r * KP + d] = g.x, G[r * KP + d + 1] = g.y, G[r * KP + d + 2] = g.z, G[r * KP + d + 3] = g.w;
+    }
+  } else
   for (int i = threadIdx.x; i < kC * K; i += threads) {
     const int r = i / K, d = i % K;
     float g = 0.0f;
@@ -147,15 +159,17 @@ __device__ __forceinline__ float ex2(float x) {
 // kk[i][j] = Σ k_r k_s 2^{G_r − G_s}, qk likewise with q_r. G is in log₂ units and non-increasing
 // along the chunk, so every exponent is ≤ 0: on the diagonal tile each pair's own (r ≥ s), off it
 // both factors of 2^{G_r − G_ref} · 2^{G_ref − G_s} with G_ref the tile's last column.
-__device__ __forceinline__ void gram_tile(const float* sq, int ldq, const float* sk, const float* sG, int KP, int K,
-                                          int r0, int s0, int d0, float (&kk)[4][4], float (&qk)[4][4]) {
+// k rows `ldk` elements apart (fp32 or bf16), G rows `ldg` floats apart.
+template <class KT>
+__device__ __forceinline__ void gram_tile(const float* sq, int ldq, const KT* sk, int ldk, const float* sG, int ldg,
+                                          int K, int r0, int s0, int d0, float (&kk)[4][4], float (&qk)[4][4]) {
   for (int d = d0; d < K; d += 4) {
     float kr[4], qr[4], gr[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      kr[i] = sk[(r0 + i) * KP + d];
+      kr[i] = to_f32(sk[(r0 + i) * ldk + d]);
       qr[i] = sq[(r0 + i) * ldq + d];
-      gr[i] = sG[(r0 + i) * KP + d];
+      gr[i] = sG[(r0 + i) * ldg + d];
     }
     if (r0 == s0) {
 #pragma unroll
@@ -170,8 +184,8 @@ __device__ __forceinline__ void gram_tile(const float* sq, int ldq, const float*
       float ks[4], gs[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        ks[j] = sk[(s0 + j) * KP + d];
-        gs[j] = sG[(s0 + j) * KP + d];
+        ks[j] = to_f32(sk[(s0 + j) * ldk + d]);
+        gs[j] = sG[(s0 + j) * ldg + d];
       }
 #pragma unroll
       for (int j = 0; j < 3; ++j) ks[j] *= ex2(gs[3] - gs[j]);
@@ -254,6 +268,38 @@ __device__ __forceinline__ void lower_product(const float* sT, const float* X, i
   }
 }
 
+// The same Y = T X on the tensor cores (TF32, the `tc` kernels): warp w takes row blocks p and
+// 3 − p (p = w % 2, equal work: 2(p + 1) + 2(4 − p) k-steps) and every fourth 8-column tile from
+// w / 2, T's fragments held in registers across the tiles. Columns below `cols` go to
+// store(r, col, value of col, value of col + 1) (col even); X's columns up to `cols` rounded to 8
+// are read (those past `cols` only feed columns that are not stored).
+template <class Store>
+__device__ __forceinline__ void lower_product_tc(const float* sT, const float* X, int ldx, int cols, Store store) {
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
+  const int ntiles = (cols + 7) / 8;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int rb = half ? 3 - (warp & 1) : (warp & 1), ksteps = 2 * (rb + 1);
+    uint32_t a[kC / 8][4];
+#pragma unroll
+    for (int ks = 0; ks < kC / 8; ++ks)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 16 * rb + g + 8 * (e & 1), c = 8 * ks + t4 + 4 * (e >> 1);
+        a[ks][e] = device::tf32(c < r ? sT[r * kC + c] : c == r ? 1.0f : 0.0f);
+      }
+    for (int nt = warp >> 1; nt < ntiles; nt += kPrepThreads / 64) {
+      float acc[4] = {};
+      const float* x = X + t4 * ldx + 8 * nt + g;
+#pragma unroll
+      for (int ks = 0; ks < kC / 8; ++ks)
+        if (ks < ksteps) device::mma_tf32(acc, a[ks], device::tf32(x[8 * ks * ldx]), device::tf32(x[(8 * ks + 4) * ldx]));
+      store(16 * rb + g, 8 * nt + 2 * t4, acc[0], acc[1]);
+      store(16 * rb + g + 8, 8 * nt + 2 * t4, acc[2], acc[3]);
+    }
+  }
+}
+
 // T = (I + A)⁻¹ in place, A strictly lower triangular, stored transposed above the diagonal of sT
 // (A[r][s] at sT[s][r]); T goes below it with its unit diagonal, never touching A. Blocked: warp b
 // inverts diagonal block b (16 rows) by forward substitution, then the blocks below the diagonal
@@ -311,79 +357,155 @@ __device__ __forceinline__ void invert_unit_lower(float* sT) {
   }
 }
 
-template <class T>
+// TC: the off-diagonal 16-row blocks of the grams and the products with T on the tensor cores
+// (TF32, K a multiple of 16), k kept in shared memory as the bf16 it is stored in (so that two
+// blocks fit an SM), rows padded to K + 4 words (fragment reads without bank conflicts), inputs
+// loaded 16 bytes at a time; else everything SIMT.
+template <class T, bool TC>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   const ChunkIds id = chunk_ids(p);
   if (id.nv <= 0) return;
   const int n = id.n, hv = id.hv, h = hv / p.group, cw = id.cw, nv = id.nv;
   const int64_t r0 = id.r0;
-  const int K = p.K, KP = K + 1, KS = p.KS, tid = threadIdx.x;
+  using KT = std::conditional_t<TC, __nv_bfloat16, float>;
+  // Row strides: q (LQ) and G (KG) in floats, k (KP) in its elements.
+  const int K = p.K, KS = p.KS, KP = TC ? K + 8 : K + 1, KG = TC ? K + 4 : K + 1, LQ = TC ? KS + 4 : KS;
+  const int tid = threadIdx.x;
   extern __shared__ __align__(16) float smem[];
-  float* sq = smem;              // [kC][KS]  q·s, later β 2^G k, then β V (rows read as float4)
-  float* sk = sq + kC * KS;      // [kC][KP]
-  float* sG = sk + kC * KP;      // [kC][KP]  cumulative log-decays in log₂ units
-  float* sT = sG + kC * KP;      // [kC][kC]  T (lower, unit diagonal); A = diag(β) Ā transposed above it
+  float* sq = smem;                                        // [kC][LQ]  q·s, later β 2^G k, then β V
+  KT* sk = reinterpret_cast<KT*>(sq + kC * LQ);            // [kC][KP]
+  float* sG = reinterpret_cast<float*>(sk + kC * KP);      // [kC][KG]  cumulative log-decays in log₂ units
+  float* sT = sG + kC * KG;      // [kC][kC]  T (lower, unit diagonal); A = diag(β) Ā transposed above it
   float* sb = sT + kC * kC;      // [kC]
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
-  for (int i = tid; i < kC * KS; i += kPrepThreads) {
-    const int r = i / KS, d = i % KS;
-    const bool ok = r < nv && d < K;
-    const int64_t off = ((r0 + r) * p.H + h) * K + d;
-    sq[i] = ok ? p.scale * to_f32(q[off]) : 0.0f;
-    if (d < K) sk[r * KP + d] = ok ? to_f32(k[off]) : 0.0f;
+  if constexpr (TC) {  // 8 bf16 of q and of k per load (K % 16 == 0)
+    const int k8 = K / 8;
+    for (int i = tid; i < kC * k8; i += kPrepThreads) {
+      const int r = i / k8, d = 8 * (i % k8);
+      uint4 qv = make_uint4(0, 0, 0, 0), kv = qv;
+      if (r < nv) {
+        const int64_t off = ((r0 + r) * p.H + h) * K + d;
+        qv = *reinterpret_cast<const uint4*>(q + off);
+        kv = *reinterpret_cast<const uint4*>(k + off);
+      }
+      *reinterpret_cast<uint4*>(sk + r * KP + d) = kv;
+      const __nv_bfloat16* qb = reinterpret_cast<const __nv_bfloat16*>(&qv);
+      float4* dst = reinterpret_cast<float4*>(sq + r * LQ + d);
+      dst[0] = make_float4(p.scale * to_f32(qb[0]), p.scale * to_f32(qb[1]), p.scale * to_f32(qb[2]),
+                           p.scale * to_f32(qb[3]));
+      dst[1] = make_float4(p.scale * to_f32(qb[4]), p.scale * to_f32(qb[5]), p.scale * to_f32(qb[6]),
+                           p.scale * to_f32(qb[7]));
+    }
+  } else {
+    for (int i = tid; i < kC * KS; i += kPrepThreads) {
+      const int r = i / KS, d = i % KS;
+      const bool ok = r < nv && d < K;
+      const int64_t off = ((r0 + r) * p.H + h) * K + d;
+      sq[r * LQ + d] = ok ? p.scale * to_f32(q[off]) : 0.0f;
+      if (d < K) sk[r * KP + d] = ok ? to_f32(k[off]) : 0.0f;
+    }
   }
   for (int r = tid; r < kC; r += kPrepThreads)
     sb[r] = r < nv ? (p.delta_write ? p.beta[(r0 + r) * p.HV + hv] : 1.0f) : 0.0f;
-  load_cumsum(sG, p, r0, nv, hv, kPrepThreads, kLog2e);
+  load_cumsum(sG, p, r0, nv, hv, kPrepThreads, kLog2e, KG);
 
   // Grams over the lower triangle of 4 × 4 tiles: lanes 4m..4m+3 share a tile, each taking every
   // fourth channel, and the shuffle sum leaves row `quarter` of the tile with lane `quarter`.
   const int64_t base = srow(p, n, hv, cw * kC);
   float* Aqk = p.Aqk + base * kC;
   {
-    constexpr int kTiles = (kC / 4) * (kC / 4 + 1) / 2;
+    // Entry (r, s) of both grams: Aqk, A = diag(β) Ā stored transposed (upper triangle of sT),
+    // and Ā likewise for the backward.
+    auto put = [&](int r, int s, float kk, float qk) {
+      Aqk[int64_t(r) * kC + s] = qk;
+      if (s < r) {
+        sT[s * kC + r] = sb[r] * kk;
+        if (p.TA) p.TA[base * kC + s * kC + r] = kk;
+      }
+    };
     const int quarter = tid & 3;
     const unsigned mask = 0xFu << (tid & 28);
-    for (int item = tid >> 2; item < kTiles; item += kPrepThreads / 4) {
-      int ti = int((sqrtf(8.0f * item + 1.0f) - 1.0f) * 0.5f);
-      while (ti * (ti + 1) / 2 > item) --ti;
-      while ((ti + 1) * (ti + 2) / 2 <= item) ++ti;
-      const int tj = item - ti * (ti + 1) / 2;
+    auto tile = [&](int ti, int tj) {  // 4 × 4 tile (ti, tj), SIMT
       float kk[4][4] = {}, qk[4][4] = {}, rk[4], rq[4];
-      gram_tile(sq, KS, sk, sG, KP, K, 4 * ti, 4 * tj, quarter, kk, qk);
+      gram_tile(sq, LQ, sk, KP, sG, KG, K, 4 * ti, 4 * tj, quarter, kk, qk);
       reduce_rows(kk, quarter, mask, rk);
       reduce_rows(qk, quarter, mask, rq);
       const int r = 4 * ti + quarter;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int s = 4 * tj + j;
-        if (s > r) continue;
-        Aqk[int64_t(r) * kC + s] = rq[j];
-        if (s < r) {
-          sT[s * kC + r] = sb[r] * rk[j];                 // A[r][s], stored transposed (upper triangle)
-          if (p.TA) p.TA[base * kC + s * kC + r] = rk[j];  // Ā[r][s] for the backward, likewise
+      for (int j = 0; j < 4; ++j)
+        if (4 * tj + j <= r) put(r, 4 * tj + j, rk[j], rq[j]);
+    };
+    if constexpr (TC) {
+      // Below the diagonal 16-row blocks (row block rb > column block cb), with G_ref = G at row
+      // 16·rb: A_rs = Σ_d (k_r 2^{G_r − G_ref}) (k_s 2^{G_ref − G_s}), both exponents ≤ 0. Task =
+      // (block pair, 8-column half): 12 tasks, one m16n8 accumulator each for Ā and Aqk; warps
+      // 0–3 take two, 4–7 one and then most of the diagonal tiles below.
+      const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+      for (int task = warp; task < 12; task += kPrepThreads / 32) {
+        const int pair = task >> 1, rb = pair < 1 ? 1 : pair < 3 ? 2 : 3, cb = pair - rb * (rb - 1) / 2;
+        const int ref = 16 * rb, s = 16 * cb + 8 * (task & 1) + g;
+        float kk[4] = {}, qk[4] = {};
+        for (int k0 = 0; k0 < K; k0 += 8) {
+          uint32_t ak[4], aq[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = ref + g + 8 * (e & 1), d = k0 + t4 + 4 * (e >> 1);
+            const float f = ex2(sG[r * KG + d] - sG[ref * KG + d]);
+            ak[e] = device::tf32(to_f32(sk[r * KP + d]) * f);
+            aq[e] = device::tf32(sq[r * LQ + d] * f);
+          }
+          const int d0 = k0 + t4, d1 = d0 + 4;
+          const uint32_t b0 = device::tf32(to_f32(sk[s * KP + d0]) * ex2(sG[ref * KG + d0] - sG[s * KG + d0]));
+          const uint32_t b1 = device::tf32(to_f32(sk[s * KP + d1]) * ex2(sG[ref * KG + d1] - sG[s * KG + d1]));
+          device::mma_tf32(kk, ak, b0, b1);
+          device::mma_tf32(qk, aq, b0, b1);
         }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = ref + g + 8 * (e >> 1), c = 16 * cb + 8 * (task & 1) + 2 * t4 + (e & 1);
+          put(r, c, kk[e], qk[e]);
+        }
+      }
+      // The diagonal blocks' ten 4 × 4 tiles each (every pair's own exponent, extreme decays
+      // stay finite).
+      for (int item = kPrepThreads / 4 - 1 - (tid >> 2); item < 40; item += kPrepThreads / 4) {
+        const int blk = item / 10, w = item % 10, ti = w < 1 ? 0 : w < 3 ? 1 : w < 6 ? 2 : 3;
+        tile(4 * blk + ti, 4 * blk + w - ti * (ti + 1) / 2);
+      }
+    } else {
+      constexpr int kTiles = (kC / 4) * (kC / 4 + 1) / 2;
+      for (int item = tid >> 2; item < kTiles; item += kPrepThreads / 4) {
+        int ti = int((sqrtf(8.0f * item + 1.0f) - 1.0f) * 0.5f);
+        while (ti * (ti + 1) / 2 > item) --ti;
+        while ((ti + 1) * (ti + 2) / 2 <= item) ++ti;
+        tile(ti, item - ti * (ti + 1) / 2);
       }
     }
   }
   __syncthreads();
 
   // Qg = 2^G ⊙ q, Kd = 2^{G_C − G} ⊙ k, 2^{G_C} (padded rows have g = 0: G_C is the last real row's).
-  for (int i = tid; i < kC * KS; i += kPrepThreads) {
-    const int r = i / KS, d = i % KS;
-    float qg = 0.0f, kd = 0.0f;
-    if (d < K) {
-      const float G = sG[r * KP + d], GC = sG[(kC - 1) * KP + d];
-      qg = sq[i] * ex2(G);
-      kd = sk[r * KP + d] * ex2(GC - G);
+  // Four channels per thread, stored as float4 (KS % 4 == 0).
+  for (int i = tid; i < kC * KS / 4; i += kPrepThreads) {
+    const int r = i / (KS / 4), d0 = 4 * (i % (KS / 4));
+    float qg[4], kd[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int d = d0 + e;
+      qg[e] = kd[e] = 0.0f;
+      if (d < K) {
+        const float G = sG[r * KG + d], GC = sG[(kC - 1) * KG + d];
+        qg[e] = sq[r * LQ + d] * ex2(G);
+        kd[e] = to_f32(sk[r * KP + d]) * ex2(GC - G);
+      }
     }
-    p.Qg[(base + r) * KS + d] = qg;
-    p.Kd[(base + r) * KS + d] = kd;
+    *reinterpret_cast<float4*>(p.Qg + (base + r) * KS + d0) = make_float4(qg[0], qg[1], qg[2], qg[3]);
+    *reinterpret_cast<float4*>(p.Kd + (base + r) * KS + d0) = make_float4(kd[0], kd[1], kd[2], kd[3]);
   }
   for (int d = tid; d < KS; d += kPrepThreads)
-    p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d] = d < K ? ex2(sG[(kC - 1) * KP + d]) : 0.0f;
+    p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d] = d < K ? ex2(sG[(kC - 1) * KG + d]) : 0.0f;
 
   float* U = p.U + base * p.V;
   if (!p.delta_write) {  // Additive: U = V
@@ -402,27 +524,53 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   // sq ← β 2^G ⊙ k (the right-hand side of W; its pad columns stay zero).
   for (int i = tid; i < kC * K; i += kPrepThreads) {
     const int r = i / K, d = i % K;
-    sq[r * KS + d] = sb[r] * ex2(sG[r * KP + d]) * sk[r * KP + d];
+    sq[r * LQ + d] = sb[r] * ex2(sG[r * KG + d]) * to_f32(sk[r * KP + d]);
   }
   __syncthreads();
   float* W = p.W + base * KS;
-  lower_product(sT, sq, KS, KS, [&](int r, int d, const float (&w)[4]) {
-    *reinterpret_cast<float4*>(W + int64_t(r) * KS + d) = make_float4(w[0], w[1], w[2], w[3]);
-  });
+  if constexpr (TC)
+    lower_product_tc(sT, sq, LQ, KS, [&](int r, int d, float w0, float w1) {
+      *reinterpret_cast<float2*>(W + int64_t(r) * KS + d) = make_float2(w0, w1);
+    });
+  else
+    lower_product(sT, sq, LQ, KS, [&](int r, int d, const float (&w)[4]) {
+      *reinterpret_cast<float4*>(W + int64_t(r) * KS + d) = make_float4(w[0], w[1], w[2], w[3]);
+    });
   // U = T diag(β) V, with β V staged in sq KS columns at a time.
   const int V = p.V;
   for (int j0 = 0; j0 < V; j0 += KS) {
     const int tw = min(KS, V - j0);
     __syncthreads();  // the last readers of sq (W, or the previous tile) are done
-    for (int i = tid; i < kC * tw; i += kPrepThreads) {
-      const int s = i / tw, jj = i % tw;
-      sq[s * KS + jj] = s < nv ? sb[s] * to_f32(v[((r0 + s) * p.HV + hv) * V + j0 + jj]) : 0.0f;
+    if (TC && V % 8 == 0) {  // 8 bf16 per load (tw is then a multiple of 8 too)
+      const int w8 = tw / 8;
+      for (int i = tid; i < kC * w8; i += kPrepThreads) {
+        const int s = i / w8, jj = 8 * (i % w8);
+        uint4 vv = make_uint4(0, 0, 0, 0);
+        if (s < nv) vv = *reinterpret_cast<const uint4*>(v + ((r0 + s) * p.HV + hv) * V + j0 + jj);
+        const T* vb = reinterpret_cast<const T*>(&vv);
+        float4* dst = reinterpret_cast<float4*>(sq + s * LQ + jj);
+        const float b = sb[s];
+        dst[0] = make_float4(b * to_f32(vb[0]), b * to_f32(vb[1]), b * to_f32(vb[2]), b * to_f32(vb[3]));
+        dst[1] = make_float4(b * to_f32(vb[4]), b * to_f32(vb[5]), b * to_f32(vb[6]), b * to_f32(vb[7]));
+      }
+    } else {
+      for (int i = tid; i < kC * tw; i += kPrepThreads) {
+        const int s = i / tw, jj = i % tw;
+        sq[s * LQ + jj] = s < nv ? sb[s] * to_f32(v[((r0 + s) * p.HV + hv) * V + j0 + jj]) : 0.0f;
+      }
     }
     __syncthreads();
-    lower_product(sT, sq, KS, tw, [&](int r, int jj, const float (&u)[4]) {
-      float* dst = U + int64_t(r) * V + j0 + jj;
-      for (int e = 0; e < 4 && jj + e < tw; ++e) dst[e] = u[e];
-    });
+    if constexpr (TC)
+      lower_product_tc(sT, sq, LQ, tw, [&](int r, int jj, float u0, float u1) {
+        float* dst = U + int64_t(r) * V + j0 + jj;
+        if (jj < tw) dst[0] = u0;
+        if (jj + 1 < tw) dst[1] = u1;
+      });
+    else
+      lower_product(sT, sq, LQ, tw, [&](int r, int jj, const float (&u)[4]) {
+        float* dst = U + int64_t(r) * V + j0 + jj;
+        for (int e = 0; e < 4 && jj + e < tw; ++e) dst[e] = u[e];
+      });
   }
 }
 
@@ -672,6 +820,205 @@ __global__ void __launch_bounds__(kRecThreads) output_kernel(ChunkDev p) {
         static_cast<T*>(p.o)[orow + j] = from_f32<T>(acc[i][e]);
     }
   }
+}
+
+// The TF32 tensor-core forms of recur and output (bf16 storage, K a multiple of 16: `tc`), the
+// same products on mma.sync m16n8k8 with fp32 accumulation. Shared-memory rows are padded so that
+// fragment reads meet no bank conflicts: row strides ≡ 4 (mod 32 words) where a fragment's 8
+// groups read 8 rows (A-style: W, Qg, Aqk), ≡ 8 where its 4 quad lanes read 4 rows (B-style: S,
+// V_new, Kd read transposed).
+constexpr int kPadA = 4, kPadB = 8;
+
+// Copies a chunk's [kC, KS] slab into shared memory rows `ld` floats apart (cp.async).
+__device__ __forceinline__ void async_rows(float* dst, int ld, const float* src, int KS, int threads) {
+  const int q4 = KS / 4;
+  for (int i = int(threadIdx.x); i < kC * q4; i += threads) device::cp_async16(dst + (i / q4) * ld + 4 * (i % q4), src + 4 * i);
+}
+// A [rows, cols] tile (columns c0…, zeros past V) of a [·, V] array into rows `ld` floats apart:
+// 16-byte copies when V is a multiple of 4, else one float at a time.
+__device__ __forceinline__ void async_cols(float* dst, int ld, const float* src, int V, int c0, int cols, int rows,
+                                           int threads) {
+  if (V % 4 == 0) {
+    const int q4 = cols / 4;
+    for (int i = int(threadIdx.x); i < rows * q4; i += threads) {
+      const int r = i / q4, jj = 4 * (i % q4);
+      const bool ok = c0 + jj < V;
+      device::cp_async16_zfill(dst + r * ld + jj, ok ? src + int64_t(r) * V + c0 + jj : src, ok);
+    }
+  } else {
+    for (int i = int(threadIdx.x); i < rows * cols; i += threads) {
+      const int r = i / cols, jj = i % cols;
+      const bool ok = c0 + jj < V;
+      cp_async4(dst + r * ld + jj, ok ? src + int64_t(r) * V + c0 + jj : src, ok);
+    }
+  }
+}
+
+// recur on the tensor cores, one block per (sequence, value head, VB value columns): VB = 16 when
+// that gives the SMs enough blocks, else 32. Each chunk's operands (W, Kd, U's columns, e^{G_C})
+// load by cp.async into one of two stages while the chunk before is computed. V_new = U − W S:
+// warp w → rows 16·(w / 2).., half the 8-column tiles; S ← diag(e^{G_C}) S + Kdᵀ V_new: warp w →
+// state rows 16w.., every column tile.
+template <int VB>
+__global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
+  constexpr int NT = VB / 8;
+  const int n = int(blockIdx.x) / p.HV, hv = int(blockIdx.x) % p.HV, c0 = int(blockIdx.y) * VB;
+  const int K = p.K, KS = p.KS, V = p.V, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int LW = KS + kPadA, LK = KS + kPadB, LV = VB + kPadB;
+  const int stage = kC * (LW + LK + LV) + KS;
+  extern __shared__ __align__(16) float smem[];
+  float* sS = smem;  // [KS][LV]; then two stages of W [kC][LW], Kd [kC][LK], U / V_new [kC][LV], e^{G_C} [KS]
+  auto sW = [&](int b) { return sS + KS * LV + b * stage; };
+  auto sKd = [&](int b) { return sW(b) + kC * LW; };
+  auto sU = [&](int b) { return sKd(b) + kC * LK; };
+  auto sgC = [&](int b) { return sU(b) + kC * LV; };
+  const int64_t soff = (int64_t(n) * p.HV + hv) * K * V;
+  for (int i = tid; i < KS * VB; i += kRecThreads) {
+    const int d = i / VB, jj = i % VB;
+    sS[d * LV + jj] = (d < K && c0 + jj < V && p.s_in) ? p.s_in[soff + int64_t(d) * V + c0 + jj] : 0.0f;
+  }
+  auto store_state = [&](float* dst, int64_t off) {
+    for (int i = tid; i < K * VB; i += kRecThreads) {
+      const int d = i / VB, jj = i % VB;
+      if (c0 + jj < V) dst[off + int64_t(d) * V + c0 + jj] = sS[d * LV + jj];
+    }
+  };
+  const auto [L, t_begin, t_end] = span_of(p, n);
+  const int count = int((t_end - t_begin + kC - 1) / kC);
+  auto issue = [&](int cw) {
+    const int b = cw & 1;
+    const int64_t base = srow(p, n, hv, cw * kC);
+    if (p.delta_write) async_rows(sW(b), LW, p.W + base * KS, KS, kRecThreads);
+    async_rows(sKd(b), LK, p.Kd + base * KS, KS, kRecThreads);
+    async_cols(sU(b), LV, p.U + base * V, V, c0, VB, kC, kRecThreads);
+    async_slab(sgC(b), p.gC + ((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS, KS);
+    cp_async_commit();
+  };
+  if (count > 0) issue(0);
+  const int rb = warp >> 1, nt0 = (warp & 1) * (NT / 2), db = 16 * warp;
+  for (int cw = 0; cw < count; ++cw) {
+    const int b = cw & 1;
+    const int64_t base = srow(p, n, hv, cw * kC);
+    cp_async_wait0();  // this chunk's operands (issued one chunk ago)
+    __syncthreads();   // ... visible to all; the previous chunk (the last reader of the other stage) is done
+    if (cw + 1 < count) issue(cw + 1);
+    if (p.Sc) store_state(p.Sc, state_slot(p, n, hv, cw));
+    float* sVn = sU(b);
+    if (p.delta_write) {  // V_new = U − W S (each lane rewrites only its own entries of U)
+      float acc[NT / 2][4] = {};
+      const float* w = sW(b) + (16 * rb + g) * LW + t4;
+      const float* s = sS + t4 * LV + 8 * nt0 + g;
+      for (int k0 = 0; k0 < KS; k0 += 8) {
+        const uint32_t a[4] = {device::tf32(w[k0]), device::tf32(w[8 * LW + k0]), device::tf32(w[k0 + 4]),
+                               device::tf32(w[8 * LW + k0 + 4])};
+#pragma unroll
+        for (int h = 0; h < NT / 2; ++h)
+          device::mma_tf32(acc[h], a, device::tf32(s[k0 * LV + 8 * h]), device::tf32(s[(k0 + 4) * LV + 8 * h]));
+      }
+#pragma unroll
+      for (int h = 0; h < NT / 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = 16 * rb + g + 8 * (e >> 1), jj = 8 * (nt0 + h) + 2 * t4 + (e & 1);
+          const float vn = sVn[r * LV + jj] - acc[h][e];
+          sVn[r * LV + jj] = vn;
+          if (p.store_vn && c0 + jj < V) p.U[(base + r) * V + c0 + jj] = vn;
+        }
+    }
+    __syncthreads();  // V_new complete; every read of S done
+    if (db < KS) {    // S ← diag(e^{G_C}) S + Kdᵀ V_new on state rows db..db+15
+      const float* gC = sgC(b);
+      float acc[NT][4];
+#pragma unroll
+      for (int h = 0; h < NT; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int d = db + g + 8 * (e >> 1), jj = 8 * h + 2 * t4 + (e & 1);
+          acc[h][e] = gC[d] * sS[d * LV + jj];
+        }
+      const float* kd = sKd(b) + t4 * LK + db + g;
+      const float* vn = sVn + t4 * LV + g;
+      for (int k0 = 0; k0 < kC; k0 += 8) {
+        const uint32_t a[4] = {device::tf32(kd[k0 * LK]), device::tf32(kd[k0 * LK + 8]),
+                               device::tf32(kd[(k0 + 4) * LK]), device::tf32(kd[(k0 + 4) * LK + 8])};
+#pragma unroll
+        for (int h = 0; h < NT; ++h)
+          device::mma_tf32(acc[h], a, device::tf32(vn[k0 * LV + 8 * h]), device::tf32(vn[(k0 + 4) * LV + 8 * h]));
+      }
+#pragma unroll
+      for (int h = 0; h < NT; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // only this lane reads these entries until the next barrier
+          const int d = db + g + 8 * (e >> 1), jj = 8 * h + 2 * t4 + (e & 1);
+          sS[d * LV + jj] = acc[h][e];
+        }
+    }
+  }
+  cp_async_wait0();
+  __syncthreads();
+  store_state(p.s_out, soff);
+}
+
+// output on the tensor cores: warp w → rows 16·(w / 2).., columns 32·(w % 2).. of the 64 × 64
+// tile (four m16n8 accumulators), Qg S₀ over K then Aqk V_new over the chunk's columns ≤ the
+// warp's last row (Aqk's entries above the diagonal are zeroed as it loads).
+template <class T>
+__global__ void __launch_bounds__(kRecThreads) output_tc_kernel(ChunkDev p) {
+  const ChunkIds id = chunk_ids(p);
+  if (id.nv <= 0) return;
+  const int n = id.n, hv = id.hv, cw = id.cw, nv = id.nv, c0 = blockIdx.z * kOb;
+  const int KS = p.KS, V = p.V, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int LQ = KS + kPadA, LS = kOb + kPadB, LA = kC + kPadA;
+  extern __shared__ __align__(16) float smem[];
+  float* sS = smem;             // [KS][LS]
+  float* sQg = sS + KS * LS;    // [kC][LQ]
+  float* sAqk = sQg + kC * LQ;  // [kC][LA]
+  float* sVn = sAqk + kC * LA;  // [kC][LS]
+  const int64_t base = srow(p, n, hv, cw * kC), soff = state_slot(p, n, hv, cw);
+  async_cols(sS, LS, p.Sc + soff, V, c0, kOb, KS, kRecThreads);  // K = KS rows of [K, V]
+  async_rows(sQg, LQ, p.Qg + base * KS, KS, kRecThreads);
+  async_rows(sAqk, LA, p.Aqk + base * kC, kC, kRecThreads);
+  async_cols(sVn, LS, p.U + base * V, V, c0, kOb, kC, kRecThreads);
+  cp_async_commit();
+  cp_async_wait0();
+  __syncthreads();
+  const int rb = warp >> 1, cb = 32 * (warp & 1);
+  float acc[4][4] = {};
+  const float* qa = sQg + (16 * rb + g) * LQ + t4;
+  const float* sb = sS + t4 * LS + cb + g;
+  for (int k0 = 0; k0 < KS; k0 += 8) {
+    const uint32_t a[4] = {device::tf32(qa[k0]), device::tf32(qa[8 * LQ + k0]), device::tf32(qa[k0 + 4]),
+                           device::tf32(qa[8 * LQ + k0 + 4])};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+      device::mma_tf32(acc[nt], a, device::tf32(sb[k0 * LS + 8 * nt]), device::tf32(sb[(k0 + 4) * LS + 8 * nt]));
+  }
+  const int r_lo = 16 * rb + g;
+  const float* aa = sAqk + r_lo * LA + t4;
+  const float* vb = sVn + t4 * LS + cb + g;
+  for (int k0 = 0; k0 < 16 * rb + 16; k0 += 8) {
+    const int c = k0 + t4;  // Aqk is lower triangular with its diagonal
+    const uint32_t a[4] = {device::tf32(c <= r_lo ? aa[k0] : 0.0f), device::tf32(c <= r_lo + 8 ? aa[8 * LA + k0] : 0.0f),
+                           device::tf32(c + 4 <= r_lo ? aa[k0 + 4] : 0.0f),
+                           device::tf32(c + 4 <= r_lo + 8 ? aa[8 * LA + k0 + 4] : 0.0f)};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+      device::mma_tf32(acc[nt], a, device::tf32(vb[k0 * LS + 8 * nt]), device::tf32(vb[(k0 + 4) * LS + 8 * nt]));
+  }
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = r_lo + 8 * (e >> 1), j = c0 + cb + 8 * nt + 2 * t4 + (e & 1);
+      if (r >= nv || j >= V) continue;
+      const int64_t o = ((id.r0 + r) * p.HV + hv) * V + j;
+      if (p.o_f32)
+        static_cast<float*>(p.o)[o] = acc[nt][e];
+      else
+        static_cast<T*>(p.o)[o] = from_f32<T>(acc[nt][e]);
+    }
 }
 
 // The state adjoint through the chunks in reverse (one block per sequence, value head, tile). The
@@ -1161,22 +1508,42 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
     for (int r = tid; r < nv; r += kGradThreads) p.dbeta[(r0 + r) * p.HV + hv] += sdb[r];
 }
 
-size_t prepare_smem(int K) { return sizeof(float) * (kC * ((K + 3) / 4 * 4) + 2 * kC * (K + 1) + kC * kC + kC); }
+size_t prepare_smem(int K, bool tc = false) {
+  return tc ? sizeof(float) * (2 * kC * (K + 4) + kC * kC + kC) + 2 * kC * (K + 8)
+            : sizeof(float) * (kC * ((K + 3) / 4 * 4) + 2 * kC * (K + 1) + kC * kC + kC);
+}
 size_t recur_smem(int KS) { return sizeof(float) * (KS * kVb + 2 * kC * KS + KS + 2 * kC * kVb); }
-size_t output_smem(int KS) { return sizeof(float) * (KS * kOb + kC * KS + kC * kC + kC * kOb); }
+size_t recur_tc_smem(int KS, int VB) {
+  return sizeof(float) * (KS * (VB + kPadB) + 2 * (kC * (2 * KS + kPadA + kPadB + VB + kPadB) + KS));
+}
+size_t output_smem(int KS, bool tc = false) {
+  return tc ? sizeof(float) * ((KS + kC) * (kOb + kPadB) + kC * (KS + kPadA) + kC * (kC + kPadA))
+            : sizeof(float) * (KS * kOb + kC * KS + kC * kC + kC * kOb);
+}
 size_t reverse_smem(int KS) { return sizeof(float) * (KS * kVb + 3 * kC * KS + kC * kC + 2 * kC * kVb + 2 * KS); }
 size_t grads_smem(int K) { return sizeof(float) * (kStage + 3 * kC * (K + 1) + 5 * kC * (kC + 1) + 2 * kC + 128); }
 
 template <class T>
 void configure() {
   static const bool done = [] {
-    K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(prepare_smem(128))));
-    K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T, false>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     K3_CUDA_CHECK(cudaFuncSetAttribute(recur_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(recur_smem(128))));
     K3_CUDA_CHECK(cudaFuncSetAttribute(output_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(output_smem(128))));
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(prepare_smem(128, true))));
+      K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T, true>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+      K3_CUDA_CHECK(cudaFuncSetAttribute(recur_tc_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(recur_tc_smem(128, 16))));
+      K3_CUDA_CHECK(cudaFuncSetAttribute(recur_tc_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(recur_tc_smem(128, 32))));
+      K3_CUDA_CHECK(cudaFuncSetAttribute(output_tc_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(output_smem(128, true))));
+    }
     K3_CUDA_CHECK(cudaFuncSetAttribute(reverse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(reverse_smem(128))));
     K3_CUDA_CHECK(cudaFuncSetAttribute(grads_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1194,13 +1561,30 @@ void launch(Step step, const ChunkDev& d, int64_t NHV) {
   const unsigned vtiles = unsigned((d.V + kVb - 1) / kVb);
   const dim3 chunks(unsigned(NHV), unsigned(d.c_count)), tiles(unsigned(NHV), vtiles);
   cudaStream_t st = device::stream();
+  const dim3 outs(unsigned(NHV), unsigned(d.c_count), unsigned((d.V + kOb - 1) / kOb));
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (d.tc) {
+      switch (step) {
+        case Step::Prepare: prepare_kernel<T, true><<<chunks, kPrepThreads, prepare_smem(d.K, true), st>>>(d); break;
+        case Step::Recur:  // 16-column tiles while they fit the SMs at one block each, else 32
+          if (int64_t(tiles.x) * tiles.y <= device::sm_count())
+            recur_tc_kernel<16><<<tiles, kRecThreads, recur_tc_smem(d.KS, 16), st>>>(d);
+          else
+            recur_tc_kernel<32><<<dim3(tiles.x, unsigned((d.V + 31) / 32)), kRecThreads, recur_tc_smem(d.KS, 32), st>>>(d);
+          break;
+        case Step::Output: output_tc_kernel<T><<<outs, kRecThreads, output_smem(d.KS, true), st>>>(d); break;
+        default: break;
+      }
+      if (step == Step::Prepare || step == Step::Recur || step == Step::Output) {
+        K3_CUDA_LAUNCHED();
+        return;
+      }
+    }
+  }
   switch (step) {
-    case Step::Prepare: prepare_kernel<T><<<chunks, kPrepThreads, prepare_smem(d.K), st>>>(d); break;
+    case Step::Prepare: prepare_kernel<T, false><<<chunks, kPrepThreads, prepare_smem(d.K), st>>>(d); break;
     case Step::Recur: recur_kernel<<<tiles, kRecThreads, recur_smem(d.KS), st>>>(d); break;
-    case Step::Output:
-      output_kernel<T><<<dim3(unsigned(NHV), unsigned(d.c_count), unsigned((d.V + kOb - 1) / kOb)), kRecThreads,
-                         output_smem(d.KS), st>>>(d);
-      break;
+    case Step::Output: output_kernel<T><<<outs, kRecThreads, output_smem(d.KS), st>>>(d); break;
     case Step::Reverse:
       reverse_kernel<<<tiles, kRecThreads, reverse_smem(d.KS), st>>>(d);
       break;
@@ -1248,6 +1632,9 @@ ChunkDev chunk_dev(const cuda::DeviceArgs& a) {
   d.q = a.q, d.k = a.k, d.v = a.v, d.beta = a.beta, d.g = a.g;
   d.o_f32 = a.io != DType::BF16 || a.o_dtype != DType::BF16;
   d.KS = int((a.K + 3) / 4 * 4);
+  // The tensor-core kernels load q, k and v 16 bytes at a time.
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  d.tc = a.io == DType::BF16 && a.K % 16 == 0 && a.K <= 128 && !a.simt && aligned(a.q) && aligned(a.k) && aligned(a.v);
   return d;
 }
 

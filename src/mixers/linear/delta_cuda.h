@@ -27,6 +27,7 @@ struct DeviceArgs {
   const int64_t* len = nullptr;             // [N]
   int64_t max_len = 0;                      // longest sequence if known (1 picks the decode kernel)
   int64_t window = 0;                       // chunked form: chunks per scratch window (0: as 512 MiB allow)
+  bool simt = false;                        // chunked form: SIMT kernels even where the tensor-core ones apply
   const void *q = nullptr, *k = nullptr, *v = nullptr;
   const float* beta = nullptr;              // [rows, HV] (Delta)
   const float* g = nullptr;                 // [rows, HV] or [rows, HV, K]

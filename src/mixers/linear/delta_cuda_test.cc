@@ -204,11 +204,22 @@ TEST(DeltaCudaVarlen, ManySequences) {
 // The chunked kernels through the device API: bf16 storage, a packed batch with an empty
 // sequence, and the scratch in windows of one and of three chunks (the state passes between
 // windows through ht, here aliasing h0 as in serving; the backward keeps each window's entering
-// state and carries the adjoint back through them) against the CPU recurrent reference.
-TEST(DeltaCudaChunked, WindowsAndDeviceApi) {
+// state and carries the adjoint back through them) against the CPU recurrent reference. Both
+// kernel sets: SIMT (fp32 arithmetic: gradients within 1e-4 of the CPU's on the same bf16-rounded
+// inputs) and the tensor cores' (TF32 products: within the bf16 tolerance, 5e-3), the latter also
+// at K 128 with a value width that is not a multiple of 4 (one-float copies into shared memory).
+struct ChunkedCase {
+  bool simt;
+  int64_t K, V;
+};
+class DeltaCudaChunked : public ::testing::TestWithParam<ChunkedCase> {};
+
+TEST_P(DeltaCudaChunked, WindowsAndDeviceApi) {
+  const ChunkedCase c = GetParam();
+  const double grad_tol = c.simt ? 1e-4 : 5e-3;
   for (const Variant& var : kVariants) {
     if (var.normalize == Normalize::On) continue;  // the normaliser is the host wrapper's extra column
-    const int64_t T = 300, H = 2, HV = 4, K = 64, V = 80;
+    const int64_t T = 300, H = 2, HV = 4, K = c.K, V = c.V;
     DeltaInputs in = random_inputs(var, 1, T, H, HV, K, V, 4, 21);
     in.cu_seqlens = {0, 130, 130, 131, 300};
     DeltaOptions cpu = testing::options(var);
@@ -225,6 +236,7 @@ TEST(DeltaCudaChunked, WindowsAndDeviceApi) {
       device::Buffer o(size_t(T * HV * V) * 2);
       cuda::DeviceArgs a;
       a.form = cuda::Form::Chunked;
+      a.simt = c.simt;
       a.window = window;
       a.N = 4, a.H = H, a.HV = HV, a.K = K, a.V = V, a.write = var.write, a.decay = var.decay;
       a.io = DType::BF16, a.o_dtype = DType::BF16;
@@ -235,7 +247,9 @@ TEST(DeltaCudaChunked, WindowsAndDeviceApi) {
       Tensor go = Tensor::empty(ref.o.shape()), ght = Tensor::empty(ref.ht.shape());
       device::download_values(go.f32(), o, go.numel(), device::Storage::BF16);
       device::download_values(ght.f32(), S, ght.numel(), device::Storage::F32);
-      const std::string label = std::string(var.name) + " window " + std::to_string(window);
+      const std::string label = std::string(var.name) + (c.simt ? " SIMT" : " TF32") + " K " + std::to_string(K) + " V " +
+                                std::to_string(V) +
+                                " window " + std::to_string(window);
       expect_close(go, ref.o, 5e-3, label + " o");
       expect_close(ght, ref.ht, 5e-3, label + " ht");
 
@@ -262,15 +276,23 @@ TEST(DeltaCudaChunked, WindowsAndDeviceApi) {
         device::download_values(t.f32(), b, t.numel(), device::Storage::F32);
         return t;
       };
-      expect_close(got(dq, gr.dq), gr.dq, 1e-4, label + " dq");
-      expect_close(got(dk, gr.dk), gr.dk, 1e-4, label + " dk");
-      expect_close(got(dv, gr.dv), gr.dv, 1e-4, label + " dv");
-      expect_close(got(db, gr.dbeta), gr.dbeta, 1e-4, label + " dbeta");
-      expect_close(got(dg, gr.dg), gr.dg, 1e-4, label + " dg");
-      expect_close(got(dh0, gr.dh0), gr.dh0, 1e-4, label + " dh0");
+      expect_close(got(dq, gr.dq), gr.dq, grad_tol, label + " dq");
+      expect_close(got(dk, gr.dk), gr.dk, grad_tol, label + " dk");
+      expect_close(got(dv, gr.dv), gr.dv, grad_tol, label + " dv");
+      expect_close(got(db, gr.dbeta), gr.dbeta, grad_tol, label + " dbeta");
+      expect_close(got(dg, gr.dg), gr.dg, grad_tol, label + " dg");
+      expect_close(got(dh0, gr.dh0), gr.dh0, grad_tol, label + " dh0");
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, DeltaCudaChunked,
+                         ::testing::Values(ChunkedCase{true, 64, 80}, ChunkedCase{false, 64, 80},
+                                           ChunkedCase{false, 128, 37}),
+                         [](const ::testing::TestParamInfo<ChunkedCase>& p) {
+                           return std::string(p.param.simt ? "simt" : "tf32") + "_K" + std::to_string(p.param.K) + "_V" +
+                                  std::to_string(p.param.V);
+                         });
 
 // The decode step (one token per sequence: max_len 1 picks the decode kernel) through the device
 // API in each of its modes, against the CPU recurrent reference: the state updated in place,
