@@ -112,6 +112,10 @@ __device__ __forceinline__ uint32_t tf32(float x) {
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
   return r;
 }
+// x rounded to TF32 as an fp32 value (low 13 mantissa bits zero): an operand stored this way
+// feeds mma_tf32 as its raw bits, with no conversion where it is read.
+__device__ __forceinline__ float round_tf32(float x) { return __uint_as_float(tf32(x)); }
+__device__ __forceinline__ uint32_t bits(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};\n"

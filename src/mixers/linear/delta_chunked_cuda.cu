@@ -81,7 +81,7 @@ struct ChunkDev {
   float* TA;     // [NHV, c_count·kC, kC] T (lower, unit diagonal) and Ā transposed above it, or null
   float* Sc;     // [NHV, c_count, K, V] state entering each chunk, or null (forward only)
   int store_vn;  // recur writes V_new over U (the backward reads it)
-  int tc;        // prepare / recur / output on the tensor cores (TF32): bf16 storage, K % 16 == 0
+  int tc;        // prepare / recur / output / reverse on the tensor cores (TF32): bf16 storage, K % 16 == 0
   // Backward.
   const void* d_o;  // io dtype (or fp32 when do_f32), or null
   int do_f32;
@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
     // Entry (r, s) of both grams: Aqk, A = diag(β) Ā stored transposed (upper triangle of sT),
     // and Ā likewise for the backward.
     auto put = [&](int r, int s, float kk, float qk) {
-      Aqk[int64_t(r) * kC + s] = qk;
+      Aqk[int64_t(r) * kC + s] = TC ? device::round_tf32(qk) : qk;
       if (s < r) {
         sT[s * kC + r] = sb[r] * kk;
         if (p.TA) p.TA[base * kC + s * kC + r] = kk;
@@ -501,6 +501,9 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
         kd[e] = to_f32(sk[r * KP + d]) * ex2(GC - G);
       }
     }
+    if constexpr (TC)  // product operands of recur, output and reverse: stored as TF32
+#pragma unroll
+      for (int e = 0; e < 4; ++e) qg[e] = device::round_tf32(qg[e]), kd[e] = device::round_tf32(kd[e]);
     *reinterpret_cast<float4*>(p.Qg + (base + r) * KS + d0) = make_float4(qg[0], qg[1], qg[2], qg[3]);
     *reinterpret_cast<float4*>(p.Kd + (base + r) * KS + d0) = make_float4(kd[0], kd[1], kd[2], kd[3]);
   }
@@ -530,7 +533,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   float* W = p.W + base * KS;
   if constexpr (TC)
     lower_product_tc(sT, sq, LQ, KS, [&](int r, int d, float w0, float w1) {
-      *reinterpret_cast<float2*>(W + int64_t(r) * KS + d) = make_float2(w0, w1);
+      *reinterpret_cast<float2*>(W + int64_t(r) * KS + d) = make_float2(device::round_tf32(w0), device::round_tf32(w1));
     });
   else
     lower_product(sT, sq, LQ, KS, [&](int r, int d, const float (&w)[4]) {
@@ -829,10 +832,16 @@ __global__ void __launch_bounds__(kRecThreads) output_kernel(ChunkDev p) {
 // V_new, Kd read transposed).
 constexpr int kPadA = 4, kPadB = 8;
 
-// Copies a chunk's [kC, KS] slab into shared memory rows `ld` floats apart (cp.async).
+// Copies a chunk's [kC, KS] slab into shared memory rows `ld` floats apart (cp.async); the row and
+// column of a thread's next 16 bytes are stepped, not divided out.
 __device__ __forceinline__ void async_rows(float* dst, int ld, const float* src, int KS, int threads) {
-  const int q4 = KS / 4;
-  for (int i = int(threadIdx.x); i < kC * q4; i += threads) device::cp_async16(dst + (i / q4) * ld + 4 * (i % q4), src + 4 * i);
+  const int q4 = KS / 4, dr = threads / q4, dc = threads % q4;
+  int r = int(threadIdx.x) / q4, c = int(threadIdx.x) % q4;
+  for (int i = int(threadIdx.x); i < kC * q4; i += threads) {
+    device::cp_async16(dst + r * ld + 4 * c, src + 4 * i);
+    r += dr, c += dc;
+    if (c >= q4) c -= q4, ++r;
+  }
 }
 // A [rows, cols] tile (columns c0…, zeros past V) of a [·, V] array into rows `ld` floats apart:
 // 16-byte copies when V is a multiple of 4, else one float at a time.
@@ -857,8 +866,10 @@ __device__ __forceinline__ void async_cols(float* dst, int ld, const float* src,
 // recur on the tensor cores, one block per (sequence, value head, VB value columns): VB = 16 when
 // that gives the SMs enough blocks, else 32. Each chunk's operands (W, Kd, U's columns, e^{G_C})
 // load by cp.async into one of two stages while the chunk before is computed. V_new = U − W S:
-// warp w → rows 16·(w / 2).., half the 8-column tiles; S ← diag(e^{G_C}) S + Kdᵀ V_new: warp w →
-// state rows 16w.., every column tile.
+// warp w → rows 16·(w / 2).., half the 8-column tiles (two accumulators over alternate k-steps);
+// S ← diag(e^{G_C}) S + Kdᵀ V_new: warp w → state rows 16w.., every column tile. The warp keeps
+// its rows of S in registers at full precision; shared memory holds them rounded to TF32 (what
+// the products read), V_new likewise; W and Kd arrive rounded from prepare.
 template <int VB>
 __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
   constexpr int NT = VB / 8;
@@ -874,15 +885,24 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
   auto sU = [&](int b) { return sKd(b) + kC * LK; };
   auto sgC = [&](int b) { return sU(b) + kC * LV; };
   const int64_t soff = (int64_t(n) * p.HV + hv) * K * V;
-  for (int i = tid; i < KS * VB; i += kRecThreads) {
-    const int d = i / VB, jj = i % VB;
-    sS[d * LV + jj] = (d < K && c0 + jj < V && p.s_in) ? p.s_in[soff + int64_t(d) * V + c0 + jj] : 0.0f;
-  }
+  const int rb = warp >> 1, nt0 = (warp & 1) * (NT / 2), db = 16 * warp;
+  const bool rows = db < KS;  // K % 16 == 0: a warp owns 16 whole rows or none
+  float st[NT][4];            // S[db + g (+8)][8h + 2·t4 (+1)]
+  auto for_state = [&](auto f) {
+#pragma unroll
+    for (int h = 0; h < NT; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(h, e, db + g + 8 * (e >> 1), 8 * h + 2 * t4 + (e & 1));
+  };
+  for_state([&](int h, int e, int d, int jj) {
+    st[h][e] = rows && c0 + jj < V && p.s_in ? p.s_in[soff + int64_t(d) * V + c0 + jj] : 0.0f;
+    if (rows) sS[d * LV + jj] = device::round_tf32(st[h][e]);
+  });
   auto store_state = [&](float* dst, int64_t off) {
-    for (int i = tid; i < K * VB; i += kRecThreads) {
-      const int d = i / VB, jj = i % VB;
-      if (c0 + jj < V) dst[off + int64_t(d) * V + c0 + jj] = sS[d * LV + jj];
-    }
+    if (rows)
+      for_state([&](int h, int e, int d, int jj) {
+        if (c0 + jj < V) dst[off + int64_t(d) * V + c0 + jj] = st[h][e];
+      });
   };
   const auto [L, t_begin, t_end] = span_of(p, n);
   const int count = int((t_end - t_begin + kC - 1) / kC);
@@ -896,7 +916,6 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
     cp_async_commit();
   };
   if (count > 0) issue(0);
-  const int rb = warp >> 1, nt0 = (warp & 1) * (NT / 2), db = 16 * warp;
   for (int cw = 0; cw < count; ++cw) {
     const int b = cw & 1;
     const int64_t base = srow(p, n, hv, cw * kC);
@@ -906,63 +925,61 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
     if (p.Sc) store_state(p.Sc, state_slot(p, n, hv, cw));
     float* sVn = sU(b);
     if (p.delta_write) {  // V_new = U − W S (each lane rewrites only its own entries of U)
-      float acc[NT / 2][4] = {};
+      float acc[2][NT / 2][4] = {};
       const float* w = sW(b) + (16 * rb + g) * LW + t4;
       const float* s = sS + t4 * LV + 8 * nt0 + g;
-      for (int k0 = 0; k0 < KS; k0 += 8) {
-        const uint32_t a[4] = {device::tf32(w[k0]), device::tf32(w[8 * LW + k0]), device::tf32(w[k0 + 4]),
-                               device::tf32(w[8 * LW + k0 + 4])};
+      for (int k0 = 0; k0 < KS; k0 += 16) {
 #pragma unroll
-        for (int h = 0; h < NT / 2; ++h)
-          device::mma_tf32(acc[h], a, device::tf32(s[k0 * LV + 8 * h]), device::tf32(s[(k0 + 4) * LV + 8 * h]));
+        for (int u = 0; u < 2; ++u) {
+          const int k = k0 + 8 * u;
+          const uint32_t a[4] = {device::bits(w[k]), device::bits(w[8 * LW + k]), device::bits(w[k + 4]),
+                                 device::bits(w[8 * LW + k + 4])};
+#pragma unroll
+          for (int h = 0; h < NT / 2; ++h)
+            device::mma_tf32(acc[u][h], a, device::bits(s[k * LV + 8 * h]), device::bits(s[(k + 4) * LV + 8 * h]));
+        }
       }
 #pragma unroll
       for (int h = 0; h < NT / 2; ++h)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = 16 * rb + g + 8 * (e >> 1), jj = 8 * (nt0 + h) + 2 * t4 + (e & 1);
-          const float vn = sVn[r * LV + jj] - acc[h][e];
-          sVn[r * LV + jj] = vn;
+          const float vn = sVn[r * LV + jj] - (acc[0][h][e] + acc[1][h][e]);
+          sVn[r * LV + jj] = device::round_tf32(vn);
           if (p.store_vn && c0 + jj < V) p.U[(base + r) * V + c0 + jj] = vn;
         }
+    } else {  // V_new = U, rounded where it is a product's operand
+      for (int i = tid; i < kC * VB; i += kRecThreads) {
+        float& x = sVn[(i / VB) * LV + i % VB];
+        x = device::round_tf32(x);
+      }
     }
     __syncthreads();  // V_new complete; every read of S done
-    if (db < KS) {    // S ← diag(e^{G_C}) S + Kdᵀ V_new on state rows db..db+15
+    if (rows) {       // S ← diag(e^{G_C}) S + Kdᵀ V_new on state rows db..db+15
       const float* gC = sgC(b);
-      float acc[NT][4];
-#pragma unroll
-      for (int h = 0; h < NT; ++h)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = db + g + 8 * (e >> 1), jj = 8 * h + 2 * t4 + (e & 1);
-          acc[h][e] = gC[d] * sS[d * LV + jj];
-        }
+      for_state([&](int h, int e, int d, int) { st[h][e] *= gC[d]; });
       const float* kd = sKd(b) + t4 * LK + db + g;
       const float* vn = sVn + t4 * LV + g;
+#pragma unroll 4
       for (int k0 = 0; k0 < kC; k0 += 8) {
-        const uint32_t a[4] = {device::tf32(kd[k0 * LK]), device::tf32(kd[k0 * LK + 8]),
-                               device::tf32(kd[(k0 + 4) * LK]), device::tf32(kd[(k0 + 4) * LK + 8])};
+        const uint32_t a[4] = {device::bits(kd[k0 * LK]), device::bits(kd[k0 * LK + 8]),
+                               device::bits(kd[(k0 + 4) * LK]), device::bits(kd[(k0 + 4) * LK + 8])};
 #pragma unroll
         for (int h = 0; h < NT; ++h)
-          device::mma_tf32(acc[h], a, device::tf32(vn[k0 * LV + 8 * h]), device::tf32(vn[(k0 + 4) * LV + 8 * h]));
+          device::mma_tf32(st[h], a, device::bits(vn[k0 * LV + 8 * h]), device::bits(vn[(k0 + 4) * LV + 8 * h]));
       }
-#pragma unroll
-      for (int h = 0; h < NT; ++h)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  // only this lane reads these entries until the next barrier
-          const int d = db + g + 8 * (e >> 1), jj = 8 * h + 2 * t4 + (e & 1);
-          sS[d * LV + jj] = acc[h][e];
-        }
+      // Only this lane reads these entries of sS until the next barrier.
+      for_state([&](int h, int e, int d, int jj) { sS[d * LV + jj] = device::round_tf32(st[h][e]); });
     }
   }
   cp_async_wait0();
-  __syncthreads();
   store_state(p.s_out, soff);
 }
 
 // output on the tensor cores: warp w → rows 16·(w / 2).., columns 32·(w % 2).. of the 64 × 64
 // tile (four m16n8 accumulators), Qg S₀ over K then Aqk V_new over the chunk's columns ≤ the
-// warp's last row (Aqk's entries above the diagonal are zeroed as it loads).
+// warp's last row (Aqk's entries above the diagonal are zeroed as it loads). Qg and Aqk arrive
+// rounded to TF32 from prepare.
 template <class T>
 __global__ void __launch_bounds__(kRecThreads) output_tc_kernel(ChunkDev p) {
   const ChunkIds id = chunk_ids(p);
@@ -989,8 +1006,8 @@ __global__ void __launch_bounds__(kRecThreads) output_tc_kernel(ChunkDev p) {
   const float* qa = sQg + (16 * rb + g) * LQ + t4;
   const float* sb = sS + t4 * LS + cb + g;
   for (int k0 = 0; k0 < KS; k0 += 8) {
-    const uint32_t a[4] = {device::tf32(qa[k0]), device::tf32(qa[8 * LQ + k0]), device::tf32(qa[k0 + 4]),
-                           device::tf32(qa[8 * LQ + k0 + 4])};
+    const uint32_t a[4] = {device::bits(qa[k0]), device::bits(qa[8 * LQ + k0]), device::bits(qa[k0 + 4]),
+                           device::bits(qa[8 * LQ + k0 + 4])};
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
       device::mma_tf32(acc[nt], a, device::tf32(sb[k0 * LS + 8 * nt]), device::tf32(sb[(k0 + 4) * LS + 8 * nt]));
@@ -1000,9 +1017,9 @@ __global__ void __launch_bounds__(kRecThreads) output_tc_kernel(ChunkDev p) {
   const float* vb = sVn + t4 * LS + cb + g;
   for (int k0 = 0; k0 < 16 * rb + 16; k0 += 8) {
     const int c = k0 + t4;  // Aqk is lower triangular with its diagonal
-    const uint32_t a[4] = {device::tf32(c <= r_lo ? aa[k0] : 0.0f), device::tf32(c <= r_lo + 8 ? aa[8 * LA + k0] : 0.0f),
-                           device::tf32(c + 4 <= r_lo ? aa[k0 + 4] : 0.0f),
-                           device::tf32(c + 4 <= r_lo + 8 ? aa[8 * LA + k0 + 4] : 0.0f)};
+    const uint32_t a[4] = {device::bits(c <= r_lo ? aa[k0] : 0.0f), device::bits(c <= r_lo + 8 ? aa[8 * LA + k0] : 0.0f),
+                           device::bits(c + 4 <= r_lo ? aa[k0 + 4] : 0.0f),
+                           device::bits(c + 4 <= r_lo + 8 ? aa[8 * LA + k0 + 4] : 0.0f)};
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
       device::mma_tf32(acc[nt], a, device::tf32(vb[k0 * LS + 8 * nt]), device::tf32(vb[(k0 + 4) * LS + 8 * nt]));
@@ -1127,6 +1144,166 @@ __global__ void __launch_bounds__(kRecThreads) reverse_kernel(ChunkDev p) {
   __syncthreads();
   store_tile(p.ds_out, sdS, soff, p, c0);
 }
+
+// reverse on the tensor cores (see recur_tc_kernel for VB and the padding), with reverse_kernel's
+// schedule: Qg and W load while dV_new is computed, the previous chunk's Kd, Aqk, e^{G_C} (by
+// parity) and dO (through registers) while dS is updated. dV_new = Kd dS + Aqkᵀ dO: warp w → rows
+// 16·(w / 2).., half the column tiles; dS ← diag(e^{G_C}) dS + Qgᵀ dO − Wᵀ dV_new: warp w → state
+// rows 16w.., every column tile. As in recur_tc_kernel the warp holds its rows of dS in registers
+// (shared memory: TF32-rounded), dO and dV_new are stored rounded where products read them, and
+// Kd, Aqk, Qg, W arrive rounded from prepare.
+template <int VB>
+__global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
+  constexpr int NT = VB / 8, kDoPer = kC * VB / kRecThreads;
+  const int n = int(blockIdx.x) / p.HV, hv = int(blockIdx.x) % p.HV, c0 = int(blockIdx.y) * VB;
+  const int K = p.K, KS = p.KS, V = p.V, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int LA = KS + kPadA, LT = KS + kPadB, LQ = kC + kPadB, LV = VB + kPadB;
+  extern __shared__ __align__(16) float smem[];
+  float* sdS = smem;              // [KS][LV]
+  float* sKd = sdS + KS * LV;     // [kC][LA]
+  float* sAqk = sKd + kC * LA;    // [kC][LQ]  (read transposed)
+  float* sQg = sAqk + kC * LQ;    // [kC][LT]  (read transposed)
+  float* sW = sQg + kC * LT;      // [kC][LT]  (read transposed)
+  float* sdO = sW + kC * LT;      // [kC][LV]
+  float* sdVn = sdO + kC * LV;    // [kC][LV]
+  float* sgC = sdVn + kC * LV;    // [2][KS], chunk parity
+  const int64_t soff = (int64_t(n) * p.HV + hv) * K * V;
+  const int rb = warp >> 1, nt0 = (warp & 1) * (NT / 2), db = 16 * warp;
+  const bool rows = db < KS;  // K % 16 == 0: a warp owns 16 whole rows or none
+  float st[NT][4];            // dS[db + g (+8)][8h + 2·t4 (+1)] at full precision; sdS holds it as TF32
+  auto for_state = [&](auto f) {
+#pragma unroll
+    for (int h = 0; h < NT; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(h, e, db + g + 8 * (e >> 1), 8 * h + 2 * t4 + (e & 1));
+  };
+  for_state([&](int h, int e, int d, int jj) {
+    st[h][e] = rows && c0 + jj < V && p.ds_in ? p.ds_in[soff + int64_t(d) * V + c0 + jj] : 0.0f;
+    if (rows) sdS[d * LV + jj] = device::round_tf32(st[h][e]);
+  });
+  auto store_state = [&](float* dst, int64_t off) {
+    if (rows)
+      for_state([&](int h, int e, int d, int jj) {
+        if (c0 + jj < V) dst[off + int64_t(d) * V + c0 + jj] = st[h][e];
+      });
+  };
+  const Span sp = span_of(p, n);
+  const int64_t L = sp.L, t_begin = sp.t_begin, t_end = sp.t_end;
+  const int count = int((t_end - t_begin + kC - 1) / kC);
+  float dnext[kDoPer];
+  auto fetch_do = [&](int cw) {  // this thread's entries of the chunk's dO tile, into registers
+    const int64_t t0 = t_begin + int64_t(cw) * kC;
+#pragma unroll
+    for (int m = 0; m < kDoPer; ++m) {
+      const int i = tid + m * kRecThreads, r = i / VB, jj = i % VB;
+      float v = 0.0f;
+      if (p.d_o && t0 + r < L && c0 + jj < V) {
+        const int64_t oi = ((p.row0[n] + t0 + r) * p.HV + hv) * V + c0 + jj;
+        v = p.do_f32 ? static_cast<const float*>(p.d_o)[oi]
+                     : __bfloat162float(static_cast<const __nv_bfloat16*>(p.d_o)[oi]);  // else bf16 io
+      }
+      dnext[m] = v;
+    }
+  };
+  auto issue_b = [&](int cw) {  // Kd, Aqk, e^{G_C}
+    const int64_t base = srow(p, n, hv, cw * kC);
+    async_rows(sKd, LA, p.Kd + base * KS, KS, kRecThreads);
+    async_rows(sAqk, LQ, p.Aqk + base * kC, kC, kRecThreads);
+    async_slab(sgC + (cw & 1) * KS, p.gC + ((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS, KS);
+  };
+  if (count > 0) {
+    issue_b(count - 1);
+    fetch_do(count - 1);
+  }
+  cp_async_commit();
+  for (int cw = count - 1; cw >= 0; --cw) {
+    const int64_t base = srow(p, n, hv, cw * kC);
+    __syncthreads();  // the previous chunk's update of dS and readers of Qg, W, dO, dV_new are done
+    async_rows(sQg, LT, p.Qg + base * KS, KS, kRecThreads);
+    if (p.delta_write) async_rows(sW, LT, p.W + base * KS, KS, kRecThreads);
+    cp_async_commit();
+    store_state(p.dSc, state_slot(p, n, hv, cw));
+#pragma unroll
+    for (int m = 0; m < kDoPer; ++m) {
+      const int i = tid + m * kRecThreads;
+      sdO[(i / VB) * LV + i % VB] = device::round_tf32(dnext[m]);
+    }
+    cp_async_wait1();  // Kd, Aqk, e^{G_C} (Qg and W may still be loading)
+    __syncthreads();
+    {  // dV_new = Kd dS + Aqkᵀ dO (Aqk[s][r] for s ≥ r)
+      float acc[NT / 2][4] = {};
+      const int r_lo = 16 * rb + g;
+      const float* kd = sKd + r_lo * LA + t4;
+      const float* ds = sdS + t4 * LV + 8 * nt0 + g;
+      for (int k0 = 0; k0 < KS; k0 += 8) {
+        const uint32_t a[4] = {device::bits(kd[k0]), device::bits(kd[8 * LA + k0]), device::bits(kd[k0 + 4]),
+                               device::bits(kd[8 * LA + k0 + 4])};
+#pragma unroll
+        for (int h = 0; h < NT / 2; ++h)
+          device::mma_tf32(acc[h], a, device::bits(ds[k0 * LV + 8 * h]), device::bits(ds[(k0 + 4) * LV + 8 * h]));
+      }
+      const float* aq = sAqk + t4 * LQ + r_lo;  // Aqkᵀ[r][s] = Aqk[s][r]
+      const float* dO = sdO + t4 * LV + 8 * nt0 + g;
+      for (int k0 = 16 * rb; k0 < kC; k0 += 8) {
+        const int s = k0 + t4;
+        const uint32_t a[4] = {device::bits(s >= r_lo ? aq[k0 * LQ] : 0.0f),
+                               device::bits(s >= r_lo + 8 ? aq[k0 * LQ + 8] : 0.0f),
+                               device::bits(s + 4 >= r_lo ? aq[(k0 + 4) * LQ] : 0.0f),
+                               device::bits(s + 4 >= r_lo + 8 ? aq[(k0 + 4) * LQ + 8] : 0.0f)};
+#pragma unroll
+        for (int h = 0; h < NT / 2; ++h)
+          device::mma_tf32(acc[h], a, device::bits(dO[k0 * LV + 8 * h]), device::bits(dO[(k0 + 4) * LV + 8 * h]));
+      }
+#pragma unroll
+      for (int h = 0; h < NT / 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = r_lo + 8 * (e >> 1), jj = 8 * (nt0 + h) + 2 * t4 + (e & 1);
+          sdVn[r * LV + jj] = device::round_tf32(acc[h][e]);
+          if (c0 + jj < V) p.dVn[(base + r) * V + c0 + jj] = acc[h][e];
+        }
+    }
+    __syncthreads();  // Kd and Aqk are free, dV_new is complete
+    if (cw > 0) {
+      issue_b(cw - 1);
+      fetch_do(cw - 1);
+    }
+    cp_async_commit();
+    cp_async_wait1();  // Qg and W
+    __syncthreads();
+    if (rows) {  // dS ← diag(e^{G_C}) dS + Qgᵀ dO − Wᵀ dV_new on state rows db..db+15
+      const float* gC = sgC + (cw & 1) * KS;
+      float (&acc)[NT][4] = st;
+      for_state([&](int h, int e, int d, int) { acc[h][e] *= gC[d]; });
+      const float* qg = sQg + t4 * LT + db + g;
+      const float* dO = sdO + t4 * LV + g;
+      for (int k0 = 0; k0 < kC; k0 += 8) {
+        const uint32_t a[4] = {device::bits(qg[k0 * LT]), device::bits(qg[k0 * LT + 8]),
+                               device::bits(qg[(k0 + 4) * LT]), device::bits(qg[(k0 + 4) * LT + 8])};
+#pragma unroll
+        for (int h = 0; h < NT; ++h)
+          device::mma_tf32(acc[h], a, device::bits(dO[k0 * LV + 8 * h]), device::bits(dO[(k0 + 4) * LV + 8 * h]));
+      }
+      if (p.delta_write) {
+        const float* w = sW + t4 * LT + db + g;
+        const float* dv = sdVn + t4 * LV + g;
+        for (int k0 = 0; k0 < kC; k0 += 8) {
+          const uint32_t a[4] = {device::bits(w[k0 * LT]), device::bits(w[k0 * LT + 8]),
+                                 device::bits(w[(k0 + 4) * LT]), device::bits(w[(k0 + 4) * LT + 8])};
+#pragma unroll
+          for (int h = 0; h < NT; ++h)  // − Wᵀ dV_new: the sign on B (exact on a TF32 value)
+            device::mma_tf32(acc[h], a, device::bits(-dv[k0 * LV + 8 * h]), device::bits(-dv[(k0 + 4) * LV + 8 * h]));
+        }
+      }
+      // Only this lane reads these entries of sdS until the next barrier.
+      for_state([&](int h, int e, int d, int jj) { sdS[d * LV + jj] = device::round_tf32(acc[h][e]); });
+    }
+  }
+  cp_async_wait0();
+  store_state(p.ds_out, soff);
+}
+
 
 constexpr int kGradThreads = 512;  // 16 warps: the kernel is latency-bound, one block per SM (shared memory)
 constexpr int kJt = 16, kJs = kJt + 4;  // value columns per staged tile, and the tiles' row stride
@@ -1513,6 +1690,10 @@ size_t prepare_smem(int K, bool tc = false) {
             : sizeof(float) * (kC * ((K + 3) / 4 * 4) + 2 * kC * (K + 1) + kC * kC + kC);
 }
 size_t recur_smem(int KS) { return sizeof(float) * (KS * kVb + 2 * kC * KS + KS + 2 * kC * kVb); }
+size_t reverse_tc_smem(int KS, int VB) {
+  return sizeof(float) * (KS * (VB + kPadB) + kC * (KS + kPadA) + kC * (kC + kPadB) + 2 * kC * (KS + kPadB) +
+                          2 * kC * (VB + kPadB) + 2 * KS);
+}
 size_t recur_tc_smem(int KS, int VB) {
   return sizeof(float) * (KS * (VB + kPadB) + 2 * (kC * (2 * KS + kPadA + kPadB + VB + kPadB) + KS));
 }
@@ -1541,6 +1722,10 @@ void configure() {
                                          int(recur_tc_smem(128, 16))));
       K3_CUDA_CHECK(cudaFuncSetAttribute(recur_tc_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(recur_tc_smem(128, 32))));
+      K3_CUDA_CHECK(cudaFuncSetAttribute(reverse_tc_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(reverse_tc_smem(128, 16))));
+      K3_CUDA_CHECK(cudaFuncSetAttribute(reverse_tc_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(reverse_tc_smem(128, 32))));
       K3_CUDA_CHECK(cudaFuncSetAttribute(output_tc_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(output_smem(128, true))));
     }
@@ -1564,18 +1749,26 @@ void launch(Step step, const ChunkDev& d, int64_t NHV) {
   const dim3 outs(unsigned(NHV), unsigned(d.c_count), unsigned((d.V + kOb - 1) / kOb));
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (d.tc) {
+      const bool narrow = int64_t(tiles.x) * tiles.y <= device::sm_count();
+      const dim3 wide(tiles.x, unsigned((d.V + 31) / 32));
       switch (step) {
         case Step::Prepare: prepare_kernel<T, true><<<chunks, kPrepThreads, prepare_smem(d.K, true), st>>>(d); break;
         case Step::Recur:  // 16-column tiles while they fit the SMs at one block each, else 32
-          if (int64_t(tiles.x) * tiles.y <= device::sm_count())
+          if (narrow)
             recur_tc_kernel<16><<<tiles, kRecThreads, recur_tc_smem(d.KS, 16), st>>>(d);
           else
-            recur_tc_kernel<32><<<dim3(tiles.x, unsigned((d.V + 31) / 32)), kRecThreads, recur_tc_smem(d.KS, 32), st>>>(d);
+            recur_tc_kernel<32><<<wide, kRecThreads, recur_tc_smem(d.KS, 32), st>>>(d);
+          break;
+        case Step::Reverse:
+          if (narrow)
+            reverse_tc_kernel<16><<<tiles, kRecThreads, reverse_tc_smem(d.KS, 16), st>>>(d);
+          else
+            reverse_tc_kernel<32><<<wide, kRecThreads, reverse_tc_smem(d.KS, 32), st>>>(d);
           break;
         case Step::Output: output_tc_kernel<T><<<outs, kRecThreads, output_smem(d.KS, true), st>>>(d); break;
         default: break;
       }
-      if (step == Step::Prepare || step == Step::Recur || step == Step::Output) {
+      if (step != Step::Grads) {
         K3_CUDA_LAUNCHED();
         return;
       }
