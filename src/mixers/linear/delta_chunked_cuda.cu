@@ -487,18 +487,33 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   __syncthreads();
 
   // Qg = 2^G ⊙ q, Kd = 2^{G_C − G} ⊙ k, 2^{G_C} (padded rows have g = 0: G_C is the last real row's).
-  // Four channels per thread, stored as float4 (KS % 4 == 0).
+  // Four channels per thread, stored as float4 (KS % 4 == 0); in TC the shared rows are read as
+  // vectors too (K % 16 == 0, rows 16-byte aligned), so a warp's reads meet no bank conflicts.
   for (int i = tid; i < kC * KS / 4; i += kPrepThreads) {
     const int r = i / (KS / 4), d0 = 4 * (i % (KS / 4));
     float qg[4], kd[4];
+    if constexpr (TC) {
+      const float4 G = *reinterpret_cast<const float4*>(sG + r * KG + d0);
+      const float4 GC = *reinterpret_cast<const float4*>(sG + (kC - 1) * KG + d0);
+      const float4 qv = *reinterpret_cast<const float4*>(sq + r * LQ + d0);
+      const uint2 kv = *reinterpret_cast<const uint2*>(sk + r * KP + d0);
+      const __nv_bfloat16* kb = reinterpret_cast<const __nv_bfloat16*>(&kv);
+      const float g4[4] = {G.x, G.y, G.z, G.w}, gc4[4] = {GC.x, GC.y, GC.z, GC.w}, q4[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int d = d0 + e;
-      qg[e] = kd[e] = 0.0f;
-      if (d < K) {
-        const float G = sG[r * KG + d], GC = sG[(kC - 1) * KG + d];
-        qg[e] = sq[r * LQ + d] * ex2(G);
-        kd[e] = to_f32(sk[r * KP + d]) * ex2(GC - G);
+      for (int e = 0; e < 4; ++e) {
+        qg[e] = q4[e] * ex2(g4[e]);
+        kd[e] = to_f32(kb[e]) * ex2(gc4[e] - g4[e]);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = d0 + e;
+        qg[e] = kd[e] = 0.0f;
+        if (d < K) {
+          const float G = sG[r * KG + d], GC = sG[(kC - 1) * KG + d];
+          qg[e] = sq[r * LQ + d] * ex2(G);
+          kd[e] = to_f32(sk[r * KP + d]) * ex2(GC - G);
+        }
       }
     }
     if constexpr (TC)  // product operands of recur, output and reverse: stored as TF32
