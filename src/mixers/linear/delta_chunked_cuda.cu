@@ -33,7 +33,10 @@
 // The scratch holds a window of chunks per (sequence, head); longer inputs run window after window,
 // the state passing between them through `ht` (or a temporary), so memory stays bounded (the
 // backward keeps every window's entering state and recomputes the window before its reverse).
-// fp32 arithmetic throughout (SIMT); q/k/v/o in fp32 or bf16 storage as in the recurrent kernels.
+// q/k/v/o in fp32 or bf16 storage as in the recurrent kernels. fp32 storage: fp32 SIMT arithmetic
+// throughout. bf16 storage (K a multiple of 16): prepare, recur, output and reverse take their
+// products on the tensor cores as TF32 (the `tc` kernels below, README.md "On the GPU"); grads
+// stays SIMT.
 #include <algorithm>
 #include <type_traits>
 
@@ -127,7 +130,10 @@ __device__ __forceinline__ void load_cumsum(float* G, const ChunkDev& p, int64_t
       const int r = i / k4, d = 4 * (i % k4);
       float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (r < nv) g = *reinterpret_cast<const float4*>(p.g + ((r0 + r) * p.HV + hv) * K + d);
-      G[r * KP + d] = g.x, G[r * KP + d + 1] = g.y, G[r * KP + d + 2] = g.z, G[r * KP + d + 3] = g.w;
+      if (KP % 4 == 0)  // rows 16-byte aligned: one store, no bank conflicts between lanes
+        *reinterpret_cast<float4*>(G + r * KP + d) = g;
+      else
+        G[r * KP + d] = g.x, G[r * KP + d + 1] = g.y, G[r * KP + d + 2] = g.z, G[r * KP + d + 3] = g.w;
     }
   } else
   for (int i = threadIdx.x; i < kC * K; i += threads) {
@@ -155,15 +161,16 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-// The grams of one 4 × 4 tile (rows r0.., columns s0..) over every fourth channel from `d0`:
+// The grams of one 4 × 4 tile (rows r0.., columns s0..) over every `dstep`-th channel from `d0`:
 // kk[i][j] = Σ k_r k_s 2^{G_r − G_s}, qk likewise with q_r. G is in log₂ units and non-increasing
 // along the chunk, so every exponent is ≤ 0: on the diagonal tile each pair's own (r ≥ s), off it
 // both factors of 2^{G_r − G_ref} · 2^{G_ref − G_s} with G_ref the tile's last column.
 // k rows `ldk` elements apart (fp32 or bf16), G rows `ldg` floats apart.
 template <class KT>
 __device__ __forceinline__ void gram_tile(const float* sq, int ldq, const KT* sk, int ldk, const float* sG, int ldg,
-                                          int K, int r0, int s0, int d0, float (&kk)[4][4], float (&qk)[4][4]) {
-  for (int d = d0; d < K; d += 4) {
+                                          int K, int r0, int s0, int d0, float (&kk)[4][4], float (&qk)[4][4],
+                                          int dstep = 4) {
+  for (int d = d0; d < K; d += dstep) {
     float kr[4], qr[4], gr[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -268,13 +275,14 @@ __device__ __forceinline__ void lower_product(const float* sT, const float* X, i
   }
 }
 
-// The same Y = T X on the tensor cores (TF32, the `tc` kernels): warp w takes row blocks p and
+// The same Y = T X on the tensor cores (TF32, the `tc` kernels), T here the whole lower-triangular
+// matrix (zeros above the diagonal) in rows `ldt` floats apart: warp w takes row blocks p and
 // 3 − p (p = w % 2, equal work: 2(p + 1) + 2(4 − p) k-steps) and every fourth 8-column tile from
 // w / 2, T's fragments held in registers across the tiles. Columns below `cols` go to
 // store(r, col, value of col, value of col + 1) (col even); X's columns up to `cols` rounded to 8
 // are read (those past `cols` only feed columns that are not stored).
 template <class Store>
-__device__ __forceinline__ void lower_product_tc(const float* sT, const float* X, int ldx, int cols, Store store) {
+__device__ __forceinline__ void lower_product_tc(const float* sT, int ldt, const float* X, int ldx, int cols, Store store) {
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
   const int ntiles = (cols + 7) / 8;
 #pragma unroll
@@ -286,7 +294,7 @@ __device__ __forceinline__ void lower_product_tc(const float* sT, const float* X
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * rb + g + 8 * (e & 1), c = 8 * ks + t4 + 4 * (e >> 1);
-        a[ks][e] = device::tf32(c < r ? sT[r * kC + c] : c == r ? 1.0f : 0.0f);
+        a[ks][e] = device::tf32(sT[r * ldt + c]);
       }
     for (int nt = warp >> 1; nt < ntiles; nt += kPrepThreads / 64) {
       float acc[4] = {};
@@ -469,10 +477,28 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
         }
       }
       // The diagonal blocks' ten 4 × 4 tiles each (every pair's own exponent, extreme decays
-      // stay finite).
-      for (int item = kPrepThreads / 4 - 1 - (tid >> 2); item < 40; item += kPrepThreads / 4) {
-        const int blk = item / 10, w = item % 10, ti = w < 1 ? 0 : w < 3 ? 1 : w < 6 ? 2 : 3;
-        tile(4 * blk + ti, 4 * blk + w - ti * (ti + 1) / 2);
+      // stay finite), eight lanes per tile taking every eighth channel; groups of warps 4–5 take
+      // two tiles, the rest one (warps 0–3 have two of the tasks above, 4–7 one).
+      const int l8 = tid & 7, group = ((tid >> 3) + 16) % 32;
+      const unsigned mask8 = 0xFFu << (tid & 24);
+      for (int item = group; item < 40; item += kPrepThreads / 8) {
+        const int blk = item / 10, w = item % 10, ti = w < 1 ? 0 : w < 3 ? 1 : w < 6 ? 2 : 3, tj = w - ti * (ti + 1) / 2;
+        float kk[4][4] = {}, qk[4][4] = {}, rk[4], rq[4];
+        gram_tile(sq, LQ, sk, KP, sG, KG, K, 4 * (4 * blk + ti), 4 * (4 * blk + tj), l8, kk, qk, 8);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            kk[i][j] += __shfl_xor_sync(mask8, kk[i][j], 4);
+            qk[i][j] += __shfl_xor_sync(mask8, qk[i][j], 4);
+          }
+        reduce_rows(kk, l8 & 3, mask8, rk);
+        reduce_rows(qk, l8 & 3, mask8, rq);
+        const int r = 4 * (4 * blk + ti) + (l8 & 3);
+        if (l8 < 4)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (4 * (4 * blk + tj) + j <= r) put(r, 4 * (4 * blk + tj) + j, rk[j], rq[j]);
       }
     } else {
       constexpr int kTiles = (kC / 4) * (kC / 4 + 1) / 2;
@@ -545,9 +571,20 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
     sq[r * LQ + d] = sb[r] * ex2(sG[r * KG + d]) * to_f32(sk[r * KP + d]);
   }
   __syncthreads();
+  // TC: T again with its zeros and unit diagonal, rows kC + 4 floats apart (fragment reads without
+  // bank conflicts), where G was (spent).
+  constexpr int LT = kC + 4;
+  float* sTc = sG;
+  if constexpr (TC) {
+    for (int i = tid; i < kC * kC; i += kPrepThreads) {
+      const int r = i / kC, c = i % kC;
+      sTc[r * LT + c] = c < r ? sT[i] : c == r ? 1.0f : 0.0f;
+    }
+    __syncthreads();
+  }
   float* W = p.W + base * KS;
   if constexpr (TC)
-    lower_product_tc(sT, sq, LQ, KS, [&](int r, int d, float w0, float w1) {
+    lower_product_tc(sTc, LT, sq, LQ, KS, [&](int r, int d, float w0, float w1) {
       *reinterpret_cast<float2*>(W + int64_t(r) * KS + d) = make_float2(device::round_tf32(w0), device::round_tf32(w1));
     });
   else
@@ -579,7 +616,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
     }
     __syncthreads();
     if constexpr (TC)
-      lower_product_tc(sT, sq, LQ, tw, [&](int r, int jj, float u0, float u1) {
+      lower_product_tc(sTc, LT, sq, LQ, tw, [&](int r, int jj, float u0, float u1) {
         float* dst = U + int64_t(r) * V + j0 + jj;
         if (jj < tw) dst[0] = u0;
         if (jj + 1 < tw) dst[1] = u1;
