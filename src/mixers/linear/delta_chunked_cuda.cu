@@ -1379,7 +1379,9 @@ __device__ __forceinline__ void stage_cols(float* dst, const float* src, int row
 // Everything of one chunk's backward that the carried adjoint does not need, all chunks at once.
 // The products over V (dQg = dO S₀ᵀ, dKd = V_new dSᵀ, dW = −dV_new S₀ᵀ, dAqk, dT's V part) run
 // over value tiles staged in shared memory; dQg and dKd wait in global scratch for the final pass.
-template <class T>
+// TC (bf16 storage, K % 16 == 0): those products on the tensor cores (TF32; warp tiles of m16n8
+// accumulators, the staged rows' stride of 20 floats makes every fragment read conflict-free).
+template <class T, bool TC>
 __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   const ChunkIds id = chunk_ids(p);
   if (id.nv <= 0) return;
@@ -1427,7 +1429,9 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
 
   // Products over V into [kC, K]: dQg, dKd, dW, and dG_C's Σ_j dS ⊙ S₀.
   const int dl = tid % 128, rg = tid / 128;
-  float dqg[kGradRows] = {}, dkd[kGradRows] = {}, dw[kGradRows] = {};
+  const int warp_ = tid / 32, g_ = (tid % 32) / 4, t4_ = tid % 4;  // TC: fragment coordinates
+  float dqg[TC ? 1 : kGradRows] = {}, dkd[TC ? 1 : kGradRows] = {}, dw[TC ? 1 : kGradRows] = {};
+  float cq[TC ? 4 : 1][4] = {}, ck[TC ? 4 : 1][4] = {}, cwt[TC ? 4 : 1][4] = {};  // dQg, dKd, −dW tiles
   float gl = 0.0f;
   {
     float* tS0 = stage;               // [128][kJs]
@@ -1451,7 +1455,35 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
         tdO[r * kJs + jj] = g;
       }
       __syncthreads();
-      if (dl < K) {
+      if constexpr (TC) {
+        if (rg == 0 && dl < K)
+          for (int jj = 0; jj < kJt; jj += 4)
+            gl += dot4(*reinterpret_cast<const float4*>(tS0 + dl * kJs + jj),
+                       *reinterpret_cast<const float4*>(tdS + dl * kJs + jj));
+        // Warp w: rows 16·(w % 4).., columns d of four 8-wide tiles from 32·(w / 4); the A rows
+        // (dO, V_new, dV_new) by j, the B columns (S₀, dS) are their rows d by j.
+#pragma unroll
+        for (int k0 = 0; k0 < kJt; k0 += 8) {
+          auto afrag = [&](const float* t, uint32_t (&a)[4]) {
+            const float* x = t + (16 * (warp_ % 4) + g_) * kJs + k0 + t4_;
+            a[0] = device::tf32(x[0]), a[1] = device::tf32(x[8 * kJs]), a[2] = device::tf32(x[4]);
+            a[3] = device::tf32(x[8 * kJs + 4]);
+          };
+          uint32_t aO[4], aV[4], aD[4];
+          afrag(tdO, aO), afrag(tVn, aV), afrag(tdVn, aD);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const int n0 = 32 * (warp_ / 4) + 8 * nt;
+            if (n0 >= K) break;
+            const float* bs = tS0 + (n0 + g_) * kJs + k0 + t4_;
+            const float* bd = tdS + (n0 + g_) * kJs + k0 + t4_;
+            const uint32_t s0 = device::tf32(bs[0]), s1 = device::tf32(bs[4]);
+            device::mma_tf32(cq[nt], aO, s0, s1);
+            device::mma_tf32(cwt[nt], aD, s0, s1);
+            device::mma_tf32(ck[nt], aV, device::tf32(bd[0]), device::tf32(bd[4]));
+          }
+        }
+      } else if (dl < K) {
         for (int jj = 0; jj < kJt; jj += 4) {
           const float4 s0 = *reinterpret_cast<const float4*>(tS0 + dl * kJs + jj);
           const float4 ds = *reinterpret_cast<const float4*>(tdS + dl * kJs + jj);
@@ -1468,7 +1500,20 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
     }
   }
   if (rg == 0) sdGl[dl] = dl < K ? gl * __expf(sG[(kC - 1) * KP + dl]) : 0.0f;
-  if (dl < KS)
+  if constexpr (TC) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int d = 32 * (warp_ / 4) + 8 * nt + 2 * t4_;
+      if (d >= K) break;
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int r = 16 * (warp_ % 4) + g_ + 8 * h2;
+        *reinterpret_cast<float2*>(dW + r * KS + d) = make_float2(-cwt[nt][2 * h2], -cwt[nt][2 * h2 + 1]);
+        *reinterpret_cast<float2*>(dQg + r * KS + d) = make_float2(cq[nt][2 * h2], cq[nt][2 * h2 + 1]);
+        *reinterpret_cast<float2*>(dG + r * KS + d) = make_float2(ck[nt][2 * h2], ck[nt][2 * h2 + 1]);
+      }
+    }
+  } else if (dl < KS)
 #pragma unroll
     for (int i = 0; i < kGradRows; ++i) {
       const int r = rg * kGradRows + i;
@@ -1482,7 +1527,8 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   // Products over V into [kC, kC]: dAqk = tril(dO V_newᵀ) and dT's V part dV_new (β V)ᵀ (β later).
   {
     const int sl = tid % kC, rq = tid / kC;
-    float daq[kPairRows] = {}, dtv[kPairRows] = {};
+    float daq[TC ? 1 : kPairRows] = {}, dtv[TC ? 1 : kPairRows] = {};
+    float cp2[TC ? 4 : 1][4] = {};  // TC: this warp's tiles of dAqk or dT's V part
     float* tdO = stage;              // [kC][kJs]
     float* tVn = tdO + kC * kJs;     // [kC][kJs]
     float* tdVn = tVn + kC * kJs;    // [kC][kJs]
@@ -1504,22 +1550,51 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
         tv[r * kJs + jj] = vv;
       }
       __syncthreads();
-      for (int jj = 0; jj < kJt; jj += 4) {
-        const float4 vn = *reinterpret_cast<const float4*>(tVn + sl * kJs + jj);
-        const float4 vs = *reinterpret_cast<const float4*>(tv + sl * kJs + jj);
+      if constexpr (TC) {
+        // Warp w: product w / 8 (dO V_newᵀ, then dV_new vᵀ), rows 16·((w % 8) / 2).., columns s
+        // of four 8-wide tiles from 32·(w % 2).
+        const float* A = warp_ < 8 ? tdO : tdVn;
+        const float* Bm = warp_ < 8 ? tVn : tv;
 #pragma unroll
-        for (int i = 0; i < kPairRows; ++i) {
-          const int r = rq * kPairRows + i;
-          daq[i] += dot4(*reinterpret_cast<const float4*>(tdO + r * kJs + jj), vn);
-          dtv[i] += dot4(*reinterpret_cast<const float4*>(tdVn + r * kJs + jj), vs);
+        for (int k0 = 0; k0 < kJt; k0 += 8) {
+          const float* x = A + (16 * ((warp_ % 8) / 2) + g_) * kJs + k0 + t4_;
+          const uint32_t a[4] = {device::tf32(x[0]), device::tf32(x[8 * kJs]), device::tf32(x[4]),
+                                 device::tf32(x[8 * kJs + 4])};
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const float* b = Bm + (32 * (warp_ % 2) + 8 * nt + g_) * kJs + k0 + t4_;
+            device::mma_tf32(cp2[nt], a, device::tf32(b[0]), device::tf32(b[4]));
+          }
+        }
+      } else {
+        for (int jj = 0; jj < kJt; jj += 4) {
+          const float4 vn = *reinterpret_cast<const float4*>(tVn + sl * kJs + jj);
+          const float4 vs = *reinterpret_cast<const float4*>(tv + sl * kJs + jj);
+#pragma unroll
+          for (int i = 0; i < kPairRows; ++i) {
+            const int r = rq * kPairRows + i;
+            daq[i] += dot4(*reinterpret_cast<const float4*>(tdO + r * kJs + jj), vn);
+            dtv[i] += dot4(*reinterpret_cast<const float4*>(tdVn + r * kJs + jj), vs);
+          }
         }
       }
     }
+    if constexpr (TC) {
+      float* out = warp_ < 8 ? sdAq : sdA;
 #pragma unroll
-    for (int i = 0; i < kPairRows; ++i) {
-      const int r = rq * kPairRows + i;
-      sdAq[r * CP + sl] = sl <= r ? daq[i] : 0.0f;
-      sdA[r * CP + sl] = dtv[i];
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = 16 * ((warp_ % 8) / 2) + g_ + 8 * (e >> 1), c = 32 * (warp_ % 2) + 8 * nt + 2 * t4_ + (e & 1);
+          out[r * CP + c] = warp_ >= 8 || c <= r ? cp2[nt][e] : 0.0f;
+        }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPairRows; ++i) {
+        const int r = rq * kPairRows + i;
+        sdAq[r * CP + sl] = sl <= r ? daq[i] : 0.0f;
+        sdA[r * CP + sl] = dtv[i];
+      }
     }
   }
   __syncthreads();
@@ -1783,8 +1858,11 @@ void configure() {
     }
     K3_CUDA_CHECK(cudaFuncSetAttribute(reverse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(reverse_smem(128))));
-    K3_CUDA_CHECK(cudaFuncSetAttribute(grads_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    K3_CUDA_CHECK(cudaFuncSetAttribute(grads_kernel<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(grads_smem(128))));
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      K3_CUDA_CHECK(cudaFuncSetAttribute(grads_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(grads_smem(128))));
     return true;
   }();
   (void)done;
@@ -1818,12 +1896,10 @@ void launch(Step step, const ChunkDev& d, int64_t NHV) {
             reverse_tc_kernel<32><<<wide, kRecThreads, reverse_tc_smem(d.KS, 32), st>>>(d);
           break;
         case Step::Output: output_tc_kernel<T><<<outs, kRecThreads, output_smem(d.KS, true), st>>>(d); break;
-        default: break;
+        case Step::Grads: grads_kernel<T, true><<<chunks, kGradThreads, grads_smem(d.K), st>>>(d); break;
       }
-      if (step != Step::Grads) {
-        K3_CUDA_LAUNCHED();
-        return;
-      }
+      K3_CUDA_LAUNCHED();
+      return;
     }
   }
   switch (step) {
@@ -1833,7 +1909,7 @@ void launch(Step step, const ChunkDev& d, int64_t NHV) {
     case Step::Reverse:
       reverse_kernel<<<tiles, kRecThreads, reverse_smem(d.KS), st>>>(d);
       break;
-    case Step::Grads: grads_kernel<T><<<chunks, kGradThreads, grads_smem(d.K), st>>>(d); break;
+    case Step::Grads: grads_kernel<T, false><<<chunks, kGradThreads, grads_smem(d.K), st>>>(d); break;
   }
   K3_CUDA_LAUNCHED();
 }
