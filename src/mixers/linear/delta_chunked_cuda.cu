@@ -36,7 +36,7 @@
 // q/k/v/o in fp32 or bf16 storage as in the recurrent kernels. fp32 storage: fp32 SIMT arithmetic
 // throughout. bf16 storage (K a multiple of 16): prepare, recur, output and reverse take their
 // products on the tensor cores as TF32 (the `tc` kernels below, README.md "On the GPU"); grads
-// stays SIMT.
+// its products over V, the rest of it SIMT.
 #include <algorithm>
 #include <type_traits>
 
