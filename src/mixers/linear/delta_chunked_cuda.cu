@@ -378,12 +378,15 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   using KT = std::conditional_t<TC, __nv_bfloat16, float>;
   // Row strides: q (LQ) and G (KG) in floats, k (KP) in its elements.
   const int K = p.K, KS = p.KS, KP = TC ? K + 8 : K + 1, KG = TC ? K + 4 : K + 1, LQ = TC ? KS + 4 : KS;
+  // TC: the G area later holds T again in rows LT floats apart, so it spans kC rows of both widths.
+  constexpr int LT = kC + 4;
+  const int GA = TC ? max(KG, LT) : KG;
   const int tid = threadIdx.x;
   extern __shared__ __align__(16) float smem[];
   float* sq = smem;                                        // [kC][LQ]  q·s, later β 2^G k, then β V
   KT* sk = reinterpret_cast<KT*>(sq + kC * LQ);            // [kC][KP]
-  float* sG = reinterpret_cast<float*>(sk + kC * KP);      // [kC][KG]  cumulative log-decays in log₂ units
-  float* sT = sG + kC * KG;      // [kC][kC]  T (lower, unit diagonal); A = diag(β) Ā transposed above it
+  float* sG = reinterpret_cast<float*>(sk + kC * KP);      // [kC][KG] in [kC][GA]: cumulative log-decays (log₂ units)
+  float* sT = sG + kC * GA;      // [kC][kC]  T (lower, unit diagonal); A = diag(β) Ā transposed above it
   float* sb = sT + kC * kC;      // [kC]
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
@@ -573,7 +576,6 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   __syncthreads();
   // TC: T again with its zeros and unit diagonal, rows kC + 4 floats apart (fragment reads without
   // bank conflicts), where G was (spent).
-  constexpr int LT = kC + 4;
   float* sTc = sG;
   if constexpr (TC) {
     for (int i = tid; i < kC * kC; i += kPrepThreads) {
@@ -596,23 +598,30 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   for (int j0 = 0; j0 < V; j0 += KS) {
     const int tw = min(KS, V - j0);
     __syncthreads();  // the last readers of sq (W, or the previous tile) are done
-    if (TC && V % 8 == 0) {  // 8 bf16 per load (tw is then a multiple of 8 too)
-      const int w8 = tw / 8;
-      for (int i = tid; i < kC * w8; i += kPrepThreads) {
-        const int s = i / w8, jj = 8 * (i % w8);
-        uint4 vv = make_uint4(0, 0, 0, 0);
-        if (s < nv) vv = *reinterpret_cast<const uint4*>(v + ((r0 + s) * p.HV + hv) * V + j0 + jj);
-        const T* vb = reinterpret_cast<const T*>(&vv);
-        float4* dst = reinterpret_cast<float4*>(sq + s * LQ + jj);
-        const float b = sb[s];
-        dst[0] = make_float4(b * to_f32(vb[0]), b * to_f32(vb[1]), b * to_f32(vb[2]), b * to_f32(vb[3]));
-        dst[1] = make_float4(b * to_f32(vb[4]), b * to_f32(vb[5]), b * to_f32(vb[6]), b * to_f32(vb[7]));
-      }
-    } else {
+    auto stage_scalar = [&] {
       for (int i = tid; i < kC * tw; i += kPrepThreads) {
         const int s = i / tw, jj = i % tw;
         sq[s * LQ + jj] = s < nv ? sb[s] * to_f32(v[((r0 + s) * p.HV + hv) * V + j0 + jj]) : 0.0f;
       }
+    };
+    if constexpr (TC) {
+      if (V % 8 == 0) {  // 8 bf16 per load (tw is then a multiple of 8 too)
+        const int w8 = tw / 8;
+        for (int i = tid; i < kC * w8; i += kPrepThreads) {
+          const int s = i / w8, jj = 8 * (i % w8);
+          uint4 vv = make_uint4(0, 0, 0, 0);
+          if (s < nv) vv = *reinterpret_cast<const uint4*>(v + ((r0 + s) * p.HV + hv) * V + j0 + jj);
+          const __nv_bfloat16* vb = reinterpret_cast<const __nv_bfloat16*>(&vv);
+          float4* dst = reinterpret_cast<float4*>(sq + s * LQ + jj);
+          const float b = sb[s];
+          dst[0] = make_float4(b * to_f32(vb[0]), b * to_f32(vb[1]), b * to_f32(vb[2]), b * to_f32(vb[3]));
+          dst[1] = make_float4(b * to_f32(vb[4]), b * to_f32(vb[5]), b * to_f32(vb[6]), b * to_f32(vb[7]));
+        }
+      } else {
+        stage_scalar();
+      }
+    } else {
+      stage_scalar();
     }
     __syncthreads();
     if constexpr (TC)
@@ -1813,7 +1822,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
 }
 
 size_t prepare_smem(int K, bool tc = false) {
-  return tc ? sizeof(float) * (2 * kC * (K + 4) + kC * kC + kC) + 2 * kC * (K + 8)
+  return tc ? sizeof(float) * (kC * (K + 4) + kC * std::max(K + 4, kC + 4) + kC * kC + kC) + 2 * kC * (K + 8)
             : sizeof(float) * (kC * ((K + 3) / 4 * 4) + 2 * kC * (K + 1) + kC * kC + kC);
 }
 size_t recur_smem(int KS) { return sizeof(float) * (KS * kVb + 2 * kC * KS + KS + 2 * kC * kVb); }

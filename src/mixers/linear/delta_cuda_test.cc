@@ -207,7 +207,10 @@ TEST(DeltaCudaVarlen, ManySequences) {
 // state and carries the adjoint back through them) against the CPU recurrent reference. Both
 // kernel sets: SIMT (fp32 arithmetic: gradients within 1e-4 of the CPU's on the same bf16-rounded
 // inputs) and the tensor cores' (TF32 products: within the bf16 tolerance, 5e-3), the latter also
-// at K 128 with a value width that is not a multiple of 4 (one-float copies into shared memory).
+// at K 128 with a value width that is not a multiple of 4 (one-float copies into shared memory),
+// at K 32 with V 20 (G's shared area narrower than T's copy; V a multiple of 4 but not of 8), and
+// at V 144, whose 16 (sequence, head) pairs × 9 column tiles outnumber an H200's 132 SMs (recur
+// and reverse take 32-column tiles).
 struct ChunkedCase {
   bool simt;
   int64_t K, V;
@@ -288,7 +291,8 @@ TEST_P(DeltaCudaChunked, WindowsAndDeviceApi) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, DeltaCudaChunked,
                          ::testing::Values(ChunkedCase{true, 64, 80}, ChunkedCase{false, 64, 80},
-                                           ChunkedCase{false, 128, 37}),
+                                           ChunkedCase{false, 128, 37}, ChunkedCase{false, 32, 20},
+                                           ChunkedCase{false, 64, 144}),
                          [](const ::testing::TestParamInfo<ChunkedCase>& p) {
                            return std::string(p.param.simt ? "simt" : "tf32") + "_K" + std::to_string(p.param.K) + "_V" +
                                   std::to_string(p.param.V);
