@@ -436,17 +436,28 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
         if (p.TA) p.TA[base * kC + s * kC + r] = kk;
       }
     };
-    const int quarter = tid & 3;
-    const unsigned mask = 0xFu << (tid & 28);
-    auto tile = [&](int ti, int tj) {  // 4 × 4 tile (ti, tj), SIMT
+    // 4 × 4 tile (ti, tj), SIMT, on `lanes` (4 or 8) aligned lanes each taking every lanes-th
+    // channel; the shuffle sums leave row l % 4 of the tile with lane l < 4 of the group.
+    auto tile = [&](int ti, int tj, int lanes) {
+      const int l = tid & (lanes - 1);
+      const unsigned mask = (lanes == 8 ? 0xFFu : 0xFu) << (tid & (32 - lanes));
       float kk[4][4] = {}, qk[4][4] = {}, rk[4], rq[4];
-      gram_tile(sq, LQ, sk, KP, sG, KG, K, 4 * ti, 4 * tj, quarter, kk, qk);
-      reduce_rows(kk, quarter, mask, rk);
-      reduce_rows(qk, quarter, mask, rq);
-      const int r = 4 * ti + quarter;
+      gram_tile(sq, LQ, sk, KP, sG, KG, K, 4 * ti, 4 * tj, l, kk, qk, lanes);
+      if (lanes == 8)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (4 * tj + j <= r) put(r, 4 * tj + j, rk[j], rq[j]);
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            kk[i][j] += __shfl_xor_sync(mask, kk[i][j], 4);
+            qk[i][j] += __shfl_xor_sync(mask, qk[i][j], 4);
+          }
+      reduce_rows(kk, l & 3, mask, rk);
+      reduce_rows(qk, l & 3, mask, rq);
+      const int r = 4 * ti + (l & 3);
+      if (l < 4)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (4 * tj + j <= r) put(r, 4 * tj + j, rk[j], rq[j]);
     };
     if constexpr (TC) {
       // Below the diagonal 16-row blocks (row block rb > column block cb), with G_ref = G at row
@@ -482,26 +493,9 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
       // The diagonal blocks' ten 4 × 4 tiles each (every pair's own exponent, extreme decays
       // stay finite), eight lanes per tile taking every eighth channel; groups of warps 4–5 take
       // two tiles, the rest one (warps 0–3 have two of the tasks above, 4–7 one).
-      const int l8 = tid & 7, group = ((tid >> 3) + 16) % 32;
-      const unsigned mask8 = 0xFFu << (tid & 24);
-      for (int item = group; item < 40; item += kPrepThreads / 8) {
-        const int blk = item / 10, w = item % 10, ti = w < 1 ? 0 : w < 3 ? 1 : w < 6 ? 2 : 3, tj = w - ti * (ti + 1) / 2;
-        float kk[4][4] = {}, qk[4][4] = {}, rk[4], rq[4];
-        gram_tile(sq, LQ, sk, KP, sG, KG, K, 4 * (4 * blk + ti), 4 * (4 * blk + tj), l8, kk, qk, 8);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            kk[i][j] += __shfl_xor_sync(mask8, kk[i][j], 4);
-            qk[i][j] += __shfl_xor_sync(mask8, qk[i][j], 4);
-          }
-        reduce_rows(kk, l8 & 3, mask8, rk);
-        reduce_rows(qk, l8 & 3, mask8, rq);
-        const int r = 4 * (4 * blk + ti) + (l8 & 3);
-        if (l8 < 4)
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (4 * (4 * blk + tj) + j <= r) put(r, 4 * (4 * blk + tj) + j, rk[j], rq[j]);
+      for (int item = ((tid >> 3) + 16) % 32; item < 40; item += kPrepThreads / 8) {
+        const int blk = item / 10, w = item % 10, ti = w < 1 ? 0 : w < 3 ? 1 : w < 6 ? 2 : 3;
+        tile(4 * blk + ti, 4 * blk + w - ti * (ti + 1) / 2, 8);
       }
     } else {
       constexpr int kTiles = (kC / 4) * (kC / 4 + 1) / 2;
@@ -509,7 +503,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
         int ti = int((sqrtf(8.0f * item + 1.0f) - 1.0f) * 0.5f);
         while (ti * (ti + 1) / 2 > item) --ti;
         while ((ti + 1) * (ti + 2) / 2 <= item) ++ti;
-        tile(ti, item - ti * (ti + 1) / 2);
+        tile(ti, item - ti * (ti + 1) / 2, 4);
       }
     }
   }
@@ -924,6 +918,40 @@ __device__ __forceinline__ void async_cols(float* dst, int ld, const float* src,
   }
 }
 
+// A warp's rows db.. db+15 (db = 16·warp) of a block's [K, VB] state tile — recur's S, reverse's
+// dS — in registers at full precision as m16n8 accumulators (a lane: rows db + g (+8), columns
+// 8h + 2·t4 (+1)); the products read a TF32-rounded copy in shared memory (rows `ld` apart). With
+// K % 16 == 0 a warp owns 16 whole rows or none (`rows`).
+template <int NT>
+struct WarpState {
+  float st[NT][4];
+  int db, g, t4, c0, V;
+  bool rows;
+  __device__ WarpState(int warp, int lane, int c0_, int V_, int KS)
+      : db(16 * warp), g(lane / 4), t4(lane % 4), c0(c0_), V(V_), rows(16 * warp < KS) {}
+  template <class F>
+  __device__ __forceinline__ void each(F f) {  // f(entry, row, column within the tile)
+#pragma unroll
+    for (int h = 0; h < NT; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(st[h][e], db + g + 8 * (e >> 1), 8 * h + 2 * t4 + (e & 1));
+  }
+  __device__ __forceinline__ void share(float* shared, int ld) {
+    if (rows) each([&](float& x, int d, int jj) { shared[d * ld + jj] = device::round_tf32(x); });
+  }
+  // From the [K, V] state at src + off (zeros where src is null or past V), and its shared copy.
+  __device__ __forceinline__ void load(const float* src, int64_t off, float* shared, int ld) {
+    each([&](float& x, int d, int jj) { x = rows && c0 + jj < V && src ? src[off + int64_t(d) * V + c0 + jj] : 0.0f; });
+    share(shared, ld);
+  }
+  __device__ __forceinline__ void store(float* dst, int64_t off) {
+    if (rows)
+      each([&](float& x, int d, int jj) {
+        if (c0 + jj < V) dst[off + int64_t(d) * V + c0 + jj] = x;
+      });
+  }
+};
+
 // recur on the tensor cores, one block per (sequence, value head, VB value columns): VB = 16 when
 // that gives the SMs enough blocks, else 32. Each chunk's operands (W, Kd, U's columns, e^{G_C})
 // load by cp.async into one of two stages while the chunk before is computed. V_new = U − W S:
@@ -947,24 +975,8 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
   auto sgC = [&](int b) { return sU(b) + kC * LV; };
   const int64_t soff = (int64_t(n) * p.HV + hv) * K * V;
   const int rb = warp >> 1, nt0 = (warp & 1) * (NT / 2), db = 16 * warp;
-  const bool rows = db < KS;  // K % 16 == 0: a warp owns 16 whole rows or none
-  float st[NT][4];            // S[db + g (+8)][8h + 2·t4 (+1)]
-  auto for_state = [&](auto f) {
-#pragma unroll
-    for (int h = 0; h < NT; ++h)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) f(h, e, db + g + 8 * (e >> 1), 8 * h + 2 * t4 + (e & 1));
-  };
-  for_state([&](int h, int e, int d, int jj) {
-    st[h][e] = rows && c0 + jj < V && p.s_in ? p.s_in[soff + int64_t(d) * V + c0 + jj] : 0.0f;
-    if (rows) sS[d * LV + jj] = device::round_tf32(st[h][e]);
-  });
-  auto store_state = [&](float* dst, int64_t off) {
-    if (rows)
-      for_state([&](int h, int e, int d, int jj) {
-        if (c0 + jj < V) dst[off + int64_t(d) * V + c0 + jj] = st[h][e];
-      });
-  };
+  WarpState<NT> S(warp, lane, c0, V, KS);
+  S.load(p.s_in, soff, sS, LV);
   const auto [L, t_begin, t_end] = span_of(p, n);
   const int count = int((t_end - t_begin + kC - 1) / kC);
   auto issue = [&](int cw) {
@@ -983,7 +995,7 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
     cp_async_wait0();  // this chunk's operands (issued one chunk ago)
     __syncthreads();   // ... visible to all; the previous chunk (the last reader of the other stage) is done
     if (cw + 1 < count) issue(cw + 1);
-    if (p.Sc) store_state(p.Sc, state_slot(p, n, hv, cw));
+    if (p.Sc) S.store(p.Sc, state_slot(p, n, hv, cw));
     float* sVn = sU(b);
     if (p.delta_write) {  // V_new = U − W S (each lane rewrites only its own entries of U)
       float acc[2][NT / 2][4] = {};
@@ -1016,9 +1028,9 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
       }
     }
     __syncthreads();  // V_new complete; every read of S done
-    if (rows) {       // S ← diag(e^{G_C}) S + Kdᵀ V_new on state rows db..db+15
+    if (S.rows) {     // S ← diag(e^{G_C}) S + Kdᵀ V_new on state rows db..db+15
       const float* gC = sgC(b);
-      for_state([&](int h, int e, int d, int) { st[h][e] *= gC[d]; });
+      S.each([&](float& x, int d, int) { x *= gC[d]; });
       const float* kd = sKd(b) + t4 * LK + db + g;
       const float* vn = sVn + t4 * LV + g;
 #pragma unroll 4
@@ -1027,14 +1039,13 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
                                device::bits(kd[(k0 + 4) * LK]), device::bits(kd[(k0 + 4) * LK + 8])};
 #pragma unroll
         for (int h = 0; h < NT; ++h)
-          device::mma_tf32(st[h], a, device::bits(vn[k0 * LV + 8 * h]), device::bits(vn[(k0 + 4) * LV + 8 * h]));
+          device::mma_tf32(S.st[h], a, device::bits(vn[k0 * LV + 8 * h]), device::bits(vn[(k0 + 4) * LV + 8 * h]));
       }
-      // Only this lane reads these entries of sS until the next barrier.
-      for_state([&](int h, int e, int d, int jj) { sS[d * LV + jj] = device::round_tf32(st[h][e]); });
+      S.share(sS, LV);  // only this lane reads these entries of sS until the next barrier
     }
   }
   cp_async_wait0();
-  store_state(p.s_out, soff);
+  S.store(p.s_out, soff);
 }
 
 // output on the tensor cores: warp w → rows 16·(w / 2).., columns 32·(w % 2).. of the 64 × 64
@@ -1231,24 +1242,8 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
   float* sgC = sdVn + kC * LV;    // [2][KS], chunk parity
   const int64_t soff = (int64_t(n) * p.HV + hv) * K * V;
   const int rb = warp >> 1, nt0 = (warp & 1) * (NT / 2), db = 16 * warp;
-  const bool rows = db < KS;  // K % 16 == 0: a warp owns 16 whole rows or none
-  float st[NT][4];            // dS[db + g (+8)][8h + 2·t4 (+1)] at full precision; sdS holds it as TF32
-  auto for_state = [&](auto f) {
-#pragma unroll
-    for (int h = 0; h < NT; ++h)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) f(h, e, db + g + 8 * (e >> 1), 8 * h + 2 * t4 + (e & 1));
-  };
-  for_state([&](int h, int e, int d, int jj) {
-    st[h][e] = rows && c0 + jj < V && p.ds_in ? p.ds_in[soff + int64_t(d) * V + c0 + jj] : 0.0f;
-    if (rows) sdS[d * LV + jj] = device::round_tf32(st[h][e]);
-  });
-  auto store_state = [&](float* dst, int64_t off) {
-    if (rows)
-      for_state([&](int h, int e, int d, int jj) {
-        if (c0 + jj < V) dst[off + int64_t(d) * V + c0 + jj] = st[h][e];
-      });
-  };
+  WarpState<NT> dS(warp, lane, c0, V, KS);
+  dS.load(p.ds_in, soff, sdS, LV);
   const Span sp = span_of(p, n);
   const int64_t L = sp.L, t_begin = sp.t_begin, t_end = sp.t_end;
   const int count = int((t_end - t_begin + kC - 1) / kC);
@@ -1284,7 +1279,7 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
     async_rows(sQg, LT, p.Qg + base * KS, KS, kRecThreads);
     if (p.delta_write) async_rows(sW, LT, p.W + base * KS, KS, kRecThreads);
     cp_async_commit();
-    store_state(p.dSc, state_slot(p, n, hv, cw));
+    dS.store(p.dSc, state_slot(p, n, hv, cw));
 #pragma unroll
     for (int m = 0; m < kDoPer; ++m) {
       const int i = tid + m * kRecThreads;
@@ -1333,10 +1328,10 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
     cp_async_commit();
     cp_async_wait1();  // Qg and W
     __syncthreads();
-    if (rows) {  // dS ← diag(e^{G_C}) dS + Qgᵀ dO − Wᵀ dV_new on state rows db..db+15
+    if (dS.rows) {  // dS ← diag(e^{G_C}) dS + Qgᵀ dO − Wᵀ dV_new on state rows db..db+15
       const float* gC = sgC + (cw & 1) * KS;
-      float (&acc)[NT][4] = st;
-      for_state([&](int h, int e, int d, int) { acc[h][e] *= gC[d]; });
+      float (&acc)[NT][4] = dS.st;
+      dS.each([&](float& x, int d, int) { x *= gC[d]; });
       const float* qg = sQg + t4 * LT + db + g;
       const float* dO = sdO + t4 * LV + g;
       for (int k0 = 0; k0 < kC; k0 += 8) {
@@ -1357,12 +1352,11 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
             device::mma_tf32(acc[h], a, device::bits(-dv[k0 * LV + 8 * h]), device::bits(-dv[(k0 + 4) * LV + 8 * h]));
         }
       }
-      // Only this lane reads these entries of sdS until the next barrier.
-      for_state([&](int h, int e, int d, int jj) { sdS[d * LV + jj] = device::round_tf32(acc[h][e]); });
+      dS.share(sdS, LV);  // only this lane reads these entries of sdS until the next barrier
     }
   }
   cp_async_wait0();
-  store_state(p.ds_out, soff);
+  dS.store(p.ds_out, soff);
 }
 
 
