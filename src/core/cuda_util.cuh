@@ -123,4 +123,18 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// BF16 tensor-core products (mma.sync m16n8k16, sm_80+), fp32 accumulation; each register holds
+// two bf16, the lower-indexed one in the low half. With g = lane / 4 and t = lane % 4 a lane holds
+//   A (16 × 16, row-major): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9],
+//                           a3 = A[g+8][2t+8, 2t+9];
+//   B (16 × 8):             b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g];
+//   C (16 × 8):             as mma_tf32's.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 }  // namespace k3::device

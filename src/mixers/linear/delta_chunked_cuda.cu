@@ -36,7 +36,8 @@
 // q/k/v/o in fp32 or bf16 storage as in the recurrent kernels. fp32 storage: fp32 SIMT arithmetic
 // throughout. bf16 storage (K a multiple of 16): prepare, recur, output and reverse take their
 // products on the tensor cores as TF32 (the `tc` kernels below, README.md "On the GPU"); grads
-// its products over V, the rest of it SIMT.
+// its products over V, the rest of it SIMT. With a scalar gate or none (Gated DeltaNet, DeltaNet)
+// prepare's grams are plain bf16 products of q and k on the tensor cores, scaled per entry.
 #include <algorithm>
 #include <type_traits>
 
@@ -365,12 +366,38 @@ __device__ __forceinline__ void invert_unit_lower(float* sT) {
   }
 }
 
+// G [kC] for a scalar gate (or none: zeros): the cumulative log-decays of the chunk's rows (0 past
+// nv) in `unit`s, a warp's inclusive scan in double, two rows per lane. Ends with __syncthreads.
+__device__ __forceinline__ void scalar_cumsum(float* G, const ChunkDev& p, int64_t r0, int nv, int hv, double unit) {
+  static_assert(kC == 64, "two rows per lane");
+  if (threadIdx.x < 32) {
+    const int l = int(threadIdx.x);
+    double a = 0.0, b = 0.0;
+    if (p.decay == 1) {
+      if (2 * l < nv) a = p.g[(r0 + 2 * l) * p.HV + hv];
+      if (2 * l + 1 < nv) b = p.g[(r0 + 2 * l + 1) * p.HV + hv];
+    }
+    double x = a + b;  // inclusive scan of the pairs' sums
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const double y = __shfl_up_sync(0xFFFFFFFFu, x, o);
+      if (l >= o) x += y;
+    }
+    G[2 * l] = float((x - b) * unit);
+    G[2 * l + 1] = float(x * unit);
+  }
+  __syncthreads();
+}
+
 // TC: the off-diagonal 16-row blocks of the grams and the products with T on the tensor cores
 // (TF32, K a multiple of 16), k kept in shared memory as the bf16 it is stored in (so that two
 // blocks fit an SM), rows padded to K + 4 words (fragment reads without bank conflicts), inputs
-// loaded 16 bytes at a time; else everything SIMT.
-template <class T, bool TC>
+// loaded 16 bytes at a time; else everything SIMT. SC (with TC; a scalar gate or none): G is one
+// number per row, so every gram block, the diagonal ones too, is the plain product of the bf16 q
+// and k (exact products on mma m16n8k16, fp32 sums) times 2^{G_r − G_s} per entry (r ≥ s: ≤ 1).
+template <class T, bool TC, bool SC = false>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
+  static_assert(TC || !SC, "the scalar-gate grams are the tensor-core form's");
   const ChunkIds id = chunk_ids(p);
   if (id.nv <= 0) return;
   const int n = id.n, hv = id.hv, h = hv / p.group, cw = id.cw, nv = id.nv;
@@ -378,16 +405,21 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   using KT = std::conditional_t<TC, __nv_bfloat16, float>;
   // Row strides: q (LQ) and G (KG) in floats, k (KP) in its elements.
   const int K = p.K, KS = p.KS, KP = TC ? K + 8 : K + 1, KG = TC ? K + 4 : K + 1, LQ = TC ? KS + 4 : KS;
-  // TC: the G area later holds T again in rows LT floats apart, so it spans kC rows of both widths.
+  // TC: the G area later holds T again in rows LT floats apart, so it spans kC rows of both widths
+  // (SC: T's copy alone, G [kC] beside it).
   constexpr int LT = kC + 4;
-  const int GA = TC ? max(KG, LT) : KG;
+  const int GA = SC ? LT : TC ? max(KG, LT) : KG;
   const int tid = threadIdx.x;
   extern __shared__ __align__(16) float smem[];
   float* sq = smem;                                        // [kC][LQ]  q·s, later β 2^G k, then β V
   KT* sk = reinterpret_cast<KT*>(sq + kC * LQ);            // [kC][KP]
-  float* sG = reinterpret_cast<float*>(sk + kC * KP);      // [kC][KG] in [kC][GA]: cumulative log-decays (log₂ units)
-  float* sT = sG + kC * GA;      // [kC][kC]  T (lower, unit diagonal); A = diag(β) Ā transposed above it
+  float* sGA = reinterpret_cast<float*>(sk + kC * KP);     // [kC][GA]: G [kC][KG] (not SC), later T's copy
+  float* sT = sGA + kC * GA;     // [kC][kC]  T (lower, unit diagonal); A = diag(β) Ā transposed above it
   float* sb = sT + kC * kC;      // [kC]
+  // cumulative log-decays (log₂ units): [kC][KG], or SC [kC] after sb; SC: q's bf16 [kC][KP] after it.
+  float* sG = SC ? sb + kC : sGA;
+  __nv_bfloat16* sqb = reinterpret_cast<__nv_bfloat16*>(sb + 2 * kC);
+  auto Gat = [&](int r, int d) { return SC ? sG[r] : sG[r * KG + d]; };
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
@@ -402,6 +434,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
         kv = *reinterpret_cast<const uint4*>(k + off);
       }
       *reinterpret_cast<uint4*>(sk + r * KP + d) = kv;
+      if constexpr (SC) *reinterpret_cast<uint4*>(sqb + r * KP + d) = qv;
       const __nv_bfloat16* qb = reinterpret_cast<const __nv_bfloat16*>(&qv);
       float4* dst = reinterpret_cast<float4*>(sq + r * LQ + d);
       dst[0] = make_float4(p.scale * to_f32(qb[0]), p.scale * to_f32(qb[1]), p.scale * to_f32(qb[2]),
@@ -420,7 +453,10 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   }
   for (int r = tid; r < kC; r += kPrepThreads)
     sb[r] = r < nv ? (p.delta_write ? p.beta[(r0 + r) * p.HV + hv] : 1.0f) : 0.0f;
-  load_cumsum(sG, p, r0, nv, hv, kPrepThreads, kLog2e, KG);
+  if constexpr (SC)
+    scalar_cumsum(sG, p, r0, nv, hv, kLog2e);
+  else
+    load_cumsum(sG, p, r0, nv, hv, kPrepThreads, kLog2e, KG);
 
   // Grams over the lower triangle of 4 × 4 tiles: lanes 4m..4m+3 share a tile, each taking every
   // fourth channel, and the shuffle sum leaves row `quarter` of the tile with lane `quarter`.
@@ -459,7 +495,35 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
         for (int j = 0; j < 4; ++j)
           if (4 * tj + j <= r) put(r, 4 * tj + j, rk[j], rq[j]);
     };
-    if constexpr (TC) {
+    if constexpr (SC) {
+      // The ten 16-row block pairs (rb ≥ cb) × two 8-column halves: 20 tasks, one m16n8
+      // accumulator each for K Kᵀ and Q Kᵀ, then each entry on or below the diagonal scaled.
+      const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+      auto word = [&](const __nv_bfloat16* x, int r, int d) {
+        return *reinterpret_cast<const uint32_t*>(x + r * KP + d);
+      };
+      for (int task = warp; task < 20; task += kPrepThreads / 32) {
+        const int pair = task >> 1, rb = pair < 1 ? 0 : pair < 3 ? 1 : pair < 6 ? 2 : 3;
+        const int cb = pair - rb * (rb + 1) / 2, ra = 16 * rb + g, s = 16 * cb + 8 * (task & 1) + g;
+        float kk[4] = {}, qk[4] = {};
+        for (int k0 = 0; k0 < K; k0 += 16) {
+          const int d = k0 + 2 * t4;
+          const uint32_t ak[4] = {word(sk, ra, d), word(sk, ra + 8, d), word(sk, ra, d + 8), word(sk, ra + 8, d + 8)};
+          const uint32_t aq[4] = {word(sqb, ra, d), word(sqb, ra + 8, d), word(sqb, ra, d + 8),
+                                  word(sqb, ra + 8, d + 8)};
+          const uint32_t b0 = word(sk, s, d), b1 = word(sk, s, d + 8);
+          device::mma_bf16(kk, ak, b0, b1);
+          device::mma_bf16(qk, aq, b0, b1);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = ra + 8 * (e >> 1), c = 16 * cb + 8 * (task & 1) + 2 * t4 + (e & 1);
+          if (c > r) continue;
+          const float f = ex2(sG[r] - sG[c]);
+          put(r, c, kk[e] * f, qk[e] * (f * p.scale));
+        }
+      }
+    } else if constexpr (TC) {
       // Below the diagonal 16-row blocks (row block rb > column block cb), with G_ref = G at row
       // 16·rb: A_rs = Σ_d (k_r 2^{G_r − G_ref}) (k_s 2^{G_ref − G_s}), both exponents ≤ 0. Task =
       // (block pair, 8-column half): 12 tasks, one m16n8 accumulator each for Ā and Aqk; warps
@@ -509,36 +573,42 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   }
   __syncthreads();
 
-  // Qg = 2^G ⊙ q, Kd = 2^{G_C − G} ⊙ k, 2^{G_C} (padded rows have g = 0: G_C is the last real row's).
+  // Qg = 2^G ⊙ q, Kd = 2^{G_C − G} ⊙ k, 2^{G_C} (padded rows have g = 0: G_C is the last real row's),
+  // and (Delta) sq ← β 2^G ⊙ k in place of q, the right-hand side of W (pad columns zero).
   // Four channels per thread, stored as float4 (KS % 4 == 0); in TC the shared rows are read as
   // vectors too (K % 16 == 0, rows 16-byte aligned), so a warp's reads meet no bank conflicts.
   for (int i = tid; i < kC * KS / 4; i += kPrepThreads) {
     const int r = i / (KS / 4), d0 = 4 * (i % (KS / 4));
-    float qg[4], kd[4];
+    float qg[4], kd[4], wk[4];
     if constexpr (TC) {
-      const float4 G = *reinterpret_cast<const float4*>(sG + r * KG + d0);
-      const float4 GC = *reinterpret_cast<const float4*>(sG + (kC - 1) * KG + d0);
+      const float4 G = SC ? make_float4(sG[r], sG[r], sG[r], sG[r]) : *reinterpret_cast<const float4*>(sG + r * KG + d0);
+      const float4 GC = SC ? make_float4(sG[kC - 1], sG[kC - 1], sG[kC - 1], sG[kC - 1])
+                           : *reinterpret_cast<const float4*>(sG + (kC - 1) * KG + d0);
       const float4 qv = *reinterpret_cast<const float4*>(sq + r * LQ + d0);
       const uint2 kv = *reinterpret_cast<const uint2*>(sk + r * KP + d0);
       const __nv_bfloat16* kb = reinterpret_cast<const __nv_bfloat16*>(&kv);
       const float g4[4] = {G.x, G.y, G.z, G.w}, gc4[4] = {GC.x, GC.y, GC.z, GC.w}, q4[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        qg[e] = q4[e] * ex2(g4[e]);
-        kd[e] = to_f32(kb[e]) * ex2(gc4[e] - g4[e]);
+        const float eg = ex2(g4[e]), kf = to_f32(kb[e]);
+        qg[e] = q4[e] * eg;
+        kd[e] = kf * ex2(gc4[e] - g4[e]);
+        wk[e] = sb[r] * eg * kf;
       }
     } else {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int d = d0 + e;
-        qg[e] = kd[e] = 0.0f;
+        qg[e] = kd[e] = wk[e] = 0.0f;
         if (d < K) {
-          const float G = sG[r * KG + d], GC = sG[(kC - 1) * KG + d];
-          qg[e] = sq[r * LQ + d] * ex2(G);
-          kd[e] = to_f32(sk[r * KP + d]) * ex2(GC - G);
+          const float G = sG[r * KG + d], GC = sG[(kC - 1) * KG + d], eg = ex2(G), kf = to_f32(sk[r * KP + d]);
+          qg[e] = sq[r * LQ + d] * eg;
+          kd[e] = kf * ex2(GC - G);
+          wk[e] = sb[r] * eg * kf;
         }
       }
     }
+    if (p.delta_write) *reinterpret_cast<float4*>(sq + r * LQ + d0) = make_float4(wk[0], wk[1], wk[2], wk[3]);
     if constexpr (TC)  // product operands of recur, output and reverse: stored as TF32
 #pragma unroll
       for (int e = 0; e < 4; ++e) qg[e] = device::round_tf32(qg[e]), kd[e] = device::round_tf32(kd[e]);
@@ -546,7 +616,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
     *reinterpret_cast<float4*>(p.Kd + (base + r) * KS + d0) = make_float4(kd[0], kd[1], kd[2], kd[3]);
   }
   for (int d = tid; d < KS; d += kPrepThreads)
-    p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d] = d < K ? ex2(sG[(kC - 1) * KG + d]) : 0.0f;
+    p.gC[((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS + d] = d < K ? ex2(Gat(kC - 1, d)) : 0.0f;
 
   float* U = p.U + base * p.V;
   if (!p.delta_write) {  // Additive: U = V
@@ -556,21 +626,14 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
     }
     return;
   }
-  __syncthreads();  // sq is rewritten below
-
+  // T from A (only sT is touched until its closing barrier, after which sq and G are complete).
   invert_unit_lower(sT);
   if (p.TA)
     for (int i = tid; i < kC * kC; i += kPrepThreads)
       if (i % kC <= i / kC) p.TA[base * kC + i] = sT[i];
-  // sq ← β 2^G ⊙ k (the right-hand side of W; its pad columns stay zero).
-  for (int i = tid; i < kC * K; i += kPrepThreads) {
-    const int r = i / K, d = i % K;
-    sq[r * LQ + d] = sb[r] * ex2(sG[r * KG + d]) * to_f32(sk[r * KP + d]);
-  }
-  __syncthreads();
   // TC: T again with its zeros and unit diagonal, rows kC + 4 floats apart (fragment reads without
   // bank conflicts), where G was (spent).
-  float* sTc = sG;
+  float* sTc = sGA;
   if constexpr (TC) {
     for (int i = tid; i < kC * kC; i += kPrepThreads) {
       const int r = i / kC, c = i % kC;
@@ -1815,7 +1878,8 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
     for (int r = tid; r < nv; r += kGradThreads) p.dbeta[(r0 + r) * p.HV + hv] += sdb[r];
 }
 
-size_t prepare_smem(int K, bool tc = false) {
+size_t prepare_smem(int K, bool tc = false, bool sc = false) {
+  if (sc) return sizeof(float) * (kC * (K + 4) + kC * (kC + 4) + kC * kC + 2 * kC) + 2 * 2 * kC * (K + 8);
   return tc ? sizeof(float) * (kC * (K + 4) + kC * std::max(K + 4, kC + 4) + kC * kC + kC) + 2 * kC * (K + 8)
             : sizeof(float) * (kC * ((K + 3) / 4 * 4) + 2 * kC * (K + 1) + kC * kC + kC);
 }
@@ -1848,6 +1912,10 @@ void configure() {
       K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(prepare_smem(128, true))));
       K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T, true>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+      K3_CUDA_CHECK(cudaFuncSetAttribute(prepare_kernel<T, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(prepare_smem(128, true, true))));
+      K3_CUDA_CHECK(
+          cudaFuncSetAttribute(prepare_kernel<T, true, true>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
       K3_CUDA_CHECK(cudaFuncSetAttribute(recur_tc_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(recur_tc_smem(128, 16))));
       K3_CUDA_CHECK(cudaFuncSetAttribute(recur_tc_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1885,7 +1953,12 @@ void launch(Step step, const ChunkDev& d, int64_t NHV) {
       const bool narrow = int64_t(tiles.x) * tiles.y <= device::sm_count();
       const dim3 wide(tiles.x, unsigned((d.V + 31) / 32));
       switch (step) {
-        case Step::Prepare: prepare_kernel<T, true><<<chunks, kPrepThreads, prepare_smem(d.K, true), st>>>(d); break;
+        case Step::Prepare:  // a scalar gate or none: every gram block as a plain bf16 product
+          if (d.decay < 2)
+            prepare_kernel<T, true, true><<<chunks, kPrepThreads, prepare_smem(d.K, true, true), st>>>(d);
+          else
+            prepare_kernel<T, true><<<chunks, kPrepThreads, prepare_smem(d.K, true), st>>>(d);
+          break;
         case Step::Recur:  // 16-column tiles while they fit the SMs at one block each, else 32
           if (narrow)
             recur_tc_kernel<16><<<tiles, kRecThreads, recur_tc_smem(d.KS, 16), st>>>(d);
