@@ -123,6 +123,17 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Four 8 × 8 matrices of 16-byte rows from shared memory (ldmatrix .x4): lane l gives the address of
+// row l % 8 of matrix l / 8 and receives in r[m] the 4 bytes at (row l / 4, bytes 4·(l % 4)…) of
+// matrix m. With 32-bit elements (TF32) that is element [l / 4][l % 4]: an m16n8k8 A fragment
+// when matrices 0–3 are rows 0–7 / 8–15 × columns 0–3, then the same rows × columns 4–7.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
 // BF16 tensor-core products (mma.sync m16n8k16, sm_80+), fp32 accumulation; each register holds
 // two bf16, the lower-indexed one in the low half. With g = lane / 4 and t = lane % 4 a lane holds
 //   A (16 × 16, row-major): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9],

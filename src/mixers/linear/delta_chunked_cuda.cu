@@ -276,10 +276,17 @@ __device__ __forceinline__ void lower_product(const float* sT, const float* X, i
   }
 }
 
+// Offset of the address a lane gives ldmatrix_x4 for the TF32 A fragment of rows r0.. (16 rows
+// `ld` floats apart, ld % 4 == 0) at column 0: row r0 + l % 16 … as device::ldmatrix_x4 says.
+__device__ __forceinline__ int lane_row(int lane, int r0, int ld) {
+  return (r0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 4 * (lane >> 4);
+}
+
 // The same Y = T X on the tensor cores (TF32, the `tc` kernels), T here the whole lower-triangular
-// matrix (zeros above the diagonal) in rows `ldt` floats apart: warp w takes row blocks p and
-// 3 − p (p = w % 2, equal work: 2(p + 1) + 2(4 − p) k-steps) and every fourth 8-column tile from
-// w / 2, T's fragments held in registers across the tiles. Columns below `cols` go to
+// matrix (zeros above the diagonal) in rows `ldt` floats apart, T and X rounded to TF32 (read as
+// they are): warp w takes row blocks p and 3 − p (p = w % 2, equal work: 2(p + 1) + 2(4 − p)
+// k-steps) and every fourth 8-column tile from w / 2, T's fragments held in registers across the
+// tiles. Columns below `cols` go to
 // store(r, col, value of col, value of col + 1) (col even); X's columns up to `cols` rounded to 8
 // are read (those past `cols` only feed columns that are not stored).
 template <class Store>
@@ -292,17 +299,13 @@ __device__ __forceinline__ void lower_product_tc(const float* sT, int ldt, const
     uint32_t a[kC / 8][4];
 #pragma unroll
     for (int ks = 0; ks < kC / 8; ++ks)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = 16 * rb + g + 8 * (e & 1), c = 8 * ks + t4 + 4 * (e >> 1);
-        a[ks][e] = device::tf32(sT[r * ldt + c]);
-      }
+      if (ks < ksteps) device::ldmatrix_x4(a[ks], sT + lane_row(lane, 16 * rb, ldt) + 8 * ks);
     for (int nt = warp >> 1; nt < ntiles; nt += kPrepThreads / 64) {
       float acc[4] = {};
       const float* x = X + t4 * ldx + 8 * nt + g;
 #pragma unroll
       for (int ks = 0; ks < kC / 8; ++ks)
-        if (ks < ksteps) device::mma_tf32(acc, a[ks], device::tf32(x[8 * ks * ldx]), device::tf32(x[(8 * ks + 4) * ldx]));
+        if (ks < ksteps) device::mma_tf32(acc, a[ks], device::bits(x[8 * ks * ldx]), device::bits(x[(8 * ks + 4) * ldx]));
       store(16 * rb + g, 8 * nt + 2 * t4, acc[0], acc[1]);
       store(16 * rb + g + 8, 8 * nt + 2 * t4, acc[2], acc[3]);
     }
@@ -593,7 +596,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
         const float eg = ex2(g4[e]), kf = to_f32(kb[e]);
         qg[e] = q4[e] * eg;
         kd[e] = kf * ex2(gc4[e] - g4[e]);
-        wk[e] = sb[r] * eg * kf;
+        wk[e] = device::round_tf32(sb[r] * eg * kf);  // a product operand (lower_product_tc)
       }
     } else {
 #pragma unroll
@@ -637,7 +640,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   if constexpr (TC) {
     for (int i = tid; i < kC * kC; i += kPrepThreads) {
       const int r = i / kC, c = i % kC;
-      sTc[r * LT + c] = c < r ? sT[i] : c == r ? 1.0f : 0.0f;
+      sTc[r * LT + c] = c < r ? device::round_tf32(sT[i]) : c == r ? 1.0f : 0.0f;
     }
     __syncthreads();
   }
@@ -655,10 +658,11 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   for (int j0 = 0; j0 < V; j0 += KS) {
     const int tw = min(KS, V - j0);
     __syncthreads();  // the last readers of sq (W, or the previous tile) are done
-    auto stage_scalar = [&] {
+    auto stage_scalar = [&] {  // TC: rounded to TF32 (lower_product_tc's operand)
       for (int i = tid; i < kC * tw; i += kPrepThreads) {
         const int s = i / tw, jj = i % tw;
-        sq[s * LQ + jj] = s < nv ? sb[s] * to_f32(v[((r0 + s) * p.HV + hv) * V + j0 + jj]) : 0.0f;
+        const float x = s < nv ? sb[s] * to_f32(v[((r0 + s) * p.HV + hv) * V + j0 + jj]) : 0.0f;
+        sq[s * LQ + jj] = TC ? device::round_tf32(x) : x;
       }
     };
     if constexpr (TC) {
@@ -671,8 +675,9 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
           const __nv_bfloat16* vb = reinterpret_cast<const __nv_bfloat16*>(&vv);
           float4* dst = reinterpret_cast<float4*>(sq + s * LQ + jj);
           const float b = sb[s];
-          dst[0] = make_float4(b * to_f32(vb[0]), b * to_f32(vb[1]), b * to_f32(vb[2]), b * to_f32(vb[3]));
-          dst[1] = make_float4(b * to_f32(vb[4]), b * to_f32(vb[5]), b * to_f32(vb[6]), b * to_f32(vb[7]));
+          auto x = [&](int e) { return device::round_tf32(b * to_f32(vb[e])); };
+          dst[0] = make_float4(x(0), x(1), x(2), x(3));
+          dst[1] = make_float4(x(4), x(5), x(6), x(7));
         }
       } else {
         stage_scalar();
@@ -950,28 +955,38 @@ __global__ void __launch_bounds__(kRecThreads) output_kernel(ChunkDev p) {
 // V_new, Kd read transposed).
 constexpr int kPadA = 4, kPadB = 8;
 
-// Copies a chunk's [kC, KS] slab into shared memory rows `ld` floats apart (cp.async); the row and
-// column of a thread's next 16 bytes are stepped, not divided out.
-__device__ __forceinline__ void async_rows(float* dst, int ld, const float* src, int KS, int threads) {
-  const int q4 = KS / 4, dr = threads / q4, dc = threads % q4;
-  int r = int(threadIdx.x) / q4, c = int(threadIdx.x) % q4;
-  for (int i = int(threadIdx.x); i < kC * q4; i += threads) {
-    device::cp_async16(dst + r * ld + 4 * c, src + 4 * i);
-    r += dr, c += dc;
-    if (c >= q4) c -= q4, ++r;
+// Rows of q4 16-byte pieces (q4 ≤ 32) split over a block's warps: a warp takes 32 / P rows at a
+// time (P = q4 rounded up to a power of two), lane → (row lane / P of those, piece c = lane % P);
+// lanes with c ≥ q4 idle. No division, and a thread's addresses only step by whole rows.
+struct RowLanes {
+  int c, first, step;
+  bool on;
+  __device__ __forceinline__ RowLanes(int q4, int threads) {
+    const int sh = 32 - __clz(q4 - 1), lane = int(threadIdx.x) % 32;  // P = 2^sh
+    c = lane & ((1 << sh) - 1);
+    first = (int(threadIdx.x) / 32) * (32 >> sh) + (lane >> sh);
+    step = (threads / 32) * (32 >> sh);
+    on = c < q4;
   }
+};
+
+// Copies a chunk's [kC, KS] slab into shared memory rows `ld` floats apart (cp.async).
+__device__ __forceinline__ void async_rows(float* dst, int ld, const float* src, int KS, int threads) {
+  const RowLanes w(KS / 4, threads);
+  if (!w.on) return;
+  for (int r = w.first; r < kC; r += w.step) device::cp_async16(dst + r * ld + 4 * w.c, src + r * KS + 4 * w.c);
 }
 // A [rows, cols] tile (columns c0…, zeros past V) of a [·, V] array into rows `ld` floats apart:
 // 16-byte copies when V is a multiple of 4, else one float at a time.
 __device__ __forceinline__ void async_cols(float* dst, int ld, const float* src, int V, int c0, int cols, int rows,
                                            int threads) {
   if (V % 4 == 0) {
-    const int q4 = cols / 4;
-    for (int i = int(threadIdx.x); i < rows * q4; i += threads) {
-      const int r = i / q4, jj = 4 * (i % q4);
-      const bool ok = c0 + jj < V;
+    const RowLanes w(cols / 4, threads);
+    if (!w.on) return;
+    const int jj = 4 * w.c;
+    const bool ok = c0 + jj < V;
+    for (int r = w.first; r < rows; r += w.step)
       device::cp_async16_zfill(dst + r * ld + jj, ok ? src + int64_t(r) * V + c0 + jj : src, ok);
-    }
   } else {
     for (int i = int(threadIdx.x); i < rows * cols; i += threads) {
       const int r = i / cols, jj = i % cols;
@@ -999,19 +1014,38 @@ struct WarpState {
 #pragma unroll
       for (int e = 0; e < 4; ++e) f(st[h][e], db + g + 8 * (e >> 1), 8 * h + 2 * t4 + (e & 1));
   }
-  __device__ __forceinline__ void share(float* shared, int ld) {
-    if (rows) each([&](float& x, int d, int jj) { shared[d * ld + jj] = device::round_tf32(x); });
+  __device__ __forceinline__ void share(float* shared, int ld) {  // ld even: column pairs as float2
+    if (!rows) return;
+#pragma unroll
+    for (int h = 0; h < NT; ++h)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<float2*>(shared + (db + g + 8 * half) * ld + 8 * h + 2 * t4) =
+            make_float2(device::round_tf32(st[h][2 * half]), device::round_tf32(st[h][2 * half + 1]));
   }
   // From the [K, V] state at src + off (zeros where src is null or past V), and its shared copy.
   __device__ __forceinline__ void load(const float* src, int64_t off, float* shared, int ld) {
     each([&](float& x, int d, int jj) { x = rows && c0 + jj < V && src ? src[off + int64_t(d) * V + c0 + jj] : 0.0f; });
     share(shared, ld);
   }
-  __device__ __forceinline__ void store(float* dst, int64_t off) {
-    if (rows)
-      each([&](float& x, int d, int jj) {
-        if (c0 + jj < V) dst[off + int64_t(d) * V + c0 + jj] = x;
-      });
+  __device__ __forceinline__ void store(float* dst, int64_t off) {  // column pairs as one 8-byte store where aligned
+    if (!rows) return;
+    float* base = dst + off + c0 + 2 * t4;
+    const bool pairs = V % 2 == 0 && reinterpret_cast<uintptr_t>(base) % 8 == 0;
+#pragma unroll
+    for (int h = 0; h < NT; ++h)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = c0 + 8 * h + 2 * t4;
+        float* q = base + int64_t(db + g + 8 * half) * V + 8 * h;
+        const float x0 = st[h][2 * half], x1 = st[h][2 * half + 1];
+        if (pairs && j + 1 < V) {
+          *reinterpret_cast<float2*>(q) = make_float2(x0, x1);
+        } else {
+          if (j < V) q[0] = x0;
+          if (j + 1 < V) q[1] = x1;
+        }
+      }
   }
 };
 
@@ -1046,8 +1080,9 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
     const int b = cw & 1;
     const int64_t base = srow(p, n, hv, cw * kC);
     if (p.delta_write) async_rows(sW(b), LW, p.W + base * KS, KS, kRecThreads);
-    async_rows(sKd(b), LK, p.Kd + base * KS, KS, kRecThreads);
     async_cols(sU(b), LV, p.U + base * V, V, c0, VB, kC, kRecThreads);
+    cp_async_commit();  // what V_new needs, then what the state update needs
+    async_rows(sKd(b), LK, p.Kd + base * KS, KS, kRecThreads);
     async_slab(sgC(b), p.gC + ((int64_t(n) * p.HV + hv) * p.c_count + cw) * KS, KS);
     cp_async_commit();
   };
@@ -1055,21 +1090,21 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
   for (int cw = 0; cw < count; ++cw) {
     const int b = cw & 1;
     const int64_t base = srow(p, n, hv, cw * kC);
-    cp_async_wait0();  // this chunk's operands (issued one chunk ago)
+    cp_async_wait1();  // this chunk's W and U (issued one chunk ago; its Kd may still be in flight)
     __syncthreads();   // ... visible to all; the previous chunk (the last reader of the other stage) is done
     if (cw + 1 < count) issue(cw + 1);
     if (p.Sc) S.store(p.Sc, state_slot(p, n, hv, cw));
     float* sVn = sU(b);
     if (p.delta_write) {  // V_new = U − W S (each lane rewrites only its own entries of U)
       float acc[2][NT / 2][4] = {};
-      const float* w = sW(b) + (16 * rb + g) * LW + t4;
+      const float* w = sW(b) + lane_row(lane, 16 * rb, LW);
       const float* s = sS + t4 * LV + 8 * nt0 + g;
       for (int k0 = 0; k0 < KS; k0 += 16) {
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int k = k0 + 8 * u;
-          const uint32_t a[4] = {device::bits(w[k]), device::bits(w[8 * LW + k]), device::bits(w[k + 4]),
-                                 device::bits(w[8 * LW + k + 4])};
+          uint32_t a[4];
+          device::ldmatrix_x4(a, w + k);
 #pragma unroll
           for (int h = 0; h < NT / 2; ++h)
             device::mma_tf32(acc[u][h], a, device::bits(s[k * LV + 8 * h]), device::bits(s[(k + 4) * LV + 8 * h]));
@@ -1090,7 +1125,11 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
         x = device::round_tf32(x);
       }
     }
-    __syncthreads();  // V_new complete; every read of S done
+    if (cw + 1 < count)  // this chunk's Kd and e^{G_C} (the next chunk's two groups may be pending)
+      device::cp_async_wait2();
+    else
+      cp_async_wait0();
+    __syncthreads();  // V_new complete; every read of S done; Kd visible to all
     if (S.rows) {     // S ← diag(e^{G_C}) S + Kdᵀ V_new on state rows db..db+15
       const float* gC = sgC(b);
       S.each([&](float& x, int d, int) { x *= gC[d]; });
@@ -1138,23 +1177,24 @@ __global__ void __launch_bounds__(kRecThreads) output_tc_kernel(ChunkDev p) {
   __syncthreads();
   const int rb = warp >> 1, cb = 32 * (warp & 1);
   float acc[4][4] = {};
-  const float* qa = sQg + (16 * rb + g) * LQ + t4;
+  const float* qa = sQg + lane_row(lane, 16 * rb, LQ);
   const float* sb = sS + t4 * LS + cb + g;
   for (int k0 = 0; k0 < KS; k0 += 8) {
-    const uint32_t a[4] = {device::bits(qa[k0]), device::bits(qa[8 * LQ + k0]), device::bits(qa[k0 + 4]),
-                           device::bits(qa[8 * LQ + k0 + 4])};
+    uint32_t a[4];
+    device::ldmatrix_x4(a, qa + k0);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
       device::mma_tf32(acc[nt], a, device::tf32(sb[k0 * LS + 8 * nt]), device::tf32(sb[(k0 + 4) * LS + 8 * nt]));
   }
   const int r_lo = 16 * rb + g;
-  const float* aa = sAqk + r_lo * LA + t4;
+  const float* aa = sAqk + lane_row(lane, 16 * rb, LA);
   const float* vb = sVn + t4 * LS + cb + g;
   for (int k0 = 0; k0 < 16 * rb + 16; k0 += 8) {
-    const int c = k0 + t4;  // Aqk is lower triangular with its diagonal
-    const uint32_t a[4] = {device::bits(c <= r_lo ? aa[k0] : 0.0f), device::bits(c <= r_lo + 8 ? aa[8 * LA + k0] : 0.0f),
-                           device::bits(c + 4 <= r_lo ? aa[k0 + 4] : 0.0f),
-                           device::bits(c + 4 <= r_lo + 8 ? aa[8 * LA + k0 + 4] : 0.0f)};
+    const int c = k0 + t4;  // Aqk is lower triangular with its diagonal (what lies above is not read as a number)
+    uint32_t a[4];
+    device::ldmatrix_x4(a, aa + k0);
+    a[0] = c <= r_lo ? a[0] : 0u, a[1] = c <= r_lo + 8 ? a[1] : 0u;
+    a[2] = c + 4 <= r_lo ? a[2] : 0u, a[3] = c + 4 <= r_lo + 8 ? a[3] : 0u;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
       device::mma_tf32(acc[nt], a, device::tf32(vb[k0 * LS + 8 * nt]), device::tf32(vb[(k0 + 4) * LS + 8 * nt]));
@@ -1353,11 +1393,11 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
     {  // dV_new = Kd dS + Aqkᵀ dO (Aqk[s][r] for s ≥ r)
       float acc[NT / 2][4] = {};
       const int r_lo = 16 * rb + g;
-      const float* kd = sKd + r_lo * LA + t4;
+      const float* kd = sKd + lane_row(lane, 16 * rb, LA);
       const float* ds = sdS + t4 * LV + 8 * nt0 + g;
       for (int k0 = 0; k0 < KS; k0 += 8) {
-        const uint32_t a[4] = {device::bits(kd[k0]), device::bits(kd[8 * LA + k0]), device::bits(kd[k0 + 4]),
-                               device::bits(kd[8 * LA + k0 + 4])};
+        uint32_t a[4];
+        device::ldmatrix_x4(a, kd + k0);
 #pragma unroll
         for (int h = 0; h < NT / 2; ++h)
           device::mma_tf32(acc[h], a, device::bits(ds[k0 * LV + 8 * h]), device::bits(ds[(k0 + 4) * LV + 8 * h]));
