@@ -1474,11 +1474,57 @@ constexpr int kPairRows = kC * kC / kGradThreads;  // 8
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
-// Stages columns [j0, j0 + kJt) of `rows` rows of a [rows, V] fp32 array into dst [rows][kJs].
+// Stages columns [j0, j0 + kJt) of `rows` rows of a [rows, V] fp32 scratch array into dst
+// [rows][kJs] (zeros past V): 16-byte cp.async when V is a multiple of 4 (the scratch's rows are
+// then 16-byte aligned), else one float at a time. The caller commits and waits.
 __device__ __forceinline__ void stage_cols(float* dst, const float* src, int rows, int V, int j0) {
+  if (V % 4 == 0) {
+    static_assert(kJt == 16 && kJs % 4 == 0, "four 16-byte pieces per staged row");
+    for (int i = threadIdx.x; i < rows * 4; i += kGradThreads) {
+      const int r = i >> 2, c = 4 * (i & 3);
+      const bool ok = j0 + c < V;
+      device::cp_async16_zfill(dst + r * kJs + c, ok ? src + int64_t(r) * V + j0 + c : src, ok);
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < rows * kJt; i += kGradThreads) {
     const int r = i / kJt, jj = i % kJt;
     dst[r * kJs + jj] = j0 + jj < V ? src[int64_t(r) * V + j0 + jj] : 0.0f;
+  }
+}
+
+// Stages columns [j0, j0 + kJt) of a chunk's rows (nv real ones, zeros after) of a [rows, HV, V]
+// input (dO or v: fp32 when f32, else the io type T; null: zeros) into dst [kC][kJs], four
+// columns per load where V % 4 == 0 and the pointer allows.
+template <class T>
+__device__ __forceinline__ void stage_io(float* dst, const void* src, bool f32, const ChunkDev& p, int64_t r0, int nv,
+                                         int hv, int j0) {
+  const int V = p.V;
+  f32 = f32 || std::is_same_v<T, float>;
+  auto at = [&](int r, int jj) { return ((r0 + r) * p.HV + hv) * V + j0 + jj; };
+  if (V % 4 == 0 && src && reinterpret_cast<uintptr_t>(src) % (f32 ? 16 : 8) == 0) {
+    for (int i = threadIdx.x; i < kC * kJt / 4; i += kGradThreads) {
+      const int r = i >> 2, jj = 4 * (i & 3);
+      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (r < nv && j0 + jj < V) {
+        if (f32) {
+          x = *reinterpret_cast<const float4*>(static_cast<const float*>(src) + at(r, jj));
+        } else if constexpr (!std::is_same_v<T, float>) {  // four bf16
+          const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const T*>(src) + at(r, jj));
+          const T* b = reinterpret_cast<const T*>(&u);
+          x = make_float4(to_f32(b[0]), to_f32(b[1]), to_f32(b[2]), to_f32(b[3]));
+        }
+      }
+      *reinterpret_cast<float4*>(dst + r * kJs + jj) = x;
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < kC * kJt; i += kGradThreads) {
+    const int r = i / kJt, jj = i % kJt;
+    float x = 0.0f;
+    if (src && r < nv && j0 + jj < V)
+      x = f32 ? static_cast<const float*>(src)[at(r, jj)] : to_f32(static_cast<const T*>(src)[at(r, jj)]);
+    dst[r * kJs + jj] = x;
   }
 }
 
@@ -1551,15 +1597,9 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
       stage_cols(tdS, dS, K, V, j0);
       stage_cols(tVn, Vn, kC, V, j0);
       stage_cols(tdVn, dVn, kC, V, j0);
-      for (int i = tid; i < kC * kJt; i += kGradThreads) {
-        const int r = i / kJt, jj = i % kJt;
-        float g = 0.0f;
-        if (p.d_o && r < nv && j0 + jj < V) {
-          const int64_t oi = ((r0 + r) * p.HV + hv) * V + j0 + jj;
-          g = p.do_f32 ? static_cast<const float*>(p.d_o)[oi] : to_f32(static_cast<const T*>(p.d_o)[oi]);
-        }
-        tdO[r * kJs + jj] = g;
-      }
+      cp_async_commit();
+      stage_io<T>(tdO, p.d_o, p.do_f32, p, r0, nv, hv, j0);
+      cp_async_wait0();
       __syncthreads();
       if constexpr (TC) {
         if (rg == 0 && dl < K)
@@ -1643,18 +1683,10 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
       __syncthreads();
       stage_cols(tVn, Vn, kC, V, j0);
       stage_cols(tdVn, dVn, kC, V, j0);
-      for (int i = tid; i < kC * kJt; i += kGradThreads) {
-        const int r = i / kJt, jj = i % kJt;
-        float g = 0.0f, vv = 0.0f;
-        if (r < nv && j0 + jj < V) {
-          const int64_t oi = ((r0 + r) * p.HV + hv) * V + j0 + jj;
-          if (p.d_o)
-            g = p.do_f32 ? static_cast<const float*>(p.d_o)[oi] : to_f32(static_cast<const T*>(p.d_o)[oi]);
-          vv = to_f32(v[oi]);
-        }
-        tdO[r * kJs + jj] = g;
-        tv[r * kJs + jj] = vv;
-      }
+      cp_async_commit();
+      stage_io<T>(tdO, p.d_o, p.do_f32, p, r0, nv, hv, j0);
+      stage_io<T>(tv, p.v, false, p, r0, nv, hv, j0);
+      cp_async_wait0();
       __syncthreads();
       if constexpr (TC) {
         // Warp w: product w / 8 (dO V_newᵀ, then dV_new vᵀ), rows 16·((w % 8) / 2).., columns s
