@@ -1150,7 +1150,8 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
   S.store(p.s_out, soff);
 }
 
-// output on the tensor cores: warp w → rows 16·(w / 2).., columns 32·(w % 2).. of the 64 × 64
+// output on the tensor cores, one block per (chunk, sequence, value head) walking the 64-column
+// tiles (Qg and Aqk load once): warp w → rows 16·(w / 2).., columns 32·(w % 2).. of the 64 × 64
 // tile (four m16n8 accumulators), Qg S₀ over K then Aqk V_new over the chunk's columns ≤ the
 // warp's last row (Aqk's entries above the diagonal are zeroed as it loads). Qg and Aqk arrive
 // rounded to TF32 from prepare.
@@ -1158,7 +1159,7 @@ template <class T>
 __global__ void __launch_bounds__(kRecThreads) output_tc_kernel(ChunkDev p) {
   const ChunkIds id = chunk_ids(p);
   if (id.nv <= 0) return;
-  const int n = id.n, hv = id.hv, cw = id.cw, nv = id.nv, c0 = blockIdx.z * kOb;
+  const int n = id.n, hv = id.hv, cw = id.cw, nv = id.nv;
   const int KS = p.KS, V = p.V, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int LQ = KS + kPadA, LS = kOb + kPadB, LA = kC + kPadA;
@@ -1168,49 +1169,51 @@ __global__ void __launch_bounds__(kRecThreads) output_tc_kernel(ChunkDev p) {
   float* sAqk = sQg + kC * LQ;  // [kC][LA]
   float* sVn = sAqk + kC * LA;  // [kC][LS]
   const int64_t base = srow(p, n, hv, cw * kC), soff = state_slot(p, n, hv, cw);
-  async_cols(sS, LS, p.Sc + soff, V, c0, kOb, KS, kRecThreads);  // K = KS rows of [K, V]
   async_rows(sQg, LQ, p.Qg + base * KS, KS, kRecThreads);
   async_rows(sAqk, LA, p.Aqk + base * kC, kC, kRecThreads);
-  async_cols(sVn, LS, p.U + base * V, V, c0, kOb, kC, kRecThreads);
-  cp_async_commit();
-  cp_async_wait0();
-  __syncthreads();
-  const int rb = warp >> 1, cb = 32 * (warp & 1);
-  float acc[4][4] = {};
+  const int rb = warp >> 1, cb = 32 * (warp & 1), r_lo = 16 * rb + g;
   const float* qa = sQg + lane_row(lane, 16 * rb, LQ);
-  const float* sb = sS + t4 * LS + cb + g;
-  for (int k0 = 0; k0 < KS; k0 += 8) {
-    uint32_t a[4];
-    device::ldmatrix_x4(a, qa + k0);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-      device::mma_tf32(acc[nt], a, device::tf32(sb[k0 * LS + 8 * nt]), device::tf32(sb[(k0 + 4) * LS + 8 * nt]));
-  }
-  const int r_lo = 16 * rb + g;
   const float* aa = sAqk + lane_row(lane, 16 * rb, LA);
+  const float* sb = sS + t4 * LS + cb + g;
   const float* vb = sVn + t4 * LS + cb + g;
-  for (int k0 = 0; k0 < 16 * rb + 16; k0 += 8) {
-    const int c = k0 + t4;  // Aqk is lower triangular with its diagonal (what lies above is not read as a number)
-    uint32_t a[4];
-    device::ldmatrix_x4(a, aa + k0);
-    a[0] = c <= r_lo ? a[0] : 0u, a[1] = c <= r_lo + 8 ? a[1] : 0u;
-    a[2] = c + 4 <= r_lo ? a[2] : 0u, a[3] = c + 4 <= r_lo + 8 ? a[3] : 0u;
+  for (int c0 = 0; c0 < V; c0 += kOb) {  // Qg and Aqk stay; S₀'s and V_new's columns tile by tile
+    if (c0 > 0) __syncthreads();         // the previous tile's readers are done
+    async_cols(sS, LS, p.Sc + soff, V, c0, kOb, KS, kRecThreads);  // K = KS rows of [K, V]
+    async_cols(sVn, LS, p.U + base * V, V, c0, kOb, kC, kRecThreads);
+    cp_async_commit();
+    cp_async_wait0();
+    __syncthreads();
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < KS; k0 += 8) {
+      uint32_t a[4];
+      device::ldmatrix_x4(a, qa + k0);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+        device::mma_tf32(acc[nt], a, device::tf32(sb[k0 * LS + 8 * nt]), device::tf32(sb[(k0 + 4) * LS + 8 * nt]));
+    }
+    for (int k0 = 0; k0 < 16 * rb + 16; k0 += 8) {
+      const int c = k0 + t4;  // Aqk is lower triangular with its diagonal (what lies above is not read as a number)
+      uint32_t a[4];
+      device::ldmatrix_x4(a, aa + k0);
+      a[0] = c <= r_lo ? a[0] : 0u, a[1] = c <= r_lo + 8 ? a[1] : 0u;
+      a[2] = c + 4 <= r_lo ? a[2] : 0u, a[3] = c + 4 <= r_lo + 8 ? a[3] : 0u;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+        device::mma_tf32(acc[nt], a, device::tf32(vb[k0 * LS + 8 * nt]), device::tf32(vb[(k0 + 4) * LS + 8 * nt]));
+    }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
-      device::mma_tf32(acc[nt], a, device::tf32(vb[k0 * LS + 8 * nt]), device::tf32(vb[(k0 + 4) * LS + 8 * nt]));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r_lo + 8 * (e >> 1), j = c0 + cb + 8 * nt + 2 * t4 + (e & 1);
+        if (r >= nv || j >= V) continue;
+        const int64_t o = ((id.r0 + r) * p.HV + hv) * V + j;
+        if (p.o_f32)
+          static_cast<float*>(p.o)[o] = acc[nt][e];
+        else
+          static_cast<T*>(p.o)[o] = from_f32<T>(acc[nt][e]);
+      }
   }
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = r_lo + 8 * (e >> 1), j = c0 + cb + 8 * nt + 2 * t4 + (e & 1);
-      if (r >= nv || j >= V) continue;
-      const int64_t o = ((id.r0 + r) * p.HV + hv) * V + j;
-      if (p.o_f32)
-        static_cast<float*>(p.o)[o] = acc[nt][e];
-      else
-        static_cast<T*>(p.o)[o] = from_f32<T>(acc[nt][e]);
-    }
 }
 
 // The state adjoint through the chunks in reverse (one block per sequence, value head, tile). The
@@ -2043,7 +2046,9 @@ void launch(Step step, const ChunkDev& d, int64_t NHV) {
           else
             reverse_tc_kernel<32><<<wide, kRecThreads, reverse_tc_smem(d.KS, 32), st>>>(d);
           break;
-        case Step::Output: output_tc_kernel<T><<<outs, kRecThreads, output_smem(d.KS, true), st>>>(d); break;
+        case Step::Output:  // a block per chunk walks the 64-column tiles (Qg and Aqk load once)
+          output_tc_kernel<T><<<chunks, kRecThreads, output_smem(d.KS, true), st>>>(d);
+          break;
         case Step::Grads: grads_kernel<T, true><<<chunks, kGradThreads, grads_smem(d.K), st>>>(d); break;
       }
       K3_CUDA_LAUNCHED();
