@@ -286,9 +286,8 @@ __device__ __forceinline__ int lane_row(int lane, int r0, int ld) {
 // matrix (zeros above the diagonal) in rows `ldt` floats apart, T and X rounded to TF32 (read as
 // they are): warp w takes row blocks p and 3 − p (p = w % 2, equal work: 2(p + 1) + 2(4 − p)
 // k-steps) and every fourth 8-column tile from w / 2, T's fragments held in registers across the
-// tiles. Columns below `cols` go to
-// store(r, col, value of col, value of col + 1) (col even); X's columns up to `cols` rounded to 8
-// are read (those past `cols` only feed columns that are not stored).
+// tiles. Columns below `cols` go to store(r, col, value of col, value of col + 1) (col even); X's
+// columns up to `cols` rounded to 8 are read (those past `cols` only feed columns not stored).
 template <class Store>
 __device__ __forceinline__ void lower_product_tc(const float* sT, int ldt, const float* X, int ldx, int cols, Store store) {
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
