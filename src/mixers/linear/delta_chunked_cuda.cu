@@ -1530,6 +1530,31 @@ __device__ __forceinline__ void stage_io(float* dst, const void* src, bool f32, 
   }
 }
 
+// acc[j] += Σ_{k ∈ [kb, ke)} A[r0 + ·][k] B[k][n0 + 8j + ·] on the tensor cores (TF32, rounded
+// here; mma_tf32's fragment layout), the operands read through a(r, k) and b(k, n): one warp, NT
+// 8-column tiles sharing each A fragment. ke − kb is a multiple of 8.
+template <int NT, class FA, class FB>
+__device__ __forceinline__ void warp_tiles_tc(float (&acc)[NT][4], int r0, int n0, int kb, int ke, FA a, FB b) {
+  const int lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
+  for (int k0 = kb; k0 < ke; k0 += 8) {
+    const uint32_t af[4] = {device::tf32(a(r0 + g, k0 + t4)), device::tf32(a(r0 + g + 8, k0 + t4)),
+                            device::tf32(a(r0 + g, k0 + t4 + 4)), device::tf32(a(r0 + g + 8, k0 + t4 + 4))};
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      device::mma_tf32(acc[j], af, device::tf32(b(k0 + t4, n0 + 8 * j + g)), device::tf32(b(k0 + t4 + 4, n0 + 8 * j + g)));
+  }
+}
+
+// Visits a warp's m16n8 accumulator tiles: f(tile j, element e, row, column) (mma_tf32's C layout).
+template <int NT, class F>
+__device__ __forceinline__ void each_tile_elem(int r0, int n0, F f) {
+  const int lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(j, e, r0 + g + 8 * (e >> 1), n0 + 8 * j + 2 * t4 + (e & 1));
+}
+
 // Everything of one chunk's backward that the carried adjoint does not need, all chunks at once.
 // The products over V (dQg = dO S₀ᵀ, dKd = V_new dSᵀ, dW = −dV_new S₀ᵀ, dAqk, dT's V part) run
 // over value tiles staged in shared memory; dQg and dKd wait in global scratch for the final pass.
@@ -1744,16 +1769,34 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
     for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
       const int i = idx / kC, jc = idx % kC;
       const float val = p.TA[base * kC + idx];
-      if (jc <= i)
+      if (jc <= i) {
         sT[i * CP + jc] = val;
-      else
+      } else {
         sAb[jc * CP + i] = val;
+        if (TC) sT[i * CP + jc] = 0.0f;  // the tensor-core products read whole tiles of T
+      }
     }
     __syncthreads();
     // dT = (dV_new Vᵀ + dW (e^G ⊙ K)ᵀ) · β_s, dW staged in shared memory (read from global scratch
-    // in the inner loop it cost an L2 round trip per term). A thread owns column s of rows
-    // rq, rq + 8, …, so e^{G_s} ⊙ k_s is formed once per channel.
-    {
+    // in the inner loop it cost an L2 round trip per term). SIMT: a thread owns column s of rows
+    // rq, rq + 8, …, so e^{G_s} ⊙ k_s is formed once per channel. TC: the transposed product
+    // dTᵀ = (e^G ⊙ K) dWᵀ, warp w → rows s of tile w % 4, columns r of two tiles from 16·(w / 4),
+    // e^G ⊙ k formed in the A fragments; dW's rows padded to K + 4 words (conflict-free B reads).
+    if constexpr (TC) {
+      const int warp = tid / 32, LW = K + 4, s0 = 16 * (warp % 4), rn = 16 * (warp / 4);
+      float* sdW = stage;  // [kC][K + 4]
+      for (int i = tid; i < kC * K / 4; i += kGradThreads) {
+        const int r = i / (K / 4), d = 4 * (i % (K / 4));
+        *reinterpret_cast<float4*>(sdW + r * LW + d) = *reinterpret_cast<const float4*>(dW + r * KS + d);
+      }
+      __syncthreads();
+      float acc[2][4];
+      each_tile_elem<2>(s0, rn, [&](int j, int e, int s, int r) { acc[j][e] = sdA[r * CP + s]; });
+      warp_tiles_tc<2>(
+          acc, s0, rn, 0, K, [&](int s, int d) { return __expf(sG[s * KP + d]) * sk[s * KP + d]; },
+          [&](int d, int r) { return sdW[r * LW + d]; });
+      each_tile_elem<2>(s0, rn, [&](int j, int e, int s, int r) { sdA[r * CP + s] = acc[j][e] * sb[s]; });
+    } else {
       constexpr int kStep = kGradThreads / kC, kRows = kC / kStep;
       static_assert(kStep * kC == kGradThreads && kRows * kStep == kC, "dT: whole columns per thread");
       float* sdW = stage;  // [kC][KS]
@@ -1772,20 +1815,38 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
       for (int m = 0; m < kRows; ++m) sdA[(rq + kStep * m) * CP + s] = a[m] * sb[s];
     }
     __syncthreads();
-    // dA = −Tᵀ dT Tᵀ, strictly lower: Tmp = Tᵀ dT, then −Tmp Tᵀ.
-    for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
-      const int r = idx / kC, s = idx % kC;
-      float a = 0.0f;
-      for (int rr = r; rr < kC; ++rr) a += sT[rr * CP + r] * sdA[rr * CP + s];
-      sTmp[r * CP + s] = a;
-    }
-    __syncthreads();
-    for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
-      const int r = idx / kC, s = idx % kC;
-      float a = 0.0f;
-      if (s < r)
-        for (int ss = 0; ss <= s; ++ss) a -= sTmp[r * CP + ss] * sT[s * CP + ss];
-      sdA[r * CP + s] = a;
+    // dA = −Tᵀ dT Tᵀ, strictly lower: Tmp = Tᵀ dT, then −Tmp Tᵀ. TC: warp w → rows of tile w % 4,
+    // two column tiles from 16·(w / 4); Tᵀ upper triangular (rows r.. of the sum), Tᵀ's columns
+    // s.. in the second product (T zero above the diagonal).
+    if constexpr (TC) {
+      const int warp = tid / 32, r0 = 16 * (warp % 4), n0 = 16 * (warp / 4);
+      float acc[2][4] = {};
+      warp_tiles_tc<2>(
+          acc, r0, n0, r0, kC, [&](int r, int rr) { return sT[rr * CP + r]; },
+          [&](int rr, int s) { return sdA[rr * CP + s]; });
+      each_tile_elem<2>(r0, n0, [&](int j, int e, int r, int s) { sTmp[r * CP + s] = acc[j][e]; });
+      __syncthreads();
+      float acc2[2][4] = {};
+      if (n0 <= r0)
+        warp_tiles_tc<2>(
+            acc2, r0, n0, 0, n0 + 16, [&](int r, int ss) { return sTmp[r * CP + ss]; },
+            [&](int ss, int s) { return sT[s * CP + ss]; });
+      each_tile_elem<2>(r0, n0, [&](int j, int e, int r, int s) { sdA[r * CP + s] = s < r ? -acc2[j][e] : 0.0f; });
+    } else {
+      for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
+        const int r = idx / kC, s = idx % kC;
+        float a = 0.0f;
+        for (int rr = r; rr < kC; ++rr) a += sT[rr * CP + r] * sdA[rr * CP + s];
+        sTmp[r * CP + s] = a;
+      }
+      __syncthreads();
+      for (int idx = tid; idx < kC * kC; idx += kGradThreads) {
+        const int r = idx / kC, s = idx % kC;
+        float a = 0.0f;
+        if (s < r)
+          for (int ss = 0; ss <= s; ++ss) a -= sTmp[r * CP + ss] * sT[s * CP + ss];
+        sdA[r * CP + s] = a;
+      }
     }
     __syncthreads();
     // dβ_r += Σ_s dA ⊙ Ā; dĀ = β_r dA.
@@ -1801,10 +1862,44 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   }
 
   // dv: Delta: dVb = Tᵀ dV_new, dv = β dVb, dβ += Σ_j dVb v; Additive: dv = dV_new. dV_new is
-  // staged 128 columns at a time.
+  // staged 128 columns at a time. TC (Delta): warp w → rows of tile w % 4, four column tiles from
+  // 32·(w / 4); the stage's rows padded to 136 words (conflict-free B reads), zeros past V.
   for (int j0 = 0; j0 < V; j0 += 128) {
     const int tw = min(128, V - j0);
     __syncthreads();  // the stage's previous readers are done
+    if constexpr (TC) {
+      if (p.delta_write) {
+        constexpr int LS = 136;
+        for (int i = tid; i < kC * 128; i += kGradThreads) {
+          const int r = i / 128, jj = i % 128;
+          stage[r * LS + jj] = jj < tw ? dVn[int64_t(r) * V + j0 + jj] : 0.0f;
+        }
+        __syncthreads();
+        const int warp = tid / 32, rt = 16 * (warp % 4), n0 = 32 * (warp / 4);
+        if (n0 < tw) {  // whole warps
+          float acc[4][4] = {};
+          warp_tiles_tc<4>(
+              acc, rt, n0, rt, kC, [&](int r, int rr) { return sT[rr * CP + r]; },
+              [&](int rr, int jj) { return stage[rr * LS + jj]; });
+          float part[2] = {};  // rows rt + g and rt + g + 8
+          each_tile_elem<4>(rt, n0, [&](int jt, int e, int r, int jj) {
+            if (r >= nv || jj >= tw) return;
+            const int64_t o = ((r0 + r) * p.HV + hv) * V + j0 + jj;
+            part[e >> 1] += acc[jt][e] * to_f32(v[o]);
+            if (p.dv) p.dv[o] += sb[r] * acc[jt][e];
+          });
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {  // the four lanes of a row's quad, then one atomic
+            float x = part[hh];
+            x += __shfl_xor_sync(0xffffffffu, x, 1);
+            x += __shfl_xor_sync(0xffffffffu, x, 2);
+            const int r = rt + (tid % 32) / 4 + 8 * hh;
+            if (tid % 4 == 0 && r < nv) atomicAdd(&sdb[r], x);
+          }
+        }
+        continue;
+      }
+    }
     for (int i = tid; i < kC * tw; i += kGradThreads) {
       const int r = i / tw, jj = i % tw;
       stage[r * 128 + jj] = dVn[int64_t(r) * V + j0 + jj];
@@ -1831,10 +1926,32 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
       if (p.dv) p.dv[((r0 + r) * p.HV + hv) * V + j0 + jj] += dv;
     }
   }
-  // dW into the stage for dKb = Tᵀ dW below.
+  // dW into the stage for dKb = Tᵀ dW below (SIMT); TC: dKb itself, [kC][K + 8], by the tensor
+  // cores as dv's dVb above (dW staged with rows of K + 8 words, then overwritten by dKb).
   __syncthreads();
-  if (p.delta_write)
-    for (int i = tid; i < kC * KS; i += kGradThreads) stage[i] = dW[i];
+  if (p.delta_write) {
+    if constexpr (TC) {
+      const int LS = K + 8;
+      for (int i = tid; i < kC * K / 4; i += kGradThreads) {
+        const int r = i / (K / 4), d = 4 * (i % (K / 4));
+        *reinterpret_cast<float4*>(stage + r * LS + d) = *reinterpret_cast<const float4*>(dW + r * KS + d);
+      }
+      __syncthreads();
+      const int warp = tid / 32, rt = 16 * (warp % 4), n0 = 32 * (warp / 4);
+      float acc[4][4] = {};
+      if (n0 < K)
+        warp_tiles_tc<4>(
+            acc, rt, n0, rt, kC, [&](int r, int rr) { return sT[rr * CP + r]; },
+            [&](int rr, int d) { return stage[rr * LS + d]; });
+      __syncthreads();  // every read of dW is done
+      if (n0 < K)
+        each_tile_elem<4>(rt, n0, [&](int jt, int e, int r, int d) {
+          if (d < K) stage[r * LS + d] = acc[jt][e];
+        });
+    } else {
+      for (int i = tid; i < kC * KS; i += kGradThreads) stage[i] = dW[i];
+    }
+  }
   __syncthreads();
 
   // Per element (r, d), on the threads that hold its dQg and dKd: dq, dk and dG. This thread's
@@ -1881,7 +1998,10 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
         glk += kd;
         if (p.delta_write) {  // Kb = β e^G ⊙ k: dKb = Tᵀ dW
           float dkb = 0.0f;
-          for (int rr = r; rr < kC; ++rr) dkb += sT[rr * CP + r] * stage[rr * KS + d];
+          if constexpr (TC)
+            dkb = stage[r * (K + 8) + d];
+          else
+            for (int rr = r; rr < kC; ++rr) dkb += sT[rr * CP + r] * stage[rr * KS + d];
           const float dkg = sb[r] * dkb;
           dK += eG * dkg;
           dg += eG * kr * dkg;
