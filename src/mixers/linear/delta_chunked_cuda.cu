@@ -1466,9 +1466,12 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
 
 
 constexpr int kGradThreads = 512;  // 16 warps: the kernel is latency-bound, one block per SM (shared memory)
-constexpr int kJt = 16, kJs = kJt + 4;  // value columns per staged tile, and the tiles' row stride
-constexpr int kStage = (2 * 128 + 3 * kC) * kJs;  // floats of the staging area
-static_assert(kStage >= kC * 129, "the stage also holds [kC][K+1], [kC][128] and [kC][KS] arrays");
+constexpr int kJt = 32, kJs = kJt + 4;  // value columns per staged tile, and the tiles' row stride
+// The staging area also holds [kC][≤ 136] arrays (dW, dV_new, dKb), and Tᵀ dT at its start with Ā
+// after the first [kC][132] (dW's rows for the dT product).
+constexpr int kAbarAt = kC * 132;
+constexpr int kStage = std::max((2 * 128 + 3 * kC) * kJs, kAbarAt + kC * (kC + 1));  // floats
+static_assert(kStage >= kC * 136, "the stage's other tenants");
 // The [kC, K] products over V: thread (d = tid % 128, rows rg·kGradRows + i).
 constexpr int kGradRows = kC * 128 / kGradThreads;  // 16
 // The [kC, kC] products over V: thread (s = tid % kC, rows rq·kPairRows + i).
@@ -1481,9 +1484,10 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a
 // then 16-byte aligned), else one float at a time. The caller commits and waits.
 __device__ __forceinline__ void stage_cols(float* dst, const float* src, int rows, int V, int j0) {
   if (V % 4 == 0) {
-    static_assert(kJt == 16 && kJs % 4 == 0, "four 16-byte pieces per staged row");
-    for (int i = threadIdx.x; i < rows * 4; i += kGradThreads) {
-      const int r = i >> 2, c = 4 * (i & 3);
+    static_assert(kJt % 4 == 0 && kJs % 4 == 0, "whole 16-byte pieces per staged row");
+    constexpr int kPieces = kJt / 4;
+    for (int i = threadIdx.x; i < rows * kPieces; i += kGradThreads) {
+      const int r = i / kPieces, c = 4 * (i % kPieces);
       const bool ok = j0 + c < V;
       device::cp_async16_zfill(dst + r * kJs + c, ok ? src + int64_t(r) * V + j0 + c : src, ok);
     }
@@ -1505,8 +1509,9 @@ __device__ __forceinline__ void stage_io(float* dst, const void* src, bool f32, 
   f32 = f32 || std::is_same_v<T, float>;
   auto at = [&](int r, int jj) { return ((r0 + r) * p.HV + hv) * V + j0 + jj; };
   if (V % 4 == 0 && src && reinterpret_cast<uintptr_t>(src) % (f32 ? 16 : 8) == 0) {
-    for (int i = threadIdx.x; i < kC * kJt / 4; i += kGradThreads) {
-      const int r = i >> 2, jj = 4 * (i & 3);
+    constexpr int kPieces = kJt / 4;
+    for (int i = threadIdx.x; i < kC * kPieces; i += kGradThreads) {
+      const int r = i / kPieces, jj = 4 * (i % kPieces);
       float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (r < nv && j0 + jj < V) {
         if (f32) {
@@ -1545,6 +1550,25 @@ __device__ __forceinline__ void warp_tiles_tc(float (&acc)[NT][4], int r0, int n
   }
 }
 
+// The decayed grams' backward inside row r's 16-row block [rb, re] for channel d (G_r = Gr):
+// rowQ += Σ_{rb ≤ s < r} dAqk[r][s] k_s e^{G_r − G_s}, rowK likewise with dĀ (Delta only), col +=
+// Σ_{r < rr ≤ re} e^{G_rr − G_r} (dAqk[rr][r] q_rr + dĀ[rr][r] k_rr); each pair its own exponent.
+__device__ __forceinline__ void in_block_sums(float& rowQ, float& rowK, float& col, int r, int rb, int re, int d,
+                                              float Gr, const float* sq, const float* sk, const float* sG,
+                                              const float* sdAq, const float* sdA, int KP, int CP, bool delta) {
+  for (int s = rb; s < r; ++s) {
+    const float e = sk[s * KP + d] * __expf(Gr - sG[s * KP + d]);
+    rowQ += sdAq[r * CP + s] * e;
+    if (delta) rowK += sdA[r * CP + s] * e;
+  }
+  for (int rr = r + 1; rr <= re; ++rr) {
+    const float e = __expf(sG[rr * KP + d] - Gr);
+    float x = sdAq[rr * CP + r] * sq[rr * KP + d];
+    if (delta) x += sdA[rr * CP + r] * sk[rr * KP + d];
+    col += e * x;
+  }
+}
+
 // Visits a warp's m16n8 accumulator tiles: f(tile j, element e, row, column) (mma_tf32's C layout).
 template <int NT, class F>
 __device__ __forceinline__ void each_tile_elem(int r0, int n0, F f) {
@@ -1570,15 +1594,15 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   constexpr int CP = kC + 1;
   extern __shared__ __align__(16) float smem[];
   float* stage = smem;               // [kStage] staged tiles, later dW, dV_new, dW
+  float* sTmp = stage;               // [kC][CP] Tᵀ dT (while the stage is free)
+  float* sAb = stage + kAbarAt;      // [kC][CP] Ā (strictly lower, without β), from dT to dβ
   float* sq = stage + kStage;        // [kC][KP] q·s
   float* sk = sq + kC * KP;          // [kC][KP]
   float* sG = sk + kC * KP;          // [kC][KP]
-  float* sAb = sG + kC * KP;         // [kC][CP] Ā (strictly lower, without β)
-  float* sT = sAb + kC * CP;         // [kC][CP]
+  float* sT = sG + kC * KP;          // [kC][CP]
   float* sdAq = sT + kC * CP;        // [kC][CP] dAqk
   float* sdA = sdAq + kC * CP;       // [kC][CP] dT, then dĀ
-  float* sTmp = sdA + kC * CP;       // [kC][CP] Tᵀ dT
-  float* sb = sTmp + kC * CP;        // [kC] β
+  float* sb = sdA + kC * CP;         // [kC] β
   float* sdb = sb + kC;              // [kC] dβ
   float* sdGl = sdb + kC;            // [128] dG_C
   const T* q = static_cast<const T*>(p.q);
@@ -1954,14 +1978,128 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   }
   __syncthreads();
 
-  // Per element (r, d), on the threads that hold its dQg and dKd: dq, dk and dG. This thread's
-  // rows are the 16-row block rb.. (kGradRows = 16). The decayed grams' backward sums over the
-  // other blocks with the exponent split at the block's edges, both factors ≤ 0:
+  // The decayed grams' backward sums over the other 16-row blocks with the exponent split at the
+  // block's edges, both factors ≤ 0:
   //   s < rb:       e^{G_r − G_s} = e^{G_r − G_rb} · e^{G_rb − G_s}
-  //   rr > rb + 15: e^{G_rr − G_r} = e^{G_rr − G_re} · e^{G_re − G_r}, re = rb + 15,
-  // one exponential per s or rr for four rows at a time; inside the block each pair has its own.
+  //   rr > rb + 15: e^{G_rr − G_r} = e^{G_rr − G_re} · e^{G_re − G_r}, re = rb + 15;
+  // inside the block each pair has its own. With
+  //   dQs = e^G dQg + rowQ,  K⁺ = e^G β dKb + rowK,  K⁻ = e^{G_C − G} dKd + col
+  // (rowQ, rowK: Σ_s dAqk or dĀ [r][s] k_s e^{G_r − G_s}; col: Σ_rr e^{G_rr − G_r} (dAqk[rr][r] q_rr
+  // + dĀ[rr][r] k_rr)) a row's gradients are dq = s dQs, dk = K⁺ + K⁻, dG = q dQs + k (K⁺ − K⁻).
+  // TC: the sums over the other blocks are products on the tensor cores, warp w → row block w % 4
+  // and 32 channels from 32·(w / 4), the right-hand sides k_s e^{G_rb − G_s}, q_rr e^{G_rr − G_re},
+  // k_rr e^{G_rr − G_re} formed in the fragments; then dQs, K⁺ and K⁻ without their in-block sums go
+  // to dQg's scratch, the stage (over dKb) and dKd's scratch, and dG_C's Σ_r e^{G_C − G} k dKd and
+  // dβ's Σ_d e^G k dKb are summed there.
   static_assert(kGradRows == 16, "a thread's rows are one 16-row block");
-  if (dl < K) {
+  if constexpr (TC) {
+    const int warp = tid / 32, lane = tid % 32, b = warp % 4, rb = 16 * b, re = rb + 15, n0 = 32 * (warp / 4);
+    const int LS = K + 8;
+    if (n0 < K) {
+      float oQ[4][4] = {}, oK[4][4] = {}, oC[4][4] = {};
+      const int g = lane / 4, t4 = lane % 4;
+      for (int k0 = 0; k0 < rb; k0 += 8) {  // s < rb
+        uint32_t aq[4], ak[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = rb + g + 8 * (e & 1), sc = k0 + t4 + 4 * (e >> 1);
+          aq[e] = device::tf32(sdAq[r * CP + sc]);
+          ak[e] = device::tf32(p.delta_write ? sdA[r * CP + sc] : 0.0f);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int d = n0 + 8 * j + g;
+          uint32_t y[2];
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int sr = k0 + t4 + 4 * h2;
+            y[h2] = device::tf32(sk[sr * KP + d] * __expf(sG[rb * KP + d] - sG[sr * KP + d]));
+          }
+          device::mma_tf32(oQ[j], aq, y[0], y[1]);
+          if (p.delta_write) device::mma_tf32(oK[j], ak, y[0], y[1]);
+        }
+      }
+      for (int k0 = re + 1; k0 < kC; k0 += 8) {  // rr > re
+        uint32_t aq[4], ak[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = rb + g + 8 * (e & 1), rr = k0 + t4 + 4 * (e >> 1);
+          aq[e] = device::tf32(sdAq[rr * CP + r]);
+          ak[e] = device::tf32(p.delta_write ? sdA[rr * CP + r] : 0.0f);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int d = n0 + 8 * j + g;
+          uint32_t zq[2], zk[2];
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int rr = k0 + t4 + 4 * h2;
+            const float ex = __expf(sG[rr * KP + d] - sG[re * KP + d]);
+            zq[h2] = device::tf32(sq[rr * KP + d] * ex);
+            zk[h2] = device::tf32(sk[rr * KP + d] * ex);
+          }
+          device::mma_tf32(oC[j], aq, zq[0], zq[1]);
+          if (p.delta_write) device::mma_tf32(oC[j], ak, zk[0], zk[1]);
+        }
+      }
+      float gsum[4][2] = {}, bsum[2] = {};  // dG_C per column, dβ per row (g, g + 8)
+      each_tile_elem<4>(rb, n0, [&](int j, int e, int r, int d) {
+        if (d >= K) return;
+        const float Gr = sG[r * KP + d], eG = __expf(Gr), eGd = __expf(sG[(kC - 1) * KP + d] - Gr);
+        const float eb = __expf(Gr - sG[rb * KP + d]), ee = __expf(sG[re * KP + d] - Gr);
+        const float kr = sk[r * KP + d];
+        dQg[r * KS + d] = eG * dQg[r * KS + d] + eb * oQ[j][e];
+        const float dkd_r = dG[r * KS + d];
+        gsum[j][e & 1] += eGd * kr * dkd_r;
+        dG[r * KS + d] = eGd * dkd_r + ee * oC[j][e];
+        float kp = 0.0f;
+        if (p.delta_write) {
+          const float dkb = stage[r * LS + d];
+          bsum[e >> 1] += dkb * eG * kr;
+          kp = eG * sb[r] * dkb + eb * oK[j][e];
+        }
+        stage[r * LS + d] = kp;
+      });
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {  // over the rows: the eight lanes of a column
+          float x = gsum[j][c];
+          x += __shfl_xor_sync(0xffffffffu, x, 4);
+          x += __shfl_xor_sync(0xffffffffu, x, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          const int d = n0 + 8 * j + 2 * t4 + c;
+          if (g == 0 && d < K) atomicAdd(&sdGl[d], x);
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {  // over the channels: the four lanes of a row
+        float x = bsum[hh];
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        x += __shfl_xor_sync(0xffffffffu, x, 2);
+        if (t4 == 0 && p.delta_write) atomicAdd(&sdb[rb + g + 8 * hh], x);
+      }
+    }
+    __syncthreads();
+    // Per element (r, d): the in-block sums, then dq, dk and dG (this thread: channel dl, rows of
+    // block rg).
+    if (dl < K) {
+      const int d = dl, rb = rg * kGradRows, re = rb + kGradRows - 1;
+      for (int r = rb; r <= re; ++r) {
+        const float Gr = sG[r * KP + d], qr = sq[r * KP + d], kr = sk[r * KP + d];
+        float rowQ = sdAq[r * CP + r] * kr, rowK = 0.0f, col = sdAq[r * CP + r] * qr;
+        in_block_sums(rowQ, rowK, col, r, rb, re, d, Gr, sq, sk, sG, sdAq, sdA, KP, CP, p.delta_write);
+        const float dQs = dQg[r * KS + d] + rowQ, kp = stage[r * LS + d] + rowK, km = dG[r * KS + d] + col;
+        if (r < nv && p.dq && p.dk) {
+          atomicAdd(&p.dq[((r0 + r) * p.H + h) * K + d], p.scale * dQs);
+          atomicAdd(&p.dk[((r0 + r) * p.H + h) * K + d], kp + km);
+        }
+        dG[r * KS + d] = qr * dQs + kr * (kp - km);
+      }
+    }
+  } else if (dl < K) {
+    // Per element (r, d), on the threads that hold its dQg and dKd: dq, dk and dG. This thread's
+    // rows are the 16-row block rb.. (kGradRows = 16); one exponential per s or rr for four rows
+    // at a time over the other blocks.
     const int d = dl, rb = rg * kGradRows, re = rb + kGradRows - 1;
     const float GCd = sG[(kC - 1) * KP + d], Gb = sG[rb * KP + d], Ge = sG[re * KP + d];
     float glk = 0.0f;
@@ -2017,17 +2155,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
         const float eb = __expf(Gr - Gb), ee = __expf(Ge - Gr);
         float rowQ = sdAq[r * CP + r] * kr + aQ[i4] * eb, rowK = aK[i4] * eb;  // s = r: e = 1
         float col = sdAq[r * CP + r] * qr + aC[i4] * ee;
-        for (int s = rb; s < r; ++s) {
-          const float e = sk[s * KP + d] * __expf(Gr - sG[s * KP + d]);
-          rowQ += sdAq[r * CP + s] * e;
-          if (p.delta_write) rowK += sdA[r * CP + s] * e;
-        }
-        for (int rr = r + 1; rr <= re; ++rr) {
-          const float e = __expf(sG[rr * KP + d] - Gr);
-          float x = sdAq[rr * CP + r] * sq[rr * KP + d];
-          if (p.delta_write) x += sdA[rr * CP + r] * sk[rr * KP + d];
-          col += e * x;
-        }
+        in_block_sums(rowQ, rowK, col, r, rb, re, d, Gr, sq, sk, sG, sdAq, sdA, KP, CP, p.delta_write);
         dQs += rowQ;
         dK += rowK + col;
         dg += qr * rowQ + kr * rowK - kr * col;
@@ -2090,7 +2218,7 @@ size_t output_smem(int KS, bool tc = false) {
             : sizeof(float) * (KS * kOb + kC * KS + kC * kC + kC * kOb);
 }
 size_t reverse_smem(int KS) { return sizeof(float) * (KS * kVb + 3 * kC * KS + kC * kC + 2 * kC * kVb + 2 * KS); }
-size_t grads_smem(int K) { return sizeof(float) * (kStage + 3 * kC * (K + 1) + 5 * kC * (kC + 1) + 2 * kC + 128); }
+size_t grads_smem(int K) { return sizeof(float) * (kStage + 3 * kC * (K + 1) + 3 * kC * (kC + 1) + 2 * kC + 128); }
 
 template <class T>
 void configure() {
