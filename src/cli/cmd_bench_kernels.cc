@@ -222,13 +222,29 @@ void run_kernels(const KernelArgs& args) {
           linear::cuda::DeviceGrads gr;
           gr.d_o = d_o.get(), gr.dq = dq.as<float>(), gr.dk = dk.as<float>(), gr.dv = dv.as<float>();
           gr.dbeta = db.as<float>(), gr.dg = dg.as<float>(), gr.dh0 = dh0.as<float>(), gr.longest = T;
+          // As in training: the forward keeps its scratch for the backward where it fits the budget.
+          linear::cuda::ForwardScratch keep;
+          size_t kept = 0;
+          da.keep = &keep;
           const double bms = median_ms(3, [&] {
+            linear::cuda::forward(da);
+            kept = keep.bytes();
+            linear::cuda::backward(da, gr);
+          });
+          da.keep = nullptr;
+          const double rms = median_ms(3, [&] {  // memory-lean: the backward recomputes the forward's scratch
             linear::cuda::forward(da);
             linear::cuda::backward(da, gr);
           });
+          rep.add(std::string(var.name) + "_fwdbwd_recompute_T" + std::to_string(T) + "_H" + std::to_string(H) + "_ms",
+                  {std::string(var.name) + " chunked fwd+bwd T" + std::to_string(T) + " H" + std::to_string(H) +
+                       " recomputing",
+                   fmt("%.2f ms", rms), "nothing kept fwd->bwd", "-"},
+                  rms);
           rep.add(std::string(var.name) + "_fwdbwd_T" + std::to_string(T) + "_H" + std::to_string(H) + "_ms",
                   {std::string(var.name) + " chunked fwd+bwd T" + std::to_string(T) + " H" + std::to_string(H),
-                   fmt("%.2f ms", bms), "-",
+                   fmt("%.2f ms", bms),
+                   kept ? fmt("%.0f MB kept fwd->bwd", double(kept) / 1e6) : std::string("recomputed in bwd"),
                    anchor_of(std::string(var.name) + "_fwdbwd_T" + std::to_string(T) + "_H" + std::to_string(H), bms,
                              var.d == linear::Decay::PerChannel && T == 8192 && H == 16 ? 2.99 : 0.0, "anchors fla")},
                   bms);

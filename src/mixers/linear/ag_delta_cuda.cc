@@ -1,8 +1,10 @@
-// CUDA forms of the delta-rule layer's differentiable ops (ag_delta.h): the recurrent kernels of
-// delta_cuda.cu over B whole sequences (forward, and under Recording the backward that
-// recomputes the states), and the KDA gates. Dispatched from ag_delta.cc when the inputs live on
+// CUDA forms of the delta-rule layer's differentiable ops (ag_delta.h): the kernels of
+// delta_cuda.cu over B whole sequences (forward, and under Recording the backward, which
+// recomputes the states unless the forward kept its chunked scratch), and the KDA gates. Dispatched from ag_delta.cc when the inputs live on
 // the device (ops/ag_cuda.h).
 #include "mixers/linear/ag_delta_cuda.h"
+
+#include <memory>
 
 #include "core/device.h"
 #include "mixers/linear/delta_cuda.h"
@@ -10,6 +12,9 @@
 #include "ops/ops_cuda.h"
 
 namespace k3::ag::gpu {
+
+// The most one delta-rule layer keeps from its forward to its backward (ForwardScratch).
+constexpr size_t kKeptScratchBytes = size_t(256) << 20;
 
 Var delta_rule(const Var& q, const Var& k, const Var& v, const Var& beta, const Var& g, const linear::DeltaOptions& opts,
                const DeltaShape& s) {
@@ -49,9 +54,19 @@ Var delta_rule(const Var& q, const Var& k, const Var& v, const Var& beta, const 
   a.len = d_seqs->second.as<int64_t>();
   Tensor o = empty({s.B * s.T, s.HV * s.V});
   a.o = o.cuda_f32();
+  // Training: the chunked forward keeps its scratch for the backward where it is small, so the
+  // backward skips recomputing it; larger ones are recomputed (bounded activation memory).
+  std::shared_ptr<linear::cuda::ForwardScratch> keep;
+  bool grads = false;
+  for (const Var& p : parents) grads = grads || needs_grad(p);
+  if (recording() && grads) {
+    keep = std::make_shared<linear::cuda::ForwardScratch>();
+    keep->budget = kKeptScratchBytes;
+    a.keep = keep.get();
+  }
   linear::cuda::forward(a);
   a.o = nullptr;
-  return make_node(std::move(o), parents, [q, k, v, beta, g, a, d_seqs, T = s.T](Node& self) {
+  return make_node(std::move(o), parents, [q, k, v, beta, g, a, d_seqs, keep, T = s.T](Node& self) {
     // The kernel writes every gradient it has into zeroed buffers (sums over value blocks and
     // grouped heads): scratch, then added to the inputs' gradients.
     auto zeroed = [](const Var& x) { return zeros(x->value.shape()); };

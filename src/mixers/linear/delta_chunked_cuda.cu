@@ -39,6 +39,8 @@
 // its products over V, the rest of it SIMT. With a scalar gate or none (Gated DeltaNet, DeltaNet)
 // prepare's grams are plain bf16 products of q and k on the tensor cores, scaled per entry.
 #include <algorithm>
+#include <memory>
+#include <optional>
 #include <type_traits>
 
 #include "core/cuda_util.cuh"
@@ -2374,6 +2376,33 @@ int64_t window_of(const cuda::DeviceArgs& a, const ChunkDev& d, int64_t chunks, 
 
 namespace k3::linear::cuda {
 
+// A whole sequence's scratch in one window, filled by the forward with what the backward reads
+// (T and Ā, each chunk's entering state, V_new), and the arguments it was filled for.
+struct ChunkSaved {
+  detail::Scratch scratch;
+  detail::ChunkDev d;  // the scratch's pointers (set by its constructor)
+  DeviceArgs args;     // what the forward ran on (keep cleared)
+  int64_t chunks;
+  size_t bytes;
+  ChunkSaved(detail::ChunkDev& dev, int64_t NHV, int64_t chunks_, size_t bytes_, const DeviceArgs& a)
+      : scratch(dev, NHV, chunks_, true), d(dev), args(a), chunks(chunks_), bytes(bytes_) {
+    args.keep = nullptr;
+  }
+  bool matches(const DeviceArgs& a) const {
+    const DeviceArgs& b = args;
+    return a.N == b.N && a.H == b.H && a.HV == b.HV && a.K == b.K && a.V == b.V && a.write == b.write &&
+           a.decay == b.decay && a.scale == b.scale && a.io == b.io && a.row0 == b.row0 && a.len == b.len &&
+           a.max_len == b.max_len && a.simt == b.simt && a.q == b.q && a.k == b.k && a.v == b.v &&
+           a.beta == b.beta && a.g == b.g && a.h0 == b.h0;
+  }
+};
+
+ForwardScratch::ForwardScratch() = default;
+ForwardScratch::~ForwardScratch() = default;
+ForwardScratch::ForwardScratch(ForwardScratch&&) noexcept = default;
+ForwardScratch& ForwardScratch::operator=(ForwardScratch&&) noexcept = default;
+size_t ForwardScratch::bytes() const { return saved ? saved->bytes : 0; }
+
 void chunked_forward(const DeviceArgs& a) {
   using namespace detail;
   ChunkDev d = chunk_dev(a);
@@ -2381,7 +2410,31 @@ void chunked_forward(const DeviceArgs& a) {
   if (NHV == 0) return;
   d.o = a.o;
   d.store_vn = 1;
-  const int64_t chunks = (a.max_len + kC - 1) / kC, window = window_of(a, d, chunks, false);
+  const int64_t chunks = (a.max_len + kC - 1) / kC;
+  // The backward's scratch for every chunk in one window (window_of's per-chunk sizes).
+  const size_t keep_bytes = sizeof(float) * size_t(NHV * chunks * kC * (3 * d.KS + 2 * a.V + 2 * kC) +
+                                                   NHV * chunks * (d.KS + 2 * a.K * a.V));
+  if (a.keep) a.keep->saved.reset();
+  if (a.keep && keep_bytes <= a.keep->budget && chunks <= 65535 && (a.window == 0 || a.window >= chunks)) {
+    // The forward fills the backward's scratch (one window, every chunk) and keeps it.
+    const size_t bytes = keep_bytes;
+    auto saved = std::make_unique<ChunkSaved>(d, NHV, chunks, bytes, a);
+    d.c_begin = 0;
+    d.c_count = int(chunks);
+    d.s_in = a.h0;
+    device::Buffer tmp;
+    d.s_out = a.ht;
+    if (!d.s_out) {
+      tmp = device::Buffer(size_t(NHV * a.K * a.V * 4));
+      d.s_out = tmp.as<float>();
+    }
+    run(Step::Prepare, d, NHV, a.io);
+    run(Step::Recur, d, NHV, a.io);
+    run(Step::Output, d, NHV, a.io);
+    a.keep->saved = std::move(saved);
+    return;
+  }
+  const int64_t window = window_of(a, d, chunks, false);
   Scratch scratch(d, NHV, window, false);
   // The state between windows: ht when the caller wants it (it may alias h0: each block reads its
   // slice before writing it), else a temporary.
@@ -2408,10 +2461,19 @@ void chunked_backward(const DeviceArgs& a, const DeviceGrads& g) {
   ChunkDev d = chunk_dev(a);
   const int64_t NHV = a.N * a.HV;
   if (NHV == 0) return;
-  const int64_t chunks = (a.max_len + kC - 1) / kC, window = window_of(a, d, chunks, true);
+  const int64_t chunks = (a.max_len + kC - 1) / kC;
+  std::unique_ptr<ChunkSaved> saved;
+  if (a.keep) saved = std::move(a.keep->saved);  // emptied either way
+  if (saved && (!saved->matches(a) || saved->chunks != chunks)) saved.reset();
+  if (saved) ++a.keep->reused;
+  const int64_t window = saved ? chunks : window_of(a, d, chunks, true);
   const int64_t windows = (chunks + window - 1) / window;
   const size_t state_bytes = size_t(NHV * a.K * a.V) * sizeof(float);
-  Scratch scratch(d, NHV, window, true);
+  std::optional<Scratch> scratch;
+  if (saved)
+    d = saved->d;  // the forward's scratch: window 0 of 1 needs no recompute
+  else
+    scratch.emplace(d, NHV, window, true);
   // The state entering each window after the first (one forward sweep, no outputs).
   device::Buffer starts(state_bytes * size_t(std::max<int64_t>(windows - 1, 0)));
   auto start_of = [&](int64_t w) { return w == 0 ? a.h0 : starts.as<float>() + (w - 1) * NHV * a.K * a.V; };
@@ -2439,8 +2501,10 @@ void chunked_backward(const DeviceArgs& a, const DeviceGrads& g) {
     d.c_begin = int(w * window);
     d.c_count = int(std::min(window, chunks - w * window));
     d.s_in = start_of(w), d.s_out = state.as<float>();
-    run(Step::Prepare, d, NHV, a.io);
-    run(Step::Recur, d, NHV, a.io);
+    if (!saved) {
+      run(Step::Prepare, d, NHV, a.io);
+      run(Step::Recur, d, NHV, a.io);
+    }
     d.ds_in = ds_in;
     d.ds_out = w == 0 ? dh0 : ((windows - 1 - w) % 2 ? carry_b.as<float>() : carry_a.as<float>());
     run(Step::Reverse, d, NHV, a.io);

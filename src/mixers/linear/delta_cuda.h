@@ -3,7 +3,9 @@
 // Layouts as in delta_core.h; row0/len [N] give each sequence's first token row and length.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "core/dtype.h"
 #include "mixers/linear/delta_core.h"
@@ -14,6 +16,26 @@ namespace k3::linear::cuda {
 // backward's `longest`) is known and longer than one 64-token chunk, the decode kernel when it
 // is 1, else the recurrent one.
 enum class Form : uint8_t { Auto, Recurrent, Chunked };
+
+// The chunked forward's scratch (its operands, each chunk's entering state, T and Ā) kept from a
+// forward to the backward that follows, so that the backward does not recompute them (training).
+// A forward given one (DeviceArgs::keep) fills it when that scratch, for every chunk at once,
+// fits `budget` bytes, else leaves it empty; the backward uses it when it was filled for the same
+// arguments, and empties it either way (its products overwrite the scratch). Costs bytes() of
+// device memory from the forward to the backward (about 5 KiB per token and value head at
+// K = V = 128).
+struct ChunkSaved;
+struct ForwardScratch {
+  ForwardScratch();
+  ~ForwardScratch();
+  ForwardScratch(ForwardScratch&&) noexcept;
+  ForwardScratch& operator=(ForwardScratch&&) noexcept;
+  bool filled() const { return bool(saved); }
+  size_t bytes() const;
+  std::unique_ptr<ChunkSaved> saved;  // delta_chunked_cuda.cu's
+  size_t budget = size_t(4) << 30;    // the most the forward may keep
+  int64_t reused = 0;                 // backwards that skipped their recompute through it
+};
 
 struct DeviceArgs {
   Form form = Form::Auto;
@@ -26,8 +48,9 @@ struct DeviceArgs {
   const int64_t* row0 = nullptr;            // [N]
   const int64_t* len = nullptr;             // [N]
   int64_t max_len = 0;                      // longest sequence if known (1 picks the decode kernel)
-  int64_t window = 0;                       // chunked form: chunks per scratch window (0: as 512 MiB allow)
+  int64_t window = 0;                       // chunked form: chunks per scratch window (0: as 1 GiB allows)
   bool simt = false;                        // chunked form: SIMT kernels even where the tensor-core ones apply
+  ForwardScratch* keep = nullptr;           // chunked form: the forward's scratch for the backward, or null
   const void *q = nullptr, *k = nullptr, *v = nullptr;
   const float* beta = nullptr;              // [rows, HV] (Delta)
   const float* g = nullptr;                 // [rows, HV] or [rows, HV, K]

@@ -204,7 +204,10 @@ TEST(DeltaCudaVarlen, ManySequences) {
 // The chunked kernels through the device API: bf16 storage, a packed batch with an empty
 // sequence, and the scratch in windows of one and of three chunks (the state passes between
 // windows through ht, here aliasing h0 as in serving; the backward keeps each window's entering
-// state and carries the adjoint back through them) against the CPU recurrent reference. Both
+// state and carries the adjoint back through them), and in one window with the forward's scratch
+// kept for the backward (ForwardScratch: the backward must take it instead of recomputing; with
+// three-chunk windows it is kept too but the backward's h0 differs, so it must recompute),
+// against the CPU recurrent reference. Both
 // kernel sets: SIMT (fp32 arithmetic: gradients within 1e-4 of the CPU's on the same bf16-rounded
 // inputs) and the tensor cores' (TF32 products: within the bf16 tolerance, 5e-3), the latter also
 // at K 128 with a value width that is not a multiple of 4 (one-float copies into shared memory),
@@ -227,7 +230,7 @@ TEST_P(DeltaCudaChunked, WindowsAndDeviceApi) {
     in.cu_seqlens = {0, 130, 130, 131, 300};
     DeltaOptions cpu = testing::options(var);
     const DeltaOutputs ref = delta_forward(in, cpu, Impl::Recurrent);
-    for (const int64_t window : {1, 3}) {
+    for (const int64_t window : {1, 3, 0}) {  // 0: the budget's one window, the scratch kept
       auto put = [](const Tensor& t, bool bf16) {
         return t.defined() ? device::upload_values(t.f32(), t.numel(), bf16 ? device::Storage::BF16 : device::Storage::F32)
                            : device::Buffer();
@@ -237,6 +240,8 @@ TEST_P(DeltaCudaChunked, WindowsAndDeviceApi) {
       const std::vector<int64_t> r0 = {0, 130, 130, 131}, ln = {130, 0, 1, 169};
       device::Buffer row0 = device::upload_new(r0.data(), 32), len = device::upload_new(ln.data(), 32);
       device::Buffer o(size_t(T * HV * V) * 2);
+      device::Buffer h0f = put(in.h0, false);  // window 0: the forward's h0 (ht goes to S), kept for the backward
+      cuda::ForwardScratch keep;
       cuda::DeviceArgs a;
       a.form = cuda::Form::Chunked;
       a.simt = c.simt;
@@ -246,7 +251,10 @@ TEST_P(DeltaCudaChunked, WindowsAndDeviceApi) {
       a.row0 = row0.as<int64_t>(), a.len = len.as<int64_t>(), a.max_len = 169;
       a.q = q.get(), a.k = k.get(), a.v = v.get(), a.beta = beta.as<float>(), a.g = g.as<float>();
       a.h0 = S.as<float>(), a.ht = S.as<float>(), a.o = o.get();
+      if (window == 0) a.h0 = h0f.as<float>();
+      if (window != 1) a.keep = &keep;
       cuda::forward(a);
+      EXPECT_EQ(keep.filled(), window != 1);
       Tensor go = Tensor::empty(ref.o.shape()), ght = Tensor::empty(ref.ht.shape());
       device::download_values(go.f32(), o, go.numel(), device::Storage::BF16);
       device::download_values(ght.f32(), S, ght.numel(), device::Storage::F32);
@@ -264,7 +272,7 @@ TEST_P(DeltaCudaChunked, WindowsAndDeviceApi) {
       rin.q = round_bf16(in.q), rin.k = round_bf16(in.k), rin.v = round_bf16(in.v);
       const DeltaGrads gr = delta_backward(rin, cot, cpu, Impl::Recurrent);
       device::Buffer h0 = put(in.h0, false), d_o = put(cot.d_o, true), dht = put(cot.dht, false);
-      a.h0 = h0.as<float>(), a.ht = nullptr;
+      a.h0 = window == 0 ? h0f.as<float>() : h0.as<float>(), a.ht = nullptr;
       auto zeros = [](const Tensor& t) { return t.defined() ? device::zeros_f32(t.numel()) : device::Buffer(); };
       device::Buffer dq = zeros(gr.dq), dk = zeros(gr.dk), dv = zeros(gr.dv), db = zeros(gr.dbeta), dg = zeros(gr.dg),
                      dh0 = zeros(gr.dh0);
@@ -273,6 +281,8 @@ TEST_P(DeltaCudaChunked, WindowsAndDeviceApi) {
       dgr.dq = dq.as<float>(), dgr.dk = dk.as<float>(), dgr.dv = dv.as<float>(), dgr.dbeta = db.as<float>();
       dgr.dg = dg.as<float>(), dgr.dh0 = dh0.as<float>(), dgr.longest = 169;
       cuda::backward(a, dgr);
+      EXPECT_EQ(keep.reused, window == 0 ? 1 : 0) << label;
+      EXPECT_FALSE(keep.filled()) << label;
       auto got = [](const device::Buffer& b, const Tensor& like) {
         if (!like.defined()) return Tensor();
         Tensor t = Tensor::empty(like.shape());
