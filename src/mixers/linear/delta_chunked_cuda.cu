@@ -1472,7 +1472,7 @@ constexpr int kJt = 32, kJs = kJt + 4;  // value columns per staged tile, and th
 // The staging area also holds [kC][≤ 136] arrays (dW, dV_new, dKb), and Tᵀ dT at its start with Ā
 // after the first [kC][132] (dW's rows for the dT product).
 constexpr int kAbarAt = kC * 132;
-constexpr int kStage = std::max((2 * 128 + 3 * kC) * kJs, kAbarAt + kC * (kC + 1));  // floats
+constexpr int kStage = std::max((2 * 128 + 4 * kC) * kJs, kAbarAt + kC * (kC + 1));  // floats
 static_assert(kStage >= kC * 136, "the stage's other tenants");
 // The [kC, K] products over V: thread (d = tid % 128, rows rg·kGradRows + i).
 constexpr int kGradRows = kC * 128 / kGradThreads;  // 16
@@ -1585,7 +1585,8 @@ __device__ __forceinline__ void each_tile_elem(int r0, int n0, F f) {
 // The products over V (dQg = dO S₀ᵀ, dKd = V_new dSᵀ, dW = −dV_new S₀ᵀ, dAqk, dT's V part) run
 // over value tiles staged in shared memory; dQg and dKd wait in global scratch for the final pass.
 // TC (bf16 storage, K % 16 == 0): those products on the tensor cores (TF32; warp tiles of m16n8
-// accumulators, the staged rows' stride of 20 floats makes every fragment read conflict-free).
+// accumulators, the staged rows' stride of kJs ≡ 4 (mod 32) floats makes every fragment read
+// conflict-free).
 template <class T, bool TC>
 __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   const ChunkIds id = chunk_ids(p);
@@ -1632,18 +1633,23 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   }
   load_cumsum(sG, p, r0, nv, hv, kGradThreads);
 
-  // Products over V into [kC, K]: dQg, dKd, dW, and dG_C's Σ_j dS ⊙ S₀.
+  // Products over V, one pass over the value tiles: into [kC, K] dQg, dKd, dW and dG_C's
+  // Σ_j dS ⊙ S₀; into [kC, kC] dAqk = tril(dO V_newᵀ) and dT's V part dV_new (β V)ᵀ (β later).
   const int dl = tid % 128, rg = tid / 128;
   const int warp_ = tid / 32, g_ = (tid % 32) / 4, t4_ = tid % 4;  // TC: fragment coordinates
   float dqg[TC ? 1 : kGradRows] = {}, dkd[TC ? 1 : kGradRows] = {}, dw[TC ? 1 : kGradRows] = {};
   float cq[TC ? 4 : 1][4] = {}, ck[TC ? 4 : 1][4] = {}, cwt[TC ? 4 : 1][4] = {};  // dQg, dKd, −dW tiles
   float gl = 0.0f;
+  const int sl = tid % kC, rq = tid / kC;
+  float daq[TC ? 1 : kPairRows] = {}, dtv[TC ? 1 : kPairRows] = {};
+  float cp2[TC ? 4 : 1][4] = {};  // TC: this warp's tiles of dAqk or dT's V part
   {
     float* tS0 = stage;               // [128][kJs]
     float* tdS = tS0 + 128 * kJs;     // [128][kJs]
     float* tdO = tdS + 128 * kJs;     // [kC][kJs]
     float* tVn = tdO + kC * kJs;      // [kC][kJs]
     float* tdVn = tVn + kC * kJs;     // [kC][kJs]
+    float* tv = tdVn + kC * kJs;      // [kC][kJs]
     for (int j0 = 0; j0 < V; j0 += kJt) {
       __syncthreads();  // the previous tile's readers are done
       stage_cols(tS0, S0, K, V, j0);
@@ -1652,6 +1658,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
       stage_cols(tdVn, dVn, kC, V, j0);
       cp_async_commit();
       stage_io<T>(tdO, p.d_o, p.do_f32, p, r0, nv, hv, j0);
+      stage_io<T>(tv, p.v, false, p, r0, nv, hv, j0);
       cp_async_wait0();
       __syncthreads();
       if constexpr (TC) {
@@ -1696,51 +1703,6 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
           }
         }
       }
-    }
-  }
-  if (rg == 0) sdGl[dl] = dl < K ? gl * __expf(sG[(kC - 1) * KP + dl]) : 0.0f;
-  if constexpr (TC) {
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const int d = 32 * (warp_ / 4) + 8 * nt + 2 * t4_;
-      if (d >= K) break;
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {
-        const int r = 16 * (warp_ % 4) + g_ + 8 * h2;
-        *reinterpret_cast<float2*>(dW + r * KS + d) = make_float2(-cwt[nt][2 * h2], -cwt[nt][2 * h2 + 1]);
-        *reinterpret_cast<float2*>(dQg + r * KS + d) = make_float2(cq[nt][2 * h2], cq[nt][2 * h2 + 1]);
-        *reinterpret_cast<float2*>(dG + r * KS + d) = make_float2(ck[nt][2 * h2], ck[nt][2 * h2 + 1]);
-      }
-    }
-  } else if (dl < KS)
-#pragma unroll
-    for (int i = 0; i < kGradRows; ++i) {
-      const int r = rg * kGradRows + i;
-      dW[r * KS + dl] = dl < K ? dw[i] : 0.0f;
-      // dQg and dKd wait in global scratch for the final pass (this thread reads them back): kept
-      // in registers across the passes between, they were indexed at run time and lived in local memory.
-      dQg[r * KS + dl] = dqg[i];
-      dG[r * KS + dl] = dkd[i];
-    }
-
-  // Products over V into [kC, kC]: dAqk = tril(dO V_newᵀ) and dT's V part dV_new (β V)ᵀ (β later).
-  {
-    const int sl = tid % kC, rq = tid / kC;
-    float daq[TC ? 1 : kPairRows] = {}, dtv[TC ? 1 : kPairRows] = {};
-    float cp2[TC ? 4 : 1][4] = {};  // TC: this warp's tiles of dAqk or dT's V part
-    float* tdO = stage;              // [kC][kJs]
-    float* tVn = tdO + kC * kJs;     // [kC][kJs]
-    float* tdVn = tVn + kC * kJs;    // [kC][kJs]
-    float* tv = tdVn + kC * kJs;     // [kC][kJs]
-    for (int j0 = 0; j0 < V; j0 += kJt) {
-      __syncthreads();
-      stage_cols(tVn, Vn, kC, V, j0);
-      stage_cols(tdVn, dVn, kC, V, j0);
-      cp_async_commit();
-      stage_io<T>(tdO, p.d_o, p.do_f32, p, r0, nv, hv, j0);
-      stage_io<T>(tv, p.v, false, p, r0, nv, hv, j0);
-      cp_async_wait0();
-      __syncthreads();
       if constexpr (TC) {
         // Warp w: product w / 8 (dO V_newᵀ, then dV_new vᵀ), rows 16·((w % 8) / 2).., columns s
         // of four 8-wide tiles from 32·(w % 2).
@@ -1770,22 +1732,47 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
         }
       }
     }
-    if constexpr (TC) {
-      float* out = warp_ < 8 ? sdAq : sdA;
+  }
+  if (rg == 0) sdGl[dl] = dl < K ? gl * __expf(sG[(kC - 1) * KP + dl]) : 0.0f;
+  if constexpr (TC) {
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < 4; ++nt) {
+      const int d = 32 * (warp_ / 4) + 8 * nt + 2 * t4_;
+      if (d >= K) break;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 16 * ((warp_ % 8) / 2) + g_ + 8 * (e >> 1), c = 32 * (warp_ % 2) + 8 * nt + 2 * t4_ + (e & 1);
-          out[r * CP + c] = warp_ >= 8 || c <= r ? cp2[nt][e] : 0.0f;
-        }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kPairRows; ++i) {
-        const int r = rq * kPairRows + i;
-        sdAq[r * CP + sl] = sl <= r ? daq[i] : 0.0f;
-        sdA[r * CP + sl] = dtv[i];
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int r = 16 * (warp_ % 4) + g_ + 8 * h2;
+        *reinterpret_cast<float2*>(dW + r * KS + d) = make_float2(-cwt[nt][2 * h2], -cwt[nt][2 * h2 + 1]);
+        *reinterpret_cast<float2*>(dQg + r * KS + d) = make_float2(cq[nt][2 * h2], cq[nt][2 * h2 + 1]);
+        *reinterpret_cast<float2*>(dG + r * KS + d) = make_float2(ck[nt][2 * h2], ck[nt][2 * h2 + 1]);
       }
+    }
+  } else if (dl < KS)
+#pragma unroll
+    for (int i = 0; i < kGradRows; ++i) {
+      const int r = rg * kGradRows + i;
+      dW[r * KS + dl] = dl < K ? dw[i] : 0.0f;
+      // dQg and dKd wait in global scratch for the final pass (this thread reads them back): kept
+      // in registers across the passes between, they were indexed at run time and lived in local memory.
+      dQg[r * KS + dl] = dqg[i];
+      dG[r * KS + dl] = dkd[i];
+    }
+
+  if constexpr (TC) {
+    float* out = warp_ < 8 ? sdAq : sdA;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 16 * ((warp_ % 8) / 2) + g_ + 8 * (e >> 1), c = 32 * (warp_ % 2) + 8 * nt + 2 * t4_ + (e & 1);
+        out[r * CP + c] = warp_ >= 8 || c <= r ? cp2[nt][e] : 0.0f;
+      }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPairRows; ++i) {
+      const int r = rq * kPairRows + i;
+      sdAq[r * CP + sl] = sl <= r ? daq[i] : 0.0f;
+      sdA[r * CP + sl] = dtv[i];
     }
   }
   __syncthreads();
@@ -2138,10 +2125,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
         glk += kd;
         if (p.delta_write) {  // Kb = β e^G ⊙ k: dKb = Tᵀ dW
           float dkb = 0.0f;
-          if constexpr (TC)
-            dkb = stage[r * (K + 8) + d];
-          else
-            for (int rr = r; rr < kC; ++rr) dkb += sT[rr * CP + r] * stage[rr * KS + d];
+          for (int rr = r; rr < kC; ++rr) dkb += sT[rr * CP + r] * stage[rr * KS + d];
           const float dkg = sb[r] * dkb;
           dK += eG * dkg;
           dg += eG * kr * dkg;
