@@ -1,7 +1,7 @@
 // CUDA forms of the delta-rule layer's differentiable ops (ag_delta.h): the kernels of
 // delta_cuda.cu over B whole sequences (forward, and under Recording the backward, which
-// recomputes the states unless the forward kept its chunked scratch), and the KDA gates. Dispatched from ag_delta.cc when the inputs live on
-// the device (ops/ag_cuda.h).
+// recomputes the states unless the forward kept its chunked scratch), and the KDA gates.
+// Dispatched from ag_delta.cc when the inputs live on the device (ops/ag_cuda.h).
 #include "mixers/linear/ag_delta_cuda.h"
 
 #include <memory>

@@ -1982,19 +1982,23 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   // dβ's Σ_d e^G k dKb are summed there.
   static_assert(kGradRows == 16, "a thread's rows are one 16-row block");
   if constexpr (TC) {
-    const int warp = tid / 32, lane = tid % 32, b = warp % 4, rb = 16 * b, re = rb + 15, n0 = 32 * (warp / 4);
+    const int warp = tid / 32, lane = tid % 32, rb = 16 * (warp % 4), re = rb + 15, n0 = 32 * (warp / 4);
     const int LS = K + 8;
     if (n0 < K) {
       float oQ[4][4] = {}, oK[4][4] = {}, oC[4][4] = {};
       const int g = lane / 4, t4 = lane % 4;
-      for (int k0 = 0; k0 < rb; k0 += 8) {  // s < rb
-        uint32_t aq[4], ak[4];
+      // A fragments of dAqk and dĀ at (rows rb.., columns k0..), at(r, c) their offset.
+      auto afrags = [&](uint32_t (&aq)[4], uint32_t (&ak)[4], int k0, auto at) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = rb + g + 8 * (e & 1), sc = k0 + t4 + 4 * (e >> 1);
-          aq[e] = device::tf32(sdAq[r * CP + sc]);
-          ak[e] = device::tf32(p.delta_write ? sdA[r * CP + sc] : 0.0f);
+          const int o = at(rb + g + 8 * (e & 1), k0 + t4 + 4 * (e >> 1));
+          aq[e] = device::tf32(sdAq[o]);
+          ak[e] = device::tf32(p.delta_write ? sdA[o] : 0.0f);
         }
+      };
+      for (int k0 = 0; k0 < rb; k0 += 8) {  // s < rb
+        uint32_t aq[4], ak[4];
+        afrags(aq, ak, k0, [&](int r, int sc) { return r * CP + sc; });
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int d = n0 + 8 * j + g;
@@ -2008,14 +2012,9 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
           if (p.delta_write) device::mma_tf32(oK[j], ak, y[0], y[1]);
         }
       }
-      for (int k0 = re + 1; k0 < kC; k0 += 8) {  // rr > re
+      for (int k0 = re + 1; k0 < kC; k0 += 8) {  // rr > re: the transposes
         uint32_t aq[4], ak[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = rb + g + 8 * (e & 1), rr = k0 + t4 + 4 * (e >> 1);
-          aq[e] = device::tf32(sdAq[rr * CP + r]);
-          ak[e] = device::tf32(p.delta_write ? sdA[rr * CP + r] : 0.0f);
-        }
+        afrags(aq, ak, k0, [&](int r, int rr) { return rr * CP + r; });
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int d = n0 + 8 * j + g;
@@ -2399,27 +2398,17 @@ void chunked_forward(const DeviceArgs& a) {
   const size_t keep_bytes = sizeof(float) * size_t(NHV * chunks * kC * (3 * d.KS + 2 * a.V + 2 * kC) +
                                                    NHV * chunks * (d.KS + 2 * a.K * a.V));
   if (a.keep) a.keep->saved.reset();
+  // Kept for the backward: one window of the backward's scratch over every chunk; else windows
+  // of the forward's own.
+  std::unique_ptr<ChunkSaved> saved;
+  std::optional<Scratch> scratch;
+  int64_t window = chunks;
   if (a.keep && keep_bytes <= a.keep->budget && chunks <= 65535 && (a.window == 0 || a.window >= chunks)) {
-    // The forward fills the backward's scratch (one window, every chunk) and keeps it.
-    const size_t bytes = keep_bytes;
-    auto saved = std::make_unique<ChunkSaved>(d, NHV, chunks, bytes, a);
-    d.c_begin = 0;
-    d.c_count = int(chunks);
-    d.s_in = a.h0;
-    device::Buffer tmp;
-    d.s_out = a.ht;
-    if (!d.s_out) {
-      tmp = device::Buffer(size_t(NHV * a.K * a.V * 4));
-      d.s_out = tmp.as<float>();
-    }
-    run(Step::Prepare, d, NHV, a.io);
-    run(Step::Recur, d, NHV, a.io);
-    run(Step::Output, d, NHV, a.io);
-    a.keep->saved = std::move(saved);
-    return;
+    saved = std::make_unique<ChunkSaved>(d, NHV, chunks, keep_bytes, a);
+  } else {
+    window = window_of(a, d, chunks, false);
+    scratch.emplace(d, NHV, window, false);
   }
-  const int64_t window = window_of(a, d, chunks, false);
-  Scratch scratch(d, NHV, window, false);
   // The state between windows: ht when the caller wants it (it may alias h0: each block reads its
   // slice before writing it), else a temporary.
   device::Buffer tmp;
@@ -2437,6 +2426,7 @@ void chunked_forward(const DeviceArgs& a) {
     run(Step::Recur, d, NHV, a.io);
     run(Step::Output, d, NHV, a.io);
   }
+  if (saved) a.keep->saved = std::move(saved);
   // The scratch returns to the allocator's cache; later work on the same stream cannot overlap.
 }
 
