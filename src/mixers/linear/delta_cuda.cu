@@ -448,9 +448,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_
   const int K = p.K, V = p.V;
   __shared__ float sq[kKMax], sk[kKMax], sa[kKMax];
   __shared__ float4 red_u[kDecodeWarps][8], red_o[kDecodeWarps][8];
-  const int n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV, h = hv / p.group;
+  // A head's column tiles are consecutive blocks, so the blocks running at one time read whole
+  // stretches of the state (each tile alone touches a quarter of every 512-byte row).
+  const int tiles = (p.V + 31) / 32, nh = blockIdx.x / tiles, tile = blockIdx.x % tiles;
+  const int n = nh / p.HV, hv = nh % p.HV, h = hv / p.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, rg = warp * 4 + lane / 8;
-  const int j = blockIdx.y * 32 + 4 * (lane & 7);  // the first of this thread's 4 columns
+  const int j = tile * 32 + 4 * (lane & 7);  // the first of this thread's 4 columns
   const int64_t r = p.row0[n];                     // this sequence's token row
   const int64_t soff = (int64_t(n) * p.HV + hv) * K * V + int64_t(rg) * V;  // + row offsets G·V·rr
   const bool vec = (V & 3) == 0 && ((reinterpret_cast<uintptr_t>(p.h0) | reinterpret_cast<uintptr_t>(p.ht)) & 15) == 0;
@@ -639,8 +642,10 @@ void forward(const DeviceArgs& a) {
     return cuda::chunked_forward(a);
   const Dev d = to_dev(a);
   if (a.max_len == 1) {  // every sequence one token: the decode step
-    const dim3 blocks(unsigned(a.N * a.HV), unsigned((a.V + 31) / 32));
-    if (!blocks.x) return;
+    const int64_t nblocks = a.N * a.HV * ((a.V + 31) / 32);
+    if (!nblocks) return;
+    if (nblocks > INT32_MAX) throw error("delta", "the decode step takes at most 2^31 - 1 blocks, got ", nblocks);
+    const unsigned blocks = unsigned(nblocks);
     if (a.io == DType::BF16)
       decode_kernel<__nv_bfloat16><<<blocks, kDecodeWarps * 32, 0, device::stream()>>>(d);
     else
