@@ -1,7 +1,8 @@
 // MLA on the GPU (weights moved to the device, mixers_cuda.h's latent cache and split latent
 // attention) against the CPU layer: the expanded prefill, and the absorbed decode continuing a
 // context long enough that the latent rows are split across many blocks, and at DeepSeek/K3's
-// latent width with more heads than one block holds; batched sequences at different lengths.
+// latent width with more heads than one block holds, and at an odd width; batched sequences at
+// different lengths.
 // Needs a GPU: label "gpu".
 #include <gtest/gtest.h>
 
@@ -101,6 +102,21 @@ TEST_P(MlaCuda, FullWidthLatentWithManyHeadsMatchesTheCpu) {
   o.v_head_dim = 16;
   o.position = GetParam();
   compare_cpu_and_gpu(o, {150, 90});
+}
+
+// A latent width that is no multiple of 4 (45 + 6: scalar copies into the tiles, zero columns up
+// to the next multiple of 8) and 20 heads (a second, partial head group).
+TEST_P(MlaCuda, OddLatentWidthMatchesTheCpu) {
+  MlaOptions o;
+  o.d_model = 48;
+  o.heads = 20;
+  o.q_lora_rank = 24;
+  o.kv_lora_rank = 45;
+  o.qk_nope_head_dim = 8;
+  o.qk_rope_head_dim = 6;
+  o.v_head_dim = 8;
+  o.position = GetParam();
+  compare_cpu_and_gpu(o, {333, 64});
 }
 
 INSTANTIATE_TEST_SUITE_P(Positions, MlaCuda, ::testing::Values(MlaPosition::NoPE, MlaPosition::Rope));
