@@ -47,24 +47,33 @@ __global__ void tail_update_kernel(const float* x, float* const* tails, int64_t 
 }
 
 // Absorbed MLA attention over B sequences' latent caches, split over the rows (flash-decoding),
-// on the tensor cores. Block (b·T + t, split, head group) walks its chunk of the rows token t of
-// sequence b sees, RT rows at a time, cp.async-staged in a two-stage ring (the next tile lands
-// while this one is used). The heads of a group (≤ 16) are the products' M rows, so every latent
-// row is read from memory once per group, not once per head:
-//   scores [16, RT] = q [16, W] · tileᵀ: the 8 warps split W (k-steps w, w + 8, …; q's fragments
+// on the tensor cores. A block per (b·T + t, split, head group) walks its chunk of the rows token
+// t of sequence b sees. The heads of a group (≤ 16) are the products' M rows, so a latent row is
+// read from memory once per group, not once per head. Products are 3xTF32 (x = hi + lo, hi·hi +
+// hi·lo + lo·hi; hi = x truncated to TF32, lo = the rest, truncated): fp32 accuracy, which the
+// decode's agreement with the full forward needs. Row strides ≡ 8 (mod 32) floats keep both
+// products' fragment loads free of bank conflicts; columns past W and rows past the chunk are
+// zeros. Partial (m, l, acc) per split go to scratch; latent_combine_kernel merges them.
+//
+// Wide latents (W > 64, DeepSeek/K3's 512 + 64): tiles of 16 rows land by cp.async in a
+// two-stage block-wide ring (the next tile loads while this one is used);
+//   scores [16, 16] = q [16, W] · tileᵀ: the 8 warps split W (k-steps w, w + 8, …; q's fragments
 //     stay in registers for the whole chunk), their partial sums meet in shared memory;
-//   softmax bookkeeping: 16 threads per head, RT / 16 scores each;
+//   softmax bookkeeping: 16 threads per head;
 //   acc [16, R] += P · tile[:, :R]: the warps split R (n-tiles w, w + 8, …).
-// Products are 3xTF32 (x = hi + lo, hi·hi + hi·lo + lo·hi): fp32 accuracy, which the decode's
-// agreement with the full forward needs. Row strides ≡ 8 (mod 32) floats keep both products'
-// fragment loads free of bank conflicts; columns past W and rows past the chunk are zeros.
-// Partial (m, l, acc) per split go to scratch; latent_combine_kernel merges them.
+// Narrow latents (W ≤ 64, R ≤ 64, k3-small's 48 + 16): every warp works alone on slabs of 16 rows
+// (w, w + 8, … of the chunk) with its own two-stage ring, q [16, W] and acc [16, R] in registers
+// and its own softmax state, so no barrier is needed until the warps' (m, l, acc) are merged once
+// at the end.
 constexpr int kMaxRank = 512;
 constexpr int kHeadsPerBlock = 16;  // the products' M; more heads take more blocks
 constexpr int kLatWarps = 8;
-constexpr int kLatNt = kMaxRank / 8 / kLatWarps;  // value n-tiles per warp
-constexpr int kMaxLatentWidth = 640;              // score k-steps per warp ≤ kMaxLatentWidth / 64
-constexpr int kLatPad = 4;                        // P's row padding: RT + 4 ≡ 4 (mod 32)
+constexpr int kLatNt = kMaxRank / 8 / kLatWarps;  // value n-tiles per warp (wide)
+constexpr int kMaxLatentWidth = 640;              // wide: score k-steps per warp ≤ kMaxLatentWidth / 64
+constexpr int kNarrow = 64;                       // narrow: W and R ≤ 64
+constexpr int kWideRows = 16;                     // rows per wide tile, and per narrow slab
+constexpr int kPStride = kWideRows + 4;           // P's rows: ≡ 4 (mod 32), conflict-free A loads
+constexpr float kLog2e = 1.4426950408889634f;     // scores in log₂ units: the softmax takes exp2
 
 struct LatentArgs {
   const float* qt;
@@ -78,83 +87,117 @@ struct LatentArgs {
   float* part_acc;
 };
 
-// Volatile, so that the splits of loop-invariant operands (q's fragments) are not hoisted out of
-// the row loop: kept split they would take twice q's registers.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  asm volatile("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
-  asm volatile("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+// x = hi + lo with hi x truncated to TF32 (exact) and lo the rest, itself truncated (error
+// ≤ 2^-20 |x|). The A operands' split is volatile so that the splits of q's loop-invariant
+// fragments stay inside the row loop: hoisted, they would take twice q's registers.
+__device__ __forceinline__ void split_b(float x, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
-// c += A·B in 3xTF32 from fp32 A fragments and the two fp32 B values.
-__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const float (&a)[4], float b0, float b1) {
-  uint32_t ah[4], al[4], bh0, bl0, bh1, bl1;
+struct SplitA {
+  uint32_t hi[4], lo[4];
+  __device__ __forceinline__ explicit SplitA(const float (&a)[4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) split_tf32(a[i], ah[i], al[i]);
-  split_tf32(b0, bh0, bl0);
-  split_tf32(b1, bh1, bl1);
-  mma_tf32(c, al, bh0, bh1);
-  mma_tf32(c, ah, bl0, bl1);
-  mma_tf32(c, ah, bh0, bh1);
+    for (int i = 0; i < 4; ++i) {
+      asm volatile("and.b32 %0, %1, 0xffffe000;\n" : "=r"(hi[i]) : "r"(__float_as_uint(a[i])));
+      lo[i] = __float_as_uint(a[i] - __uint_as_float(hi[i])) & 0xffffe000u;
+    }
+  }
+};
+// c += A·B in 3xTF32 (small terms first).
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const SplitA& a, float b0, float b1) {
+  uint32_t bh0, bl0, bh1, bl1;
+  split_b(b0, bh0, bl0);
+  split_b(b1, bh1, bl1);
+  mma_tf32(c, a.lo, bh0, bh1);
+  mma_tf32(c, a.hi, bl0, bl1);
+  mma_tf32(c, a.hi, bh0, bh1);
 }
 
-template <int RT, int KQ>  // RT latent rows per tile; KQ score k-steps per warp (W ≤ 64·KQ)
-__global__ void __launch_bounds__(kLatWarps * 32, 2) latent_tc_kernel(LatentArgs a) {
+// Copies `rows` latent rows from row `base` (zeros from s1 on) into dst rows `stride` apart, by a
+// warp (`lane`); 16-byte copies when `vec` (else plain loads and stores). A row of w4 ≤ 16 pieces
+// takes 32 / w4 rows per pass, so no lane idles on narrow latents.
+__device__ __forceinline__ void copy_rows(float* dst, const float* lat, int64_t base, int64_t s1, int rows, int W,
+                                          int stride, bool vec, int lane) {
+  if (vec) {
+    const int w4 = W / 4, per = w4 <= 16 ? 32 / w4 : 1;  // rows per pass
+    const int r0 = w4 <= 16 ? lane / w4 : 0, c0 = w4 <= 16 ? lane % w4 : lane;
+    if (r0 < per)
+      for (int r = r0; r < rows; r += per) {
+        const bool valid = base + r < s1;
+        const float* src = lat + (valid ? (base + r) * W : 0);
+        for (int c = c0; c < w4; c += 32) cp_async16_zfill(dst + r * stride + 4 * c, src + 4 * c, valid);
+      }
+  } else {
+    for (int r = 0; r < rows; ++r)
+      for (int c = lane; c < W; c += 32) dst[r * stride + c] = base + r < s1 ? lat[(base + r) * W + c] : 0.0f;
+  }
+  cp_async_commit();
+}
+
+// q's A fragments for k-steps k0 = 8·(first + step·i) (zeros past the group's G heads and past W), scaled.
+template <int KQ>
+__device__ __forceinline__ void q_fragments(float (&qa)[KQ][4], const float* q, int G, int W, float scale, int first,
+                                            int step, int g, int tq) {
+#pragma unroll
+  for (int i = 0; i < KQ; ++i) {
+    const int k0 = (first + step * i) * 8;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = g + 8 * (e & 1), k = k0 + tq + 4 * (e >> 1);
+      qa[i][e] = h < G && k < W ? q[int64_t(h) * W + k] * scale : 0.0f;
+    }
+  }
+}
+
+struct LatentBlock {
+  int64_t bt, s0, s1, h0;
+  int split, G;
+  const float* lat;
+  bool vec;
+};
+__device__ __forceinline__ LatentBlock latent_block(const LatentArgs& a) {
+  LatentBlock k;
+  k.bt = blockIdx.x / (int64_t(a.splits) * a.groups);
+  k.split = int(blockIdx.x / a.groups % a.splits);
+  const int group = int(blockIdx.x % a.groups);
+  const int64_t b = k.bt / a.T, t = k.bt % a.T, n = a.p0s[b] + t + 1;
+  k.h0 = int64_t(group) * kHeadsPerBlock;
+  k.G = int(min(int64_t(kHeadsPerBlock), a.H - k.h0));
+  k.s0 = k.split * a.chunk;
+  k.s1 = min(n, k.s0 + a.chunk);
+  k.lat = a.lats[b];
+  k.vec = a.w4 && (reinterpret_cast<uintptr_t>(k.lat) & 15) == 0;
+  return k;
+}
+__device__ __forceinline__ int64_t latent_slot(const LatentArgs& a, const LatentBlock& k, int h) {
+  return (k.bt * a.splits + k.split) * a.H + k.h0 + h;
+}
+
+template <int KQ>  // score k-steps per warp (W ≤ 64·KQ)
+__global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide_kernel(LatentArgs a) {
+  constexpr int RT = kWideRows;
   extern __shared__ __align__(16) float smem[];
   const int W = a.W, R = a.R, stride = a.stride;
-  float* tiles = smem;                                 // [2][RT][stride]
-  float* red = tiles + 2 * RT * stride;                // [warp][16][RT]: partial scores
-  float* P = red + kLatWarps * 16 * RT;                // [16][RT + kLatPad]
-  float* corr = P + 16 * (RT + kLatPad);               // [16]: this tile's rescale per head
-  const int64_t bt = blockIdx.x / (int64_t(a.splits) * a.groups);
-  const int split = int(blockIdx.x / a.groups % a.splits), group = int(blockIdx.x % a.groups);
-  const int64_t b = bt / a.T, t = bt % a.T, h0 = int64_t(group) * kHeadsPerBlock;
-  const int G = int(min(int64_t(kHeadsPerBlock), a.H - h0));
+  float* tiles = smem;                     // [2][RT][stride]
+  float* red = tiles + 2 * RT * stride;    // [warp][16][RT]: partial scores
+  float* P = red + kLatWarps * 16 * RT;    // [16][kPStride]
+  float* corr = P + 16 * kPStride;         // [16]: this tile's rescale per head
+  const LatentBlock k = latent_block(a);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const float* lat = a.lats[b];
-  const bool vec = a.w4 && (reinterpret_cast<uintptr_t>(lat) & 15) == 0;
-  const int64_t n = a.p0s[b] + t + 1, s0 = split * a.chunk, s1 = min(n, s0 + a.chunk);
-  const int ntiles = s0 < s1 ? int((s1 - s0 + RT - 1) / RT) : 0;
-  const int ksteps = (W + 7) / 8, Wp = ksteps * 8;
+  const int ntiles = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
+  const int Wp = (W + 7) / 8 * 8;
 
   // The columns W … Wp − 1 of both stages are zeros for the whole kernel (copies never reach them).
-  for (int i = threadIdx.x; i < 2 * RT * (Wp - W); i += blockDim.x) {
-    const int r = i / (Wp - W), c = W + i % (Wp - W);
-    tiles[r * stride + c] = 0.0f;
-  }
-  // Rows of tile `it` into stage it & 1 (zeros past s1).
-  auto load = [&](int it) {
-    float* dst = tiles + (it & 1) * RT * stride;
-    const int64_t base = s0 + int64_t(it) * RT;
-    if (vec) {
-      const int w4 = W / 4;
-      for (int i = threadIdx.x; i < RT * w4; i += blockDim.x) {
-        const int r = i / w4, c = 4 * (i % w4);
-        const bool valid = base + r < s1;
-        cp_async16_zfill(dst + r * stride + c, lat + (valid ? (base + r) * W + c : 0), valid);
-      }
-    } else {
-      for (int i = threadIdx.x; i < RT * W; i += blockDim.x) {
-        const int r = i / W, c = i % W;
-        dst[r * stride + c] = base + r < s1 ? lat[(base + r) * W + c] : 0.0f;
-      }
-    }
-    cp_async_commit();
+  for (int i = threadIdx.x; i < 2 * RT * (Wp - W); i += blockDim.x) tiles[i / (Wp - W) * stride + W + i % (Wp - W)] = 0.0f;
+  auto load = [&](int it) {  // tile it into stage it & 1: a warp's lanes per row, two rows per warp
+    copy_rows(tiles + (it & 1) * RT * stride + 2 * warp * stride, k.lat, k.s0 + int64_t(it) * RT + 2 * warp, k.s1, 2, W,
+              stride, k.vec, lane);
   };
+  static_assert(RT == 2 * kLatWarps, "two rows per warp");
   if (ntiles > 0) load(0);
-
-  // q's A fragments for this warp's k-steps (zeros past the group's heads and past W), scaled.
   float qa[KQ][4];
-  {
-    const float* q = a.qt + (bt * a.H + h0) * W;
-#pragma unroll
-    for (int i = 0; i < KQ; ++i) {
-      const int k0 = (warp + kLatWarps * i) * 8;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = g + 8 * (e & 1), k = k0 + tq + 4 * (e >> 1);
-        qa[i][e] = h < G && k < W ? q[int64_t(h) * W + k] * a.scale : 0.0f;
-      }
-    }
-  }
+  q_fragments(qa, a.qt + (k.bt * a.H + k.h0) * W, k.G, W, a.scale * kLog2e, warp, kLatWarps, g, tq);
   float acc[kLatNt][4];
 #pragma unroll
   for (int i = 0; i < kLatNt; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
@@ -168,78 +211,71 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_tc_kernel(LatentArgs
     if (it + 1 < ntiles) load(it + 1);
     const float* tile = tiles + (it & 1) * RT * stride;
     {  // partial scores over this warp's k-steps
-      float s[RT / 8][4];
-#pragma unroll
-      for (int j = 0; j < RT / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      float s[2][RT / 8][4] = {};  // even and odd k-steps: two independent accumulator chains
 #pragma unroll
       for (int i = 0; i < KQ; ++i) {
         const int k0 = (warp + kLatWarps * i) * 8;
         if (k0 >= Wp) break;
+        const SplitA qs(qa[i]);
 #pragma unroll
         for (int j = 0; j < RT / 8; ++j) {
           const float* row = tile + (j * 8 + g) * stride + k0 + tq;
-          mma_3xtf32(s[j], qa[i], row[0], row[4]);
+          mma_3xtf32(s[i & 1][j], qs, row[0], row[4]);
         }
       }
+#pragma unroll
+      for (int j = 0; j < RT / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[0][j][e] += s[1][j][e];
       float* rw = red + warp * 16 * RT;
 #pragma unroll
       for (int j = 0; j < RT / 8; ++j) {
-        *reinterpret_cast<float2*>(rw + g * RT + j * 8 + 2 * tq) = make_float2(s[j][0], s[j][1]);
-        *reinterpret_cast<float2*>(rw + (g + 8) * RT + j * 8 + 2 * tq) = make_float2(s[j][2], s[j][3]);
+        *reinterpret_cast<float2*>(rw + g * RT + j * 8 + 2 * tq) = make_float2(s[0][j][0], s[0][j][1]);
+        *reinterpret_cast<float2*>(rw + (g + 8) * RT + j * 8 + 2 * tq) = make_float2(s[0][j][2], s[0][j][3]);
       }
     }
     __syncthreads();
-    {  // softmax bookkeeping: thread (sh, sc) takes rows sc, sc + 16, … of head sh
-      const int64_t base = s0 + int64_t(it) * RT;
-      float x[RT / 16], mx = -INFINITY;
+    {  // softmax bookkeeping: thread (sh, sc) takes row sc of head sh
+      float x = 0.0f;
 #pragma unroll
-      for (int j = 0; j < RT / 16; ++j) {
-        const int r = sc + 16 * j;
-        float v = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kLatWarps; ++w) v += red[(w * 16 + sh) * RT + r];
-        x[j] = base + r < s1 ? v : -INFINITY;
-        mx = fmaxf(mx, x[j]);
-      }
+      for (int w = 0; w < kLatWarps; ++w) x += red[(w * 16 + sh) * RT + sc];
+      if (k.s0 + int64_t(it) * RT + sc >= k.s1) x = -INFINITY;
+      float mx = x;
 #pragma unroll
       for (int o = 1; o < 16; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m2 = fmaxf(m, mx), cf = expf(m - m2);  // a tile has a row below s1: m2 finite
-      float ps = 0.0f;
+      const float m2 = fmaxf(m, mx), cf = exp2f(m - m2);  // a tile has a row below s1: m2 finite
+      float p = exp2f(x - m2);
+      P[sh * kPStride + sc] = p;
 #pragma unroll
-      for (int j = 0; j < RT / 16; ++j) {
-        const float p = expf(x[j] - m2);
-        P[sh * (RT + kLatPad) + sc + 16 * j] = p;
-        ps += p;
-      }
-#pragma unroll
-      for (int o = 1; o < 16; o *= 2) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-      l = l * cf + ps;
+      for (int o = 1; o < 16; o *= 2) p += __shfl_xor_sync(0xffffffffu, p, o);
+      l = l * cf + p;
       m = m2;
       if (sc == 0) corr[sh] = cf;
     }
     __syncthreads();
     {  // acc = corr · acc + P · tile[:, :R] over this warp's value n-tiles
       const float c0 = corr[g], c1 = corr[g + 8];
+      if (!__all_sync(0xffffffffu, c0 == 1.0f && c1 == 1.0f))  // no head's maximum moved: nothing to rescale
 #pragma unroll
-      for (int i = 0; i < kLatNt; ++i) acc[i][0] *= c0, acc[i][1] *= c0, acc[i][2] *= c1, acc[i][3] *= c1;
+        for (int i = 0; i < kLatNt; ++i) acc[i][0] *= c0, acc[i][1] *= c0, acc[i][2] *= c1, acc[i][3] *= c1;
 #pragma unroll
       for (int ks = 0; ks < RT / 8; ++ks) {
-        const float* pr = P + g * (RT + kLatPad) + ks * 8 + tq;
-        const float pa[4] = {pr[0], pr[8 * (RT + kLatPad)], pr[4], pr[8 * (RT + kLatPad) + 4]};
+        const float* pr = P + g * kPStride + ks * 8 + tq;
+        const float pa[4] = {pr[0], pr[8 * kPStride], pr[4], pr[8 * kPStride + 4]};
+        const SplitA ps(pa);
 #pragma unroll
         for (int i = 0; i < kLatNt; ++i) {
           const int d0 = (warp + kLatWarps * i) * 8;
           if (d0 >= R) break;
           const float* col = tile + (ks * 8 + tq) * stride + d0 + g;
-          mma_3xtf32(acc[i], pa, col[0], col[4 * stride]);
+          mma_3xtf32(acc[i], ps, col[0], col[4 * stride]);
         }
       }
     }
   }
-  const auto slot = [&](int h) { return (bt * a.splits + split) * a.H + h0 + h; };
-  if (sc == 0 && sh < G) {
-    a.part_ml[2 * slot(sh)] = m;
-    a.part_ml[2 * slot(sh) + 1] = l;
+  if (sc == 0 && sh < k.G) {
+    a.part_ml[2 * latent_slot(a, k, sh)] = m;
+    a.part_ml[2 * latent_slot(a, k, sh) + 1] = l;
   }
 #pragma unroll
   for (int i = 0; i < kLatNt; ++i) {
@@ -247,29 +283,172 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_tc_kernel(LatentArgs
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = g + 8 * (e >> 1), c = d + (e & 1);
-      if (h < G && c < R) a.part_acc[slot(h) * R + c] = acc[i][e];
+      if (h < k.G && c < R) a.part_acc[latent_slot(a, k, h) * R + c] = acc[i][e];
     }
   }
 }
 
-// One block per (row bt, head h): ob = Σ_split e^(m_i − M) acc_i / Σ_split e^(m_i − M) l_i.
-__global__ void latent_combine_kernel(const float* part_ml, const float* part_acc, int64_t H, int64_t R, int splits,
-                                      float* ob) {
+__global__ void __launch_bounds__(kLatWarps * 32, 2) latent_narrow_kernel(LatentArgs a) {
+  constexpr int RT = kWideRows, KQ = kNarrow / 8, NT = kNarrow / 8;
+  extern __shared__ __align__(16) float smem[];
+  const int W = a.W, R = a.R, stride = a.stride;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  float* ring = smem + warp * 2 * RT * stride;                      // this warp's [2][RT][stride]
+  float* P = smem + kLatWarps * 2 * RT * stride + warp * 16 * kPStride;  // this warp's [16][kPStride]
+  const LatentBlock k = latent_block(a);
+  const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
+  const int Wp = (W + 7) / 8 * 8;
+  for (int i = lane; i < 2 * RT * (Wp - W); i += 32) ring[i / (Wp - W) * stride + W + i % (Wp - W)] = 0.0f;
+  auto load = [&](int it) {  // this warp's it-th slab (slab warp + 8·it of the chunk) into stage it & 1
+    copy_rows(ring + (it & 1) * RT * stride, k.lat, k.s0 + int64_t(warp + kLatWarps * it) * RT, k.s1, RT, W, stride,
+              k.vec, lane);
+  };
+  const int mine = nslabs > warp ? (nslabs - warp + kLatWarps - 1) / kLatWarps : 0;
+  if (mine > 0) load(0);
+  float qa[KQ][4];
+  q_fragments(qa, a.qt + (k.bt * a.H + k.h0) * W, k.G, W, a.scale * kLog2e, 0, 1, g, tq);
+  float acc[NT][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads g and g + 8, alike in a quad
+  for (int it = 0; it < mine; ++it) {
+    if (it + 1 < mine) {
+      load(it + 1);
+      cp_async_wait1();
+    } else {
+      cp_async_wait0();
+    }
+    __syncwarp();
+    const float* tile = ring + (it & 1) * RT * stride;
+    float s[RT / 8][4] = {};
+#pragma unroll
+    for (int i = 0; i < KQ; ++i) {
+      if (i * 8 >= Wp) break;
+      const SplitA qs(qa[i]);
+#pragma unroll
+      for (int j = 0; j < RT / 8; ++j) {
+        const float* row = tile + (j * 8 + g) * stride + i * 8 + tq;
+        mma_3xtf32(s[j], qs, row[0], row[4]);
+      }
+    }
+    const int64_t base = k.s0 + int64_t(warp + kLatWarps * it) * RT;
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (base + RT > k.s1) {  // the chunk's last slab: rows from s1 on score −∞
+      const int valid = int(k.s1 - base);
+#pragma unroll
+      for (int j = 0; j < RT / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (j * 8 + 2 * tq + (e & 1) >= valid) s[j][e] = -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < RT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+    float cf[2], ps[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
+      const float m2 = fmaxf(m[hh], mx[hh]);  // a slab has a row below s1: m2 finite
+      cf[hh] = exp2f(m[hh] - m2);
+      m[hh] = m2;
+    }
+#pragma unroll
+    for (int j = 0; j < RT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2f(s[j][e] - m[e >> 1]);
+        ps[e >> 1] += s[j][e];
+      }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      ps[hh] += __shfl_xor_sync(0xffffffffu, ps[hh], 1);
+      ps[hh] += __shfl_xor_sync(0xffffffffu, ps[hh], 2);
+      l[hh] = l[hh] * cf[hh] + ps[hh];
+    }
+    // P from the accumulator layout to the A layout through the warp's buffer.
+#pragma unroll
+    for (int j = 0; j < RT / 8; ++j) {
+      *reinterpret_cast<float2*>(P + g * kPStride + j * 8 + 2 * tq) = make_float2(s[j][0], s[j][1]);
+      *reinterpret_cast<float2*>(P + (g + 8) * kPStride + j * 8 + 2 * tq) = make_float2(s[j][2], s[j][3]);
+    }
+    if (!__all_sync(0xffffffffu, cf[0] == 1.0f && cf[1] == 1.0f))  // no head's maximum moved: nothing to rescale
+#pragma unroll
+      for (int i = 0; i < NT; ++i) acc[i][0] *= cf[0], acc[i][1] *= cf[0], acc[i][2] *= cf[1], acc[i][3] *= cf[1];
+    __syncwarp();
+#pragma unroll
+    for (int ks = 0; ks < RT / 8; ++ks) {
+      const float* pr = P + g * kPStride + ks * 8 + tq;
+      const float pa[4] = {pr[0], pr[8 * kPStride], pr[4], pr[8 * kPStride + 4]};
+      const SplitA pf(pa);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        if (i * 8 >= R) break;
+        const float* col = tile + (ks * 8 + tq) * stride + i * 8 + g;
+        mma_3xtf32(acc[i], pf, col[0], col[4 * stride]);
+      }
+    }
+    __syncwarp();  // the stage and P are free for the next slab
+  }
+  // Merge the warps' (m, l, acc): [warp][16] m and l, then [warp][16][R] acc over the rings.
+  __syncthreads();
+  float* wm = smem;
+  float* wl = wm + kLatWarps * 16;
+  float* wacc = wl + kLatWarps * 16;
+  if (tq == 0)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) wm[warp * 16 + g + 8 * hh] = m[hh], wl[warp * 16 + g + 8 * hh] = l[hh];
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = g + 8 * (e >> 1), c = i * 8 + 2 * tq + (e & 1);
+      if (c < R) wacc[(warp * 16 + h) * R + c] = acc[i][e];
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < k.G * (R + 1); i += blockDim.x) {
+    const int h = i / (R + 1), c = i % (R + 1) - 1;  // c = −1: the head's (m, l)
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kLatWarps; ++w) M = fmaxf(M, wm[w * 16 + h]);
+    float x = 0.0f;
+    if (M != -INFINITY)
+#pragma unroll
+      for (int w = 0; w < kLatWarps; ++w) x += exp2f(wm[w * 16 + h] - M) * (c < 0 ? wl[w * 16 + h] : wacc[(w * 16 + h) * R + c]);
+    if (c < 0) {
+      a.part_ml[2 * latent_slot(a, k, h)] = M;
+      a.part_ml[2 * latent_slot(a, k, h) + 1] = x;
+    } else {
+      a.part_acc[latent_slot(a, k, h) * R + c] = x;
+    }
+  }
+}
+
+// One block per (row bt, head h): ob = Σ_split 2^(m_i − M) acc_i / Σ_split 2^(m_i − M) l_i (m in
+// log₂ units). The weights are computed once per split into shared memory (splits ≤ kMaxSplits).
+constexpr int kMaxSplits = 1024, kCombineThreads = 256;
+__global__ void __launch_bounds__(kCombineThreads) latent_combine_kernel(const float* part_ml, const float* part_acc,
+                                                                        int64_t H, int64_t R, int splits, float* ob) {
+  __shared__ float wts[kMaxSplits], scratch[32];
   const int64_t bt = blockIdx.x / H, h = blockIdx.x % H;
   auto at = [&](int i) { return (bt * splits + i) * H + h; };
   float M = -INFINITY;
-  for (int i = 0; i < splits; ++i) M = fmaxf(M, part_ml[2 * at(i)]);
+  for (int i = threadIdx.x; i < splits; i += blockDim.x) M = fmaxf(M, part_ml[2 * at(i)]);
+  M = warp_max(M);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = M;
+  __syncthreads();
+  M = -INFINITY;
+  for (int w = 0; w < int(blockDim.x >> 5); ++w) M = fmaxf(M, scratch[w]);
   float L = 0.0f;
-  for (int i = 0; i < splits; ++i) {
-    const float mi = part_ml[2 * at(i)];
-    if (mi != -INFINITY) L += part_ml[2 * at(i) + 1] * expf(mi - M);
+  for (int i = threadIdx.x; i < splits; i += blockDim.x) {
+    const float mi = part_ml[2 * at(i)], w = mi == -INFINITY ? 0.0f : exp2f(mi - M);
+    wts[i] = w;
+    L += w * part_ml[2 * at(i) + 1];
   }
+  L = block_sum(L, scratch);  // its barriers also publish wts
   for (int64_t c = threadIdx.x; c < R; c += blockDim.x) {
     float o = 0.0f;
-    for (int i = 0; i < splits; ++i) {
-      const float mi = part_ml[2 * at(i)];
-      if (mi != -INFINITY) o += part_acc[at(i) * R + c] * expf(mi - M);
-    }
+    for (int i = 0; i < splits; ++i)
+      if (wts[i] != 0.0f) o += wts[i] * part_acc[at(i) * R + c];
     ob[(bt * H + h) * R + c] = o / L;
   }
 }
@@ -319,13 +498,15 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
     throw error("mla", "latent width ", W, " (kv_lora_rank ", R, " + rope) must lie between the rank and the CUDA ",
                 "decode kernel's ", kMaxLatentWidth);
   if (!B || !T || !H) return;
-  // Narrow latents take 64 rows per tile (a tile's barriers amortised over more bytes), wide ones 16.
-  const bool narrow = W <= 128;
-  const int RT = narrow ? 64 : 16;
-  // About 4 blocks per SM over all (sequence, token, head group) rows, chunks of at least 128
-  // latent rows, whole tiles.
-  const int64_t rows = B * T, groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock;
-  int splits = int(std::max<int64_t>(1, std::min<int64_t>((528 + rows * groups - 1) / (rows * groups), (longest + 127) / 128)));
+  const bool narrow = W <= kNarrow && R <= kNarrow;
+  constexpr int RT = kWideRows;
+  // About four waves of resident blocks (two per SM) over all (sequence, token, head group) rows,
+  // so the last wave's idle SMs cost little; chunks of whole tiles, at least 64 latent rows (256
+  // narrow ones, whose partial results weigh more against their rows), at most kMaxSplits.
+  const int64_t rows = B * T, groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock, target = 8 * device::sm_count();
+  const int64_t min_chunk = narrow ? 256 : 64;
+  int splits = int(std::max<int64_t>(1, std::min<int64_t>({(target + rows * groups - 1) / (rows * groups),
+                                                           (longest + min_chunk - 1) / min_chunk, int64_t(kMaxSplits)})));
   int64_t chunk = (longest + splits - 1) / splits;
   chunk = (chunk + RT - 1) / RT * RT;
   splits = int((longest + chunk - 1) / chunk);
@@ -337,19 +518,20 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
   a.stride = Wp + ((8 - Wp) % 32 + 32) % 32;  // ≥ Wp, ≡ 8 (mod 32)
   a.w4 = W % 4 == 0;
   a.part_ml = ml.as<float>(), a.part_acc = acc.as<float>();
-  const size_t smem = size_t(2 * RT * a.stride + kLatWarps * 16 * RT + 16 * (RT + kLatPad) + 16) * 4;
+  const size_t smem = narrow ? size_t(kLatWarps * (2 * RT * a.stride + 16 * kPStride)) * 4
+                             : size_t(2 * RT * a.stride + kLatWarps * 16 * RT + 16 * kPStride + 16) * 4;
   static const bool opted = [] {
-    for (auto* f : {latent_tc_kernel<64, 2>, latent_tc_kernel<16, kMaxLatentWidth / 64>})
+    for (auto* f : {latent_narrow_kernel, latent_wide_kernel<kMaxLatentWidth / 64>})
       K3_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
     return true;
   }();
   (void)opted;
   const int64_t blocks = rows * splits * groups;
   if (blocks > INT32_MAX) throw error("mla", "latent attention over ", blocks, " blocks exceeds the grid");
-  auto* kernel = narrow ? latent_tc_kernel<64, 2> : latent_tc_kernel<16, kMaxLatentWidth / 64>;
+  auto* kernel = narrow ? latent_narrow_kernel : latent_wide_kernel<kMaxLatentWidth / 64>;
   kernel<<<unsigned(blocks), kLatWarps * 32, smem, device::stream()>>>(a);
   K3_CUDA_LAUNCHED();
-  latent_combine_kernel<<<unsigned(rows * H), 128, 0, device::stream()>>>(ml.as<float>(), acc.as<float>(), H, R,
+  latent_combine_kernel<<<unsigned(rows * H), kCombineThreads, 0, device::stream()>>>(ml.as<float>(), acc.as<float>(), H, R,
                                                                           splits, ob);
   K3_CUDA_LAUNCHED();
 }

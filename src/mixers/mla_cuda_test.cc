@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "core/random.h"
 #include "mixers/mla.h"
@@ -104,19 +105,23 @@ TEST_P(MlaCuda, FullWidthLatentWithManyHeadsMatchesTheCpu) {
   compare_cpu_and_gpu(o, {150, 90});
 }
 
-// A latent width that is no multiple of 4 (45 + 6: scalar copies into the tiles, zero columns up
-// to the next multiple of 8) and 20 heads (a second, partial head group).
-TEST_P(MlaCuda, OddLatentWidthMatchesTheCpu) {
-  MlaOptions o;
-  o.d_model = 48;
-  o.heads = 20;
-  o.q_lora_rank = 24;
-  o.kv_lora_rank = 45;
-  o.qk_nope_head_dim = 8;
-  o.qk_rope_head_dim = 6;
-  o.v_head_dim = 8;
-  o.position = GetParam();
-  compare_cpu_and_gpu(o, {333, 64});
+// Latent widths that are no multiple of 4 (scalar copies into the tiles, zero columns up to the
+// next multiple of 8), narrow (45 + 6) and wide (101 + 6), with 20 heads (a second, partial head
+// group).
+TEST_P(MlaCuda, OddLatentWidthsMatchTheCpu) {
+  for (int64_t rank : {45, 101}) {
+    SCOPED_TRACE("kv_lora_rank " + std::to_string(rank));
+    MlaOptions o;
+    o.d_model = 48;
+    o.heads = 20;
+    o.q_lora_rank = 24;
+    o.kv_lora_rank = rank;
+    o.qk_nope_head_dim = 8;
+    o.qk_rope_head_dim = 6;
+    o.v_head_dim = 8;
+    o.position = GetParam();
+    compare_cpu_and_gpu(o, {333, 64});
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Positions, MlaCuda, ::testing::Values(MlaPosition::NoPE, MlaPosition::Rope));
