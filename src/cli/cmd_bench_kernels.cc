@@ -381,12 +381,15 @@ void run_kernels(const KernelArgs& args) {
             ms);
   }
   // MLA absorbed decode: one token per sequence over an fp32 latent cache, DeepSeek-V3/K3 latent
-  // shape (kv_lora 512 + rope 64, 16 heads here) and k3-small's (48 + 16, 6 heads) at 128K.
+  // shape (kv_lora 512 + rope 64, 16 heads here), k3-small's (96 + 32, 6 heads) and a narrower
+  // one (48 + 16, 6 heads) at 128K.
   struct LatentCase {
     const char* name;
     int64_t H, R, rope, S;
   };
-  for (const LatentCase& lc : {LatentCase{"mla576 H16 ctx4096", 16, 512, 64, 4096}, LatentCase{"mla64 H6 ctx128K", 6, 48, 16, 131072}})
+  for (const LatentCase& lc : {LatentCase{"mla576 H16 ctx4096", 16, 512, 64, 4096},
+                               LatentCase{"mla128 H6 ctx128K (k3-small)", 6, 96, 32, 131072},
+                               LatentCase{"mla64 H6 ctx128K", 6, 48, 16, 131072}})
     for (int64_t N : section("mla") ? args.decode_batches : none) {
       const int64_t W = lc.R + lc.rope;
       if (double(N) * lc.S * W * 4 > 40e9) continue;
@@ -403,7 +406,7 @@ void run_kernels(const KernelArgs& args) {
                                    N, 1, lc.H, W, lc.R, 0.05f);
       });
       const double bw = double(N) * lc.S * W * 4 / (ms * 1e-3);
-      rep.add(std::string("mla_decode_") + (lc.R == 512 ? "576" : "64") + "_N" + std::to_string(N) + "_ms",
+      rep.add("mla_decode_" + std::to_string(W) + "_N" + std::to_string(N) + "_ms",
               {std::string("MLA absorbed decode N") + std::to_string(N) + " " + lc.name + " (fp32 latent)",
                fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw), "target 80% of copy"},
               ms);

@@ -55,16 +55,19 @@ __global__ void tail_update_kernel(const float* x, float* const* tails, int64_t 
 // products' fragment loads free of bank conflicts; columns past W and rows past the chunk are
 // zeros. Partial (m, l, acc) per split go to scratch; latent_combine_kernel merges them.
 //
-// Wide latents (W > 64, DeepSeek/K3's 512 + 64): tiles of 16 rows land by cp.async in a
-// two-stage block-wide ring (the next tile loads while this one is used);
+// Wide latents (DeepSeek/K3's 512 + 64, and any the narrow kernels do not take): tiles of 16 rows
+// land by cp.async in a two-stage block-wide ring (the next tile loads while this one is used);
 //   scores [16, 16] = q [16, W] · tileᵀ: the 8 warps split W (k-steps w, w + 8, …; q's fragments
 //     stay in registers for the whole chunk), their partial sums meet in shared memory;
 //   softmax bookkeeping: 16 threads per head;
 //   acc [16, R] += P · tile[:, :R]: the warps split R (n-tiles w, w + 8, …).
-// Narrow latents (W ≤ 64, R ≤ 64, k3-small's 48 + 16): every warp works alone on slabs of 16 rows
-// (w, w + 8, … of the chunk) with its own two-stage ring, q [16, W] and acc [16, R] in registers
-// and its own softmax state, so no barrier is needed until the warps' (m, l, acc) are merged once
-// at the end.
+// Narrow latents (W, R ≤ 64 with ≤ 16 heads per group; W, R ≤ 128 with ≤ 8, as k3-small's
+// 96 + 32 with 6 heads, 4 warps per block then, the rings being larger): every warp works alone on
+// slabs of 16 rows (w, w + NW, … of the chunk) with its own two-stage ring and softmax state, so
+// no barrier is needed until the warps' (m, l, acc) are merged once at the end. The products are
+// transposed, so that a few heads fill n8 tiles instead of wasting most of m16 tiles:
+//   Sᵀ [16 rows, heads] = tile · qᵀ (qᵀ's B fragments split once, in registers);
+//   Oᵀ [R, heads] += tileᵀ · Pᵀ (Pᵀ through a small per-warp buffer).
 constexpr int kMaxRank = 512;
 constexpr int kHeadsPerBlock = 16;  // the products' M; more heads take more blocks
 constexpr int kLatWarps = 8;
@@ -88,9 +91,8 @@ struct LatentArgs {
 };
 
 // x = hi + lo with hi x truncated to TF32 (exact) and lo the rest, itself truncated (error
-// ≤ 2^-20 |x|). The A operands' split is volatile so that the splits of q's loop-invariant
-// fragments stay inside the row loop: hoisted, they would take twice q's registers.
-__device__ __forceinline__ void split_b(float x, uint32_t& hi, uint32_t& lo) {
+// ≤ 2^-20 |x|).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
   hi = __float_as_uint(x) & 0xffffe000u;
   lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
@@ -98,20 +100,32 @@ struct SplitA {
   uint32_t hi[4], lo[4];
   __device__ __forceinline__ explicit SplitA(const float (&a)[4]) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      asm volatile("and.b32 %0, %1, 0xffffe000;\n" : "=r"(hi[i]) : "r"(__float_as_uint(a[i])));
-      lo[i] = __float_as_uint(a[i] - __uint_as_float(hi[i])) & 0xffffe000u;
-    }
+    for (int i = 0; i < 4; ++i) split_tf32(a[i], hi[i], lo[i]);
   }
 };
+struct SplitB {
+  uint32_t hi[2], lo[2];
+  __device__ __forceinline__ SplitB() = default;
+  __device__ __forceinline__ SplitB(float b0, float b1) {
+    split_tf32(b0, hi[0], lo[0]);
+    split_tf32(b1, hi[1], lo[1]);
+  }
+};
+// mma_tf32 without `volatile`, so the compiler may interleave these products with the splits and
+// loads around them (the kernels here have no side effects that need the products' order).
+__device__ __forceinline__ void mma_tf32_free(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 // c += A·B in 3xTF32 (small terms first).
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const SplitA& a, const SplitB& b) {
+  mma_tf32_free(c, a.lo, b.hi);
+  mma_tf32_free(c, a.hi, b.lo);
+  mma_tf32_free(c, a.hi, b.hi);
+}
 __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const SplitA& a, float b0, float b1) {
-  uint32_t bh0, bl0, bh1, bl1;
-  split_b(b0, bh0, bl0);
-  split_b(b1, bh1, bl1);
-  mma_tf32(c, a.lo, bh0, bh1);
-  mma_tf32(c, a.hi, bl0, bl1);
-  mma_tf32(c, a.hi, bh0, bh1);
+  mma_3xtf32(c, a, SplitB(b0, b1));
 }
 
 // Copies `rows` latent rows from row `base` (zeros from s1 on) into dst rows `stride` apart, by a
@@ -211,7 +225,12 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide_kernel(LatentAr
     if (it + 1 < ntiles) load(it + 1);
     const float* tile = tiles + (it & 1) * RT * stride;
     {  // partial scores over this warp's k-steps
-      float s[2][RT / 8][4] = {};  // even and odd k-steps: two independent accumulator chains
+      // q's fragments pass through an empty asm each tile, so their splits are redone per tile
+      // instead of hoisted out of the loop (kept split they would take twice their registers).
+#pragma unroll
+      for (int i = 0; i < KQ; ++i)
+        asm volatile("" : "+f"(qa[i][0]), "+f"(qa[i][1]), "+f"(qa[i][2]), "+f"(qa[i][3]));
+      float s[RT / 8][4] = {};
 #pragma unroll
       for (int i = 0; i < KQ; ++i) {
         const int k0 = (warp + kLatWarps * i) * 8;
@@ -220,18 +239,14 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide_kernel(LatentAr
 #pragma unroll
         for (int j = 0; j < RT / 8; ++j) {
           const float* row = tile + (j * 8 + g) * stride + k0 + tq;
-          mma_3xtf32(s[i & 1][j], qs, row[0], row[4]);
+          mma_3xtf32(s[j], qs, row[0], row[4]);
         }
       }
-#pragma unroll
-      for (int j = 0; j < RT / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[0][j][e] += s[1][j][e];
       float* rw = red + warp * 16 * RT;
 #pragma unroll
       for (int j = 0; j < RT / 8; ++j) {
-        *reinterpret_cast<float2*>(rw + g * RT + j * 8 + 2 * tq) = make_float2(s[0][j][0], s[0][j][1]);
-        *reinterpret_cast<float2*>(rw + (g + 8) * RT + j * 8 + 2 * tq) = make_float2(s[0][j][2], s[0][j][3]);
+        *reinterpret_cast<float2*>(rw + g * RT + j * 8 + 2 * tq) = make_float2(s[j][0], s[j][1]);
+        *reinterpret_cast<float2*>(rw + (g + 8) * RT + j * 8 + 2 * tq) = make_float2(s[j][2], s[j][3]);
       }
     }
     __syncthreads();
@@ -288,27 +303,56 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide_kernel(LatentAr
   }
 }
 
-__global__ void __launch_bounds__(kLatWarps * 32, 2) latent_narrow_kernel(LatentArgs a) {
-  constexpr int RT = kWideRows, KQ = kNarrow / 8, NT = kNarrow / 8;
+// NH n8 tiles of heads (the group's heads ≤ 8·NH), W ≤ 8·KQ, R ≤ 16·MT, NW warps per block; q's
+// fragments split once (kPresplit) or per slab (fewer registers).
+template <int NH, int KQ, int MT, int NW, bool kPresplit>
+__global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel(LatentArgs a) {
+  constexpr int RT = kWideRows;
+  constexpr int PS = NH == 1 ? 8 : 24;  // Pᵀ's row stride: conflict-free B loads (8t + g, 24t + g)
   extern __shared__ __align__(16) float smem[];
   const int W = a.W, R = a.R, stride = a.stride;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  float* ring = smem + warp * 2 * RT * stride;                      // this warp's [2][RT][stride]
-  float* P = smem + kLatWarps * 2 * RT * stride + warp * 16 * kPStride;  // this warp's [16][kPStride]
+  float* ring = smem + warp * 2 * RT * stride;                       // this warp's [2][RT][stride]
+  float* Pt = smem + NW * 2 * RT * stride + warp * RT * PS;   // this warp's Pᵀ [RT][PS]
   const LatentBlock k = latent_block(a);
   const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
-  const int Wp = (W + 7) / 8 * 8;
-  for (int i = lane; i < 2 * RT * (Wp - W); i += 32) ring[i / (Wp - W) * stride + W + i % (Wp - W)] = 0.0f;
-  auto load = [&](int it) {  // this warp's it-th slab (slab warp + 8·it of the chunk) into stage it & 1
-    copy_rows(ring + (it & 1) * RT * stride, k.lat, k.s0 + int64_t(warp + kLatWarps * it) * RT, k.s1, RT, W, stride,
-              k.vec, lane);
+  // Columns W … stride − 1 are zeros for the whole kernel (the products read up to 16·MT − 1 and
+  // 8·KQ − 1; copies never reach them).
+  for (int i = lane; i < 2 * RT * (stride - W); i += 32) ring[i / (stride - W) * stride + W + i % (stride - W)] = 0.0f;
+  auto load = [&](int it) {  // this warp's it-th slab (slab warp + NW·it of the chunk) into stage it & 1
+    copy_rows(ring + (it & 1) * RT * stride, k.lat, k.s0 + int64_t(warp + NW * it) * RT, k.s1, RT, W, stride, k.vec,
+              lane);
   };
-  const int mine = nslabs > warp ? (nslabs - warp + kLatWarps - 1) / kLatWarps : 0;
+  const int mine = nslabs > warp ? (nslabs - warp + NW - 1) / NW : 0;
   if (mine > 0) load(0);
-  float qa[KQ][4];
-  q_fragments(qa, a.qt + (k.bt * a.H + k.h0) * W, k.G, W, a.scale * kLog2e, 0, 1, g, tq);
-  float acc[NT][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads g and g + 8, alike in a quad
+  // qᵀ as B fragments: B[k][n] = q[head 8·nb + n][8·i + k] (scaled, zeros past G and W).
+  SplitB qb[kPresplit ? KQ : 1][NH];
+  float qf[kPresplit ? 1 : KQ][NH][2];
+  {
+    const float* q = a.qt + (k.bt * a.H + k.h0) * W;
+    const float sc = a.scale * kLog2e;
+#pragma unroll
+    for (int nb = 0; nb < NH; ++nb) {
+      const int h = 8 * nb + g;
+#pragma unroll
+      for (int i = 0; i < KQ; ++i) {
+        const int c = 8 * i + tq;
+        const float b0 = h < k.G && c < W ? q[int64_t(h) * W + c] * sc : 0.0f;
+        const float b1 = h < k.G && c + 4 < W ? q[int64_t(h) * W + c + 4] * sc : 0.0f;
+        if constexpr (kPresplit) {
+          qb[i][nb] = SplitB(b0, b1);
+        } else {
+          qf[i][nb][0] = b0, qf[i][nb][1] = b1;
+        }
+      }
+    }
+  }
+  // Oᵀ [d, head]: m16 tiles of d, n8 tiles of heads; softmax state of heads 8·nb + 2·tq + {0, 1}.
+  float acc[MT][NH][4] = {};
+  float m[NH][2], l[NH][2];
+#pragma unroll
+  for (int nb = 0; nb < NH; ++nb) m[nb][0] = m[nb][1] = -INFINITY, l[nb][0] = l[nb][1] = 0.0f;
+  const int ksteps = (W + 7) / 8, mtiles = (R + 15) / 16;
   for (int it = 0; it < mine; ++it) {
     if (it + 1 < mine) {
       load(it + 1);
@@ -318,102 +362,117 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_narrow_kernel(Latent
     }
     __syncwarp();
     const float* tile = ring + (it & 1) * RT * stride;
-    float s[RT / 8][4] = {};
+    // Sᵀ [row, head] = tile · qᵀ: rows g, g + 8; heads 8·nb + 2·tq + {0, 1}. With one head tile,
+    // even and odd k-steps in two accumulators (two independent product chains).
+    constexpr int kChains = NH == 1 ? 2 : 1;
+    float s[2][NH][4] = {};
+    if constexpr (!kPresplit)  // an empty asm per slab: q's splits stay in the loop, not hoisted
+#pragma unroll
+      for (int i = 0; i < KQ; ++i)
+#pragma unroll
+        for (int nb = 0; nb < NH; ++nb) asm volatile("" : "+f"(qf[i][nb][0]), "+f"(qf[i][nb][1]));
 #pragma unroll
     for (int i = 0; i < KQ; ++i) {
-      if (i * 8 >= Wp) break;
-      const SplitA qs(qa[i]);
+      if (i >= ksteps) break;
+      const float* r = tile + g * stride + 8 * i + tq;
+      const float av[4] = {r[0], r[8 * stride], r[4], r[8 * stride + 4]};
+      const SplitA as(av);
 #pragma unroll
-      for (int j = 0; j < RT / 8; ++j) {
-        const float* row = tile + (j * 8 + g) * stride + i * 8 + tq;
-        mma_3xtf32(s[j], qs, row[0], row[4]);
+      for (int nb = 0; nb < NH; ++nb) {
+        if constexpr (kPresplit)
+          mma_3xtf32(s[i % kChains][nb], as, qb[i][nb]);
+        else
+          mma_3xtf32(s[i % kChains][nb], as, SplitB(qf[i][nb][0], qf[i][nb][1]));
       }
     }
-    const int64_t base = k.s0 + int64_t(warp + kLatWarps * it) * RT;
-    float mx[2] = {-INFINITY, -INFINITY};
-    if (base + RT > k.s1) {  // the chunk's last slab: rows from s1 on score −∞
-      const int valid = int(k.s1 - base);
+    const int64_t base = k.s0 + int64_t(warp + NW * it) * RT;
+    const bool partial = base + RT > k.s1;  // the chunk's last slab: rows from s1 on score −∞
+    const int valid = partial ? int(k.s1 - base) : RT;
+    float cf[NH][2];
 #pragma unroll
-      for (int j = 0; j < RT / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (j * 8 + 2 * tq + (e & 1) >= valid) s[j][e] = -INFINITY;
-    }
-#pragma unroll
-    for (int j = 0; j < RT / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-    float cf[2], ps[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
-      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
-      const float m2 = fmaxf(m[hh], mx[hh]);  // a slab has a row below s1: m2 finite
-      cf[hh] = exp2f(m[hh] - m2);
-      m[hh] = m2;
-    }
-#pragma unroll
-    for (int j = 0; j < RT / 8; ++j)
+    for (int nb = 0; nb < NH; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(s[j][e] - m[e >> 1]);
-        ps[e >> 1] += s[j][e];
+        s[0][nb][e] += s[1][nb][e];
+        if (partial && g + 8 * (e >> 1) >= valid) s[0][nb][e] = -INFINITY;
       }
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      ps[hh] += __shfl_xor_sync(0xffffffffu, ps[hh], 1);
-      ps[hh] += __shfl_xor_sync(0xffffffffu, ps[hh], 2);
-      l[hh] = l[hh] * cf[hh] + ps[hh];
-    }
-    // P from the accumulator layout to the A layout through the warp's buffer.
+      for (int hh = 0; hh < 2; ++hh) {  // head 8·nb + 2·tq + hh: rows g, g + 8 here, the rest across g
+        float mx = fmaxf(s[0][nb][hh], s[0][nb][hh + 2]);
 #pragma unroll
-    for (int j = 0; j < RT / 8; ++j) {
-      *reinterpret_cast<float2*>(P + g * kPStride + j * 8 + 2 * tq) = make_float2(s[j][0], s[j][1]);
-      *reinterpret_cast<float2*>(P + (g + 8) * kPStride + j * 8 + 2 * tq) = make_float2(s[j][2], s[j][3]);
-    }
-    if (!__all_sync(0xffffffffu, cf[0] == 1.0f && cf[1] == 1.0f))  // no head's maximum moved: nothing to rescale
+        for (int o = 4; o < 32; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m2 = fmaxf(m[nb][hh], mx);  // a slab has a row below s1: m2 finite
+        cf[nb][hh] = exp2f(m[nb][hh] - m2);
+        m[nb][hh] = m2;
+        s[0][nb][hh] = exp2f(s[0][nb][hh] - m2);
+        s[0][nb][hh + 2] = exp2f(s[0][nb][hh + 2] - m2);
+        float ps = s[0][nb][hh] + s[0][nb][hh + 2];
 #pragma unroll
-      for (int i = 0; i < NT; ++i) acc[i][0] *= cf[0], acc[i][1] *= cf[0], acc[i][2] *= cf[1], acc[i][3] *= cf[1];
+        for (int o = 4; o < 32; o *= 2) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+        l[nb][hh] = l[nb][hh] * cf[nb][hh] + ps;
+      }
+      // Pᵀ [row][head] into the warp's buffer, read back as the B operand of Oᵀ += tileᵀ · Pᵀ.
+      *reinterpret_cast<float2*>(Pt + g * PS + 8 * nb + 2 * tq) = make_float2(s[0][nb][0], s[0][nb][1]);
+      *reinterpret_cast<float2*>(Pt + (g + 8) * PS + 8 * nb + 2 * tq) = make_float2(s[0][nb][2], s[0][nb][3]);
+    }
+    bool moved = false;
+#pragma unroll
+    for (int nb = 0; nb < NH; ++nb) moved |= cf[nb][0] != 1.0f || cf[nb][1] != 1.0f;
+    if (__any_sync(0xffffffffu, moved))  // else no head's maximum moved: nothing to rescale
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < NH; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nb][e] *= cf[nb][e & 1];
     __syncwarp();
 #pragma unroll
     for (int ks = 0; ks < RT / 8; ++ks) {
-      const float* pr = P + g * kPStride + ks * 8 + tq;
-      const float pa[4] = {pr[0], pr[8 * kPStride], pr[4], pr[8 * kPStride + 4]};
-      const SplitA pf(pa);
+      SplitB pb[NH];
 #pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        if (i * 8 >= R) break;
-        const float* col = tile + (ks * 8 + tq) * stride + i * 8 + g;
-        mma_3xtf32(acc[i], pf, col[0], col[4 * stride]);
+      for (int nb = 0; nb < NH; ++nb)
+        pb[nb] = SplitB(Pt[(8 * ks + tq) * PS + 8 * nb + g], Pt[(8 * ks + tq + 4) * PS + 8 * nb + g]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if (mt >= mtiles) break;
+        const float* c = tile + (8 * ks + tq) * stride + 16 * mt + g;  // A[d][row] = tile[row][d]
+        const float av[4] = {c[0], c[8], c[4 * stride], c[4 * stride + 8]};
+        const SplitA as(av);
+#pragma unroll
+        for (int nb = 0; nb < NH; ++nb) mma_3xtf32(acc[mt][nb], as, pb[nb]);
       }
     }
-    __syncwarp();  // the stage and P are free for the next slab
+    __syncwarp();  // the stage and Pᵀ are free for the next slab
   }
   // Merge the warps' (m, l, acc): [warp][16] m and l, then [warp][16][R] acc over the rings.
   __syncthreads();
   float* wm = smem;
-  float* wl = wm + kLatWarps * 16;
-  float* wacc = wl + kLatWarps * 16;
-  if (tq == 0)
+  float* wl = wm + NW * 16;
+  float* wacc = wl + NW * 16;
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) wm[warp * 16 + g + 8 * hh] = m[hh], wl[warp * 16 + g + 8 * hh] = l[hh];
+  for (int nb = 0; nb < NH; ++nb)
 #pragma unroll
-  for (int i = 0; i < NT; ++i)
+    for (int hh = 0; hh < 2; ++hh) {
+      const int h = 8 * nb + 2 * tq + hh;
+      if (g == 0) wm[warp * 16 + h] = m[nb][hh], wl[warp * 16 + h] = l[nb][hh];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = g + 8 * (e >> 1), c = i * 8 + 2 * tq + (e & 1);
-      if (c < R) wacc[(warp * 16 + h) * R + c] = acc[i][e];
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int d = 16 * mt + g + 8 * half;
+          if (d < R) wacc[(warp * 16 + h) * R + d] = acc[mt][nb][2 * half + hh];
+        }
     }
   __syncthreads();
   for (int i = threadIdx.x; i < k.G * (R + 1); i += blockDim.x) {
     const int h = i / (R + 1), c = i % (R + 1) - 1;  // c = −1: the head's (m, l)
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kLatWarps; ++w) M = fmaxf(M, wm[w * 16 + h]);
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, wm[w * 16 + h]);
     float x = 0.0f;
     if (M != -INFINITY)
 #pragma unroll
-      for (int w = 0; w < kLatWarps; ++w) x += exp2f(wm[w * 16 + h] - M) * (c < 0 ? wl[w * 16 + h] : wacc[(w * 16 + h) * R + c]);
+      for (int w = 0; w < NW; ++w) x += exp2f(wm[w * 16 + h] - M) * (c < 0 ? wl[w * 16 + h] : wacc[(w * 16 + h) * R + c]);
     if (c < 0) {
       a.part_ml[2 * latent_slot(a, k, h)] = M;
       a.part_ml[2 * latent_slot(a, k, h) + 1] = x;
@@ -491,6 +550,11 @@ void conv_with_tails(const float* x, const float* w, float* const* tails, int64_
   K3_CUDA_LAUNCHED();
 }
 
+// The narrow instantiations: up to 8 or 16 heads at W, R ≤ 64; up to 8 heads at W, R ≤ 128.
+constexpr auto kNarrow1 = latent_narrow_kernel<1, kNarrow / 8, kNarrow / 16, kLatWarps, true>;
+constexpr auto kNarrow2 = latent_narrow_kernel<2, kNarrow / 8, kNarrow / 16, kLatWarps, true>;
+constexpr auto kNarrow3 = latent_narrow_kernel<1, kNarrow / 4, kNarrow / 8, 4, false>;
+
 void latent_attention(const float* qt, const float* const* lats, const int64_t* p0s, int64_t longest, float* ob,
                       int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale) {
   if (R > kMaxRank) throw error("mla", "kv_lora_rank ", R, " exceeds the CUDA decode kernel's ", kMaxRank);
@@ -498,7 +562,11 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
     throw error("mla", "latent width ", W, " (kv_lora_rank ", R, " + rope) must lie between the rank and the CUDA ",
                 "decode kernel's ", kMaxLatentWidth);
   if (!B || !T || !H) return;
-  const bool narrow = W <= kNarrow && R <= kNarrow;
+  // Narrow kernels: W, R ≤ 64 (any group), or ≤ 128 with at most 8 heads per group (k3-small's
+  // 96 + 32 with 6 heads); the rest wide.
+  const int64_t G0 = std::min<int64_t>(H, kHeadsPerBlock);
+  const int narrow = W <= kNarrow && R <= kNarrow ? (G0 <= 8 ? 1 : 2) : W <= 2 * kNarrow && R <= 2 * kNarrow && G0 <= 8 ? 3 : 0;
+  const int warps = narrow == 3 ? 4 : kLatWarps;
   constexpr int RT = kWideRows;
   // About four waves of resident blocks (two per SM) over all (sequence, token, head group) rows,
   // so the last wave's idle SMs cost little; chunks of whole tiles, at least 64 latent rows (256
@@ -518,18 +586,19 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
   a.stride = Wp + ((8 - Wp) % 32 + 32) % 32;  // ≥ Wp, ≡ 8 (mod 32)
   a.w4 = W % 4 == 0;
   a.part_ml = ml.as<float>(), a.part_acc = acc.as<float>();
-  const size_t smem = narrow ? size_t(kLatWarps * (2 * RT * a.stride + 16 * kPStride)) * 4
+  const size_t smem = narrow ? size_t(warps * (2 * RT * a.stride + RT * (narrow == 2 ? 24 : 8))) * 4
                              : size_t(2 * RT * a.stride + kLatWarps * 16 * RT + 16 * kPStride + 16) * 4;
   static const bool opted = [] {
-    for (auto* f : {latent_narrow_kernel, latent_wide_kernel<kMaxLatentWidth / 64>})
+    for (auto* f : {kNarrow1, kNarrow2, kNarrow3, latent_wide_kernel<kMaxLatentWidth / 64>})
       K3_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
     return true;
   }();
   (void)opted;
   const int64_t blocks = rows * splits * groups;
   if (blocks > INT32_MAX) throw error("mla", "latent attention over ", blocks, " blocks exceeds the grid");
-  auto* kernel = narrow ? latent_narrow_kernel : latent_wide_kernel<kMaxLatentWidth / 64>;
-  kernel<<<unsigned(blocks), kLatWarps * 32, smem, device::stream()>>>(a);
+  auto* kernel = narrow == 1 ? kNarrow1 : narrow == 2 ? kNarrow2 : narrow == 3 ? kNarrow3
+               : latent_wide_kernel<kMaxLatentWidth / 64>;
+  kernel<<<unsigned(blocks), unsigned(warps * 32), smem, device::stream()>>>(a);
   K3_CUDA_LAUNCHED();
   latent_combine_kernel<<<unsigned(rows * H), kCombineThreads, 0, device::stream()>>>(ml.as<float>(), acc.as<float>(), H, R,
                                                                           splits, ob);

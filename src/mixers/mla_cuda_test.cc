@@ -1,8 +1,8 @@
 // MLA on the GPU (weights moved to the device, mixers_cuda.h's latent cache and split latent
 // attention) against the CPU layer: the expanded prefill, and the absorbed decode continuing a
 // context long enough that the latent rows are split across many blocks, and at DeepSeek/K3's
-// latent width with more heads than one block holds, and at an odd width; batched sequences at
-// different lengths.
+// latent width with more heads than one block holds, and at widths taken by each kernel; batched
+// sequences at different lengths.
 // Needs a GPU: label "gpu".
 #include <gtest/gtest.h>
 
@@ -105,19 +105,24 @@ TEST_P(MlaCuda, FullWidthLatentWithManyHeadsMatchesTheCpu) {
   compare_cpu_and_gpu(o, {150, 90});
 }
 
-// Latent widths that are no multiple of 4 (scalar copies into the tiles, zero columns up to the
-// next multiple of 8), narrow (45 + 6) and wide (101 + 6), with 20 heads (a second, partial head
-// group).
-TEST_P(MlaCuda, OddLatentWidthsMatchTheCpu) {
-  for (int64_t rank : {45, 101}) {
-    SCOPED_TRACE("kv_lora_rank " + std::to_string(rank));
+// Every decode kernel: latent widths that are no multiple of 4 (scalar copies into the tiles, zero
+// columns up to the next multiple of 8) with 20 heads (a second, partial head group) at 45 + 6
+// (narrow, two head tiles) and 101 + 6 (wide), with 6 heads at 101 + 6 and at k3-small's 96 + 32
+// (narrow up to 128, one head tile).
+TEST_P(MlaCuda, LatentWidthsOfEveryKernelMatchTheCpu) {
+  struct Case {
+    int64_t rank, rope, heads;
+  };
+  for (const Case& c : {Case{45, 6, 20}, Case{101, 6, 20}, Case{101, 6, 6}, Case{96, 32, 6}}) {
+    SCOPED_TRACE("kv_lora_rank " + std::to_string(c.rank) + " + " + std::to_string(c.rope) + ", " +
+                 std::to_string(c.heads) + " heads");
     MlaOptions o;
     o.d_model = 48;
-    o.heads = 20;
+    o.heads = c.heads;
     o.q_lora_rank = 24;
-    o.kv_lora_rank = rank;
+    o.kv_lora_rank = c.rank;
     o.qk_nope_head_dim = 8;
-    o.qk_rope_head_dim = 6;
+    o.qk_rope_head_dim = c.rope;
     o.v_head_dim = 8;
     o.position = GetParam();
     compare_cpu_and_gpu(o, {333, 64});
