@@ -316,8 +316,8 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel
   float* Pt = smem + NW * 2 * RT * stride + warp * RT * PS;   // this warp's Pᵀ [RT][PS]
   const LatentBlock k = latent_block(a);
   const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
-  // Columns W … stride − 1 are zeros for the whole kernel (the products read up to 16·MT − 1 and
-  // 8·KQ − 1; copies never reach them).
+  // Columns W … stride − 1 are zeros for the whole kernel (copies never reach them): the scores
+  // read up to column 8·⌈W/8⌉ − 1, the value product up to 16·⌈R/16⌉ − 1, both below the stride.
   for (int i = lane; i < 2 * RT * (stride - W); i += 32) ring[i / (stride - W) * stride + W + i % (stride - W)] = 0.0f;
   auto load = [&](int it) {  // this warp's it-th slab (slab warp + NW·it of the chunk) into stage it & 1
     copy_rows(ring + (it & 1) * RT * stride, k.lat, k.s0 + int64_t(warp + NW * it) * RT, k.s1, RT, W, stride, k.vec,
@@ -582,8 +582,10 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
   LatentArgs a{};
   a.qt = qt, a.lats = lats, a.p0s = p0s, a.T = T, a.H = H, a.chunk = chunk;
   a.W = int(W), a.R = int(R), a.splits = splits, a.groups = int(groups), a.scale = scale;
-  const int Wp = int((W + 7) / 8 * 8);
-  a.stride = Wp + ((8 - Wp) % 32 + 32) % 32;  // ≥ Wp, ≡ 8 (mod 32)
+  // Rows hold every column a kernel reads: Wp (the scores' k-steps) and, narrow, whole m16 tiles of
+  // R (the value product's A rows past R are read, their results dropped); ≡ 8 (mod 32).
+  const int span = std::max(int((W + 7) / 8 * 8), narrow ? int((R + 15) / 16 * 16) : 0);
+  a.stride = span + ((8 - span) % 32 + 32) % 32;
   a.w4 = W % 4 == 0;
   a.part_ml = ml.as<float>(), a.part_acc = acc.as<float>();
   const size_t smem = narrow ? size_t(warps * (2 * RT * a.stride + RT * (narrow == 2 ? 24 : 8))) * 4
@@ -595,7 +597,8 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
   }();
   (void)opted;
   const int64_t blocks = rows * splits * groups;
-  if (blocks > INT32_MAX) throw error("mla", "latent attention over ", blocks, " blocks exceeds the grid");
+  if (blocks > INT32_MAX || rows * H > INT32_MAX)
+    throw error("mla", "latent attention over ", blocks, " blocks (", rows * H, " rows × heads) exceeds the grid");
   auto* kernel = narrow == 1 ? kNarrow1 : narrow == 2 ? kNarrow2 : narrow == 3 ? kNarrow3
                : latent_wide_kernel<kMaxLatentWidth / 64>;
   kernel<<<unsigned(blocks), unsigned(warps * 32), smem, device::stream()>>>(a);

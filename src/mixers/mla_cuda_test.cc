@@ -105,15 +105,17 @@ TEST_P(MlaCuda, FullWidthLatentWithManyHeadsMatchesTheCpu) {
   compare_cpu_and_gpu(o, {150, 90});
 }
 
-// Every decode kernel: latent widths that are no multiple of 4 (scalar copies into the tiles, zero
-// columns up to the next multiple of 8) with 20 heads (a second, partial head group) at 45 + 6
-// (narrow, two head tiles) and 101 + 6 (wide), with 6 heads at 101 + 6 and at k3-small's 96 + 32
-// (narrow up to 128, one head tile).
+// Every decode kernel, with scalar copies (widths no multiple of 4; zero columns up to the next
+// multiple of 8) and 16-byte ones: 20 heads (a second, partial head group) at 45 + 6 (narrow, two
+// head tiles) and 101 + 6 (wide); 6 heads at 101 + 6 and at k3-small's 96 + 32 (narrow up to 128);
+// 4 heads at 45 + 6 and at 36 + 4 (narrow, one head tile; a rank whose last m16 tile reaches past
+// the width); 12 heads at 48 + 16 (two head tiles).
 TEST_P(MlaCuda, LatentWidthsOfEveryKernelMatchTheCpu) {
   struct Case {
     int64_t rank, rope, heads;
   };
-  for (const Case& c : {Case{45, 6, 20}, Case{101, 6, 20}, Case{101, 6, 6}, Case{96, 32, 6}}) {
+  for (const Case& c : {Case{45, 6, 20}, Case{101, 6, 20}, Case{101, 6, 6}, Case{96, 32, 6}, Case{45, 6, 4},
+                        Case{36, 4, 4}, Case{48, 16, 12}}) {
     SCOPED_TRACE("kv_lora_rank " + std::to_string(c.rank) + " + " + std::to_string(c.rope) + ", " +
                  std::to_string(c.heads) + " heads");
     MlaOptions o;
