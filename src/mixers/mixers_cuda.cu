@@ -9,8 +9,6 @@
 namespace k3::cuda {
 namespace {
 
-using device::blocks_for;
-using device::warp_sum;
 using namespace device;
 
 constexpr int kThreads = 256;
@@ -149,6 +147,16 @@ __device__ __forceinline__ void copy_rows(float* dst, const float* lat, int64_t 
   cp_async_commit();
 }
 
+// Zeros columns W … stride − 1 of `rows` rows `stride` apart (the padding products read and copies
+// never reach), by `n` threads from `tid`.
+__device__ __forceinline__ void zero_padding(float* rows_at, int rows, int W, int stride, int tid, int n) {
+  const int pad = stride - W;
+  for (int i = tid; i < rows * pad; i += n) rows_at[i / pad * stride + W + i % pad] = 0.0f;
+}
+
+// Pᵀ's row stride in the narrow kernels with NH head tiles: conflict-free B loads (8t + g, 24t + g).
+constexpr int narrow_pt_stride(int NH) { return NH == 1 ? 8 : 24; }
+
 // q's A fragments for k-steps k0 = 8·(first + step·i) (zeros past the group's G heads and past W), scaled.
 template <int KQ>
 __device__ __forceinline__ void q_fragments(float (&qa)[KQ][4], const float* q, int G, int W, float scale, int first,
@@ -202,8 +210,7 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide_kernel(LatentAr
   const int ntiles = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
   const int Wp = (W + 7) / 8 * 8;
 
-  // The columns W … Wp − 1 of both stages are zeros for the whole kernel (copies never reach them).
-  for (int i = threadIdx.x; i < 2 * RT * (Wp - W); i += blockDim.x) tiles[i / (Wp - W) * stride + W + i % (Wp - W)] = 0.0f;
+  zero_padding(tiles, 2 * RT, W, stride, threadIdx.x, blockDim.x);  // both stages, for the whole kernel
   auto load = [&](int it) {  // tile it into stage it & 1: a warp's lanes per row, two rows per warp
     copy_rows(tiles + (it & 1) * RT * stride + 2 * warp * stride, k.lat, k.s0 + int64_t(it) * RT + 2 * warp, k.s1, 2, W,
               stride, k.vec, lane);
@@ -308,7 +315,7 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide_kernel(LatentAr
 template <int NH, int KQ, int MT, int NW, bool kPresplit>
 __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel(LatentArgs a) {
   constexpr int RT = kWideRows;
-  constexpr int PS = NH == 1 ? 8 : 24;  // Pᵀ's row stride: conflict-free B loads (8t + g, 24t + g)
+  constexpr int PS = narrow_pt_stride(NH);
   extern __shared__ __align__(16) float smem[];
   const int W = a.W, R = a.R, stride = a.stride;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -316,9 +323,9 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel
   float* Pt = smem + NW * 2 * RT * stride + warp * RT * PS;   // this warp's Pᵀ [RT][PS]
   const LatentBlock k = latent_block(a);
   const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
-  // Columns W … stride − 1 are zeros for the whole kernel (copies never reach them): the scores
-  // read up to column 8·⌈W/8⌉ − 1, the value product up to 16·⌈R/16⌉ − 1, both below the stride.
-  for (int i = lane; i < 2 * RT * (stride - W); i += 32) ring[i / (stride - W) * stride + W + i % (stride - W)] = 0.0f;
+  // The scores read up to column 8·⌈W/8⌉ − 1, the value product up to 16·⌈R/16⌉ − 1, both below
+  // the stride: the padding is zeros for the whole kernel.
+  zero_padding(ring, 2 * RT, W, stride, lane, 32);
   auto load = [&](int it) {  // this warp's it-th slab (slab warp + NW·it of the chunk) into stage it & 1
     copy_rows(ring + (it & 1) * RT * stride, k.lat, k.s0 + int64_t(warp + NW * it) * RT, k.s1, RT, W, stride, k.vec,
               lane);
@@ -588,7 +595,7 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
   a.stride = span + ((8 - span) % 32 + 32) % 32;
   a.w4 = W % 4 == 0;
   a.part_ml = ml.as<float>(), a.part_acc = acc.as<float>();
-  const size_t smem = narrow ? size_t(warps * (2 * RT * a.stride + RT * (narrow == 2 ? 24 : 8))) * 4
+  const size_t smem = narrow ? size_t(warps * (2 * RT * a.stride + RT * narrow_pt_stride(narrow == 2 ? 2 : 1))) * 4
                              : size_t(2 * RT * a.stride + kLatWarps * 16 * RT + 16 * kPStride + 16) * 4;
   static const bool opted = [] {
     for (auto* f : {kNarrow1, kNarrow2, kNarrow3, latent_wide_kernel<kMaxLatentWidth / 64>})
