@@ -165,6 +165,7 @@ void register_bench(CLI::App& app) {
   static std::string preset = "gpt2", versus, contexts = "128,1024";
   static int64_t steps = 16, batch = 1;
   static RuntimeOptions rt;
+  static std::string cache_dtype = "f32";
   dec->add_option("--batch", batch, "Sequences decoded together, each at the context (tok/s counts all)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
@@ -172,9 +173,11 @@ void register_bench(CLI::App& app) {
   dec->add_option("--versus", versus, "A second preset to time at the same contexts (e.g. --preset k3-small-attn --versus k3-small)");
   dec->add_option("--context", contexts, "Comma-separated context lengths")->capture_default_str();
   dec->add_option("--steps", steps, "Decode steps timed per context")->capture_default_str()->check(CLI::Range(2, 100000));
+  add_cache_dtype_option(dec, cache_dtype);
   add_runtime_options(dec, rt);
   dec->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
+    apply_cache_dtype(cache_dtype, rt, "bench decode");
     const bool gpu = rt.device == "cuda";
     const double bw = gpu ? measure_device_bandwidth() : measure_read_bandwidth(size_t(512) << 20);
     if (gpu)

@@ -380,37 +380,41 @@ void run_kernels(const KernelArgs& args) {
              fmt("%.0f%% of copy", 100.0 * bw / copy_bw), "-"},
             ms);
   }
-  // MLA absorbed decode: one token per sequence over an fp32 latent cache, DeepSeek-V3/K3 latent
-  // shape (kv_lora 512 + rope 64, 16 heads here), k3-small's (96 + 32, 6 heads) and a narrower
-  // one (48 + 16, 6 heads) at 128K.
+  // MLA absorbed decode: one token per sequence over an fp32 and a bf16 latent cache, DeepSeek-V3/K3
+  // latent shape (kv_lora 512 + rope 64, 16 heads here), k3-small's (96 + 32, 6 heads) and a
+  // narrower one (48 + 16, 6 heads) at 128K. The roofline is the cache's bytes at the copy rate.
   struct LatentCase {
     const char* name;
     int64_t H, R, rope, S;
   };
-  for (const LatentCase& lc : {LatentCase{"mla576 H16 ctx4096", 16, 512, 64, 4096},
-                               LatentCase{"mla128 H6 ctx128K (k3-small)", 6, 96, 32, 131072},
-                               LatentCase{"mla64 H6 ctx128K", 6, 48, 16, 131072}})
-    for (int64_t N : section("mla") ? args.decode_batches : none) {
-      const int64_t W = lc.R + lc.rope;
-      if (double(N) * lc.S * W * 4 > 40e9) continue;
-      device::Buffer qt = random_values(rng, N * lc.H * W, -1, 1, device::Storage::F32);
-      device::Buffer lat = random_values(rng, N * lc.S * W, -1, 1, device::Storage::F32);
-      device::Buffer ob(size_t(N * lc.H * lc.R) * 4);
-      std::vector<const float*> lats;
-      std::vector<int64_t> p0(static_cast<size_t>(N), lc.S - 1);
-      for (int64_t i = 0; i < N; ++i) lats.push_back(lat.as<float>() + i * lc.S * W);
-      device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(float*));
-      device::Buffer d_p0 = device::upload_new(p0.data(), p0.size() * 8);
-      const double ms = median_ms(std::max(3, args.reps / 2), [&] {
-        cuda::latent_attention(qt.as<float>(), d_lats.as<const float*>(), d_p0.as<int64_t>(), lc.S, ob.as<float>(),
-                                   N, 1, lc.H, W, lc.R, 0.05f);
-      });
-      const double bw = double(N) * lc.S * W * 4 / (ms * 1e-3);
-      rep.add("mla_decode_" + std::to_string(W) + "_N" + std::to_string(N) + "_ms",
-              {std::string("MLA absorbed decode N") + std::to_string(N) + " " + lc.name + " (fp32 latent)",
-               fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw), "target 80% of copy"},
-              ms);
-    }
+  for (const device::Storage st : {device::Storage::F32, device::Storage::BF16})
+    for (const LatentCase& lc : {LatentCase{"mla576 H16 ctx4096", 16, 512, 64, 4096},
+                                 LatentCase{"mla128 H6 ctx128K (k3-small)", 6, 96, 32, 131072},
+                                 LatentCase{"mla64 H6 ctx128K", 6, 48, 16, 131072}})
+      for (int64_t N : section("mla") ? args.decode_batches : none) {
+        const bool bf16 = st == device::Storage::BF16;
+        const int64_t W = lc.R + lc.rope, esz = bf16 ? 2 : 4;
+        if (double(N) * lc.S * W * esz > 40e9) continue;
+        device::Buffer qt = random_values(rng, N * lc.H * W, -1, 1, device::Storage::F32);
+        device::Buffer lat = random_values(rng, N * lc.S * W, -1, 1, st);
+        device::Buffer ob(size_t(N * lc.H * lc.R) * 4);
+        std::vector<const void*> lats;
+        std::vector<int64_t> p0(static_cast<size_t>(N), lc.S - 1);
+        for (int64_t i = 0; i < N; ++i) lats.push_back(lat.as<char>() + i * lc.S * W * esz);
+        device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(void*));
+        device::Buffer d_p0 = device::upload_new(p0.data(), p0.size() * 8);
+        const double ms = median_ms(std::max(3, args.reps / 2), [&] {
+          cuda::latent_attention(qt.as<float>(), d_lats.as<const void*>(), st, d_p0.as<int64_t>(), lc.S, ob.as<float>(),
+                                 N, 1, lc.H, W, lc.R, 0.05f);
+        });
+        const double bw = double(N) * lc.S * W * esz / (ms * 1e-3);
+        rep.add("mla_decode_" + std::string(bf16 ? "bf16_" : "") + std::to_string(W) + "_N" + std::to_string(N) + "_ms",
+                {std::string("MLA absorbed decode N") + std::to_string(N) + " " + lc.name +
+                     (bf16 ? " (bf16 latent)" : " (fp32 latent)"),
+                 fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw),
+                 "target 80% of copy"},
+                ms);
+      }
   // GPT-2 124M training on the GPU (fp32 weights and GEMMs, no TF32), one step of B × 1024 tokens.
   if (args.train_batch > 0 && section("gpt2")) {
     auto model = build_model(preset_config("gpt2"), "gpt2");

@@ -39,7 +39,7 @@ void register_generate(CLI::App& app) {
   static std::string model_dir, prompt, prompt_ids;
   static GenerateOptions g;
   static bool print_ids = false, ignore_eos = false, stats = false;
-  static std::string dtype = "f32";
+  static std::string dtype = "f32", cache_dtype = "f32";
   static RuntimeOptions rt;
   cmd->add_option("--model", model_dir, "Hugging Face model folder")->required();
   auto* pt = cmd->add_option("--prompt", prompt, "Prompt text (uses the tokenizer files beside the weights)");
@@ -57,10 +57,12 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
+  add_cache_dtype_option(cmd, cache_dtype);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     if (dtype == "bf16" && rt.device != "cuda") throw error("generate", "--dtype bf16 applies to --device cuda");
+    apply_cache_dtype(cache_dtype, rt, "generate");
     if (prompt.empty() && prompt_ids.empty()) throw error("generate", "give --prompt TEXT or --prompt-ids IDS");
     g.sampling.validate();
     g.stop_at_eos = ignore_eos ? StopAtEos::No : StopAtEos::Yes;

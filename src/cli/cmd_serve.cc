@@ -655,6 +655,7 @@ void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching, prefix caching)");
   static ServeOptions o;
   static RuntimeOptions rt;
+  static std::string cache_dtype = "f32";
   cmd->add_option("--model", o.model_dir, "Hugging Face model folder")->required();
   cmd->add_option("--host", o.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o.port, "Port (0: any free port; the chosen one is printed)")->capture_default_str()->check(CLI::Range(0, 65535));
@@ -672,9 +673,11 @@ void register_serve(CLI::App& app) {
                   "Jinja chat template file for /v1/chat/completions (default: tokenizer_config.json's "
                   "chat_template; without one, plain \"role: content\" lines)")
       ->type_name("FILE");
+  add_cache_dtype_option(cmd, cache_dtype);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
+    apply_cache_dtype(cache_dtype, rt, "serve");
     auto model = load_model(o.model_dir);
     // On CUDA the weights and every sequence's memories live on the device (mixers_cuda.h); the
     // KV and latent caches are allocated whole for the context there, so the page budget counts

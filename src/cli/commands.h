@@ -29,4 +29,10 @@ void add_runtime_options(CLI::App* cmd, RuntimeOptions& opts);
 enum class DeviceSupport : uint8_t { CpuOnly, CpuAndCuda };
 void apply_runtime_options(const RuntimeOptions& opts, DeviceSupport support = DeviceSupport::CpuOnly);
 
+// --cache-dtype (generate, serve, bench decode): the storage of MLA latent caches on CUDA, f32 or
+// bf16 (half the bytes; rows rounded to bf16 as they are written). apply checks it against the
+// device and sets it for the MLA layers' new memories.
+void add_cache_dtype_option(CLI::App* cmd, std::string& dtype);
+void apply_cache_dtype(const std::string& dtype, const RuntimeOptions& opts, const char* who);
+
 }  // namespace k3::cli

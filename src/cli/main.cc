@@ -11,6 +11,9 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#if defined(K3_HAS_CUDA)
+#include "mixers/mixers_cuda.h"
+#endif
 
 namespace k3::cli {
 
@@ -28,6 +31,22 @@ void apply_runtime_options(const RuntimeOptions& opts, DeviceSupport support) {
     device::require_cuda("cli");
   }
   set_num_threads(opts.threads);
+}
+
+void add_cache_dtype_option(CLI::App* cmd, std::string& dtype) {
+  cmd->add_option("--cache-dtype", dtype,
+                  "MLA latent cache storage on CUDA: f32, or bf16 (half the bytes and faster decode; the cached rows "
+                  "are rounded to bf16)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+}
+
+void apply_cache_dtype(const std::string& dtype, const RuntimeOptions& opts, const char* who) {
+  if (dtype == "bf16" && opts.device != "cuda")
+    throw error(who, "--cache-dtype bf16 applies to --device cuda (the CPU caches are fp32)");
+#if defined(K3_HAS_CUDA)
+  gpu::set_latent_storage(dtype == "bf16" ? device::Storage::BF16 : device::Storage::F32);
+#endif
 }
 
 }  // namespace k3::cli

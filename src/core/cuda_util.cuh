@@ -134,6 +134,15 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                : "r"(a));
 }
 
+// The same, each matrix transposed (.trans): with 16-bit elements lane l receives in r[m] the pair
+// (row 2·(l % 4), column l / 4), (row 2·(l % 4) + 1, column l / 4) of matrix m.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
 // BF16 tensor-core products (mma.sync m16n8k16, sm_80+), fp32 accumulation; each register holds
 // two bf16, the lower-indexed one in the low half. With g = lane / 4 and t = lane % 4 a lane holds
 //   A (16 × 16, row-major): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9],

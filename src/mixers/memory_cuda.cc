@@ -22,11 +22,15 @@ void copy_into(Tensor& dst, const Tensor& src) {
   if (src.numel()) device::copy(dst.raw(), src.raw(), src.nbytes());
 }
 
-// Tokens stored row by row ([max_tokens, width] per array), allocated up front.
+// Tokens stored row by row ([max_tokens, width] per array), allocated up front; fp32, or bf16
+// (rows rounded as they are appended).
 class DeviceRows : public Memory {
  public:
-  DeviceRows(MemoryKind kind, std::vector<int64_t> widths, int64_t max_tokens) : kind_(kind), max_(max_tokens) {
-    for (int64_t w : widths) arrays_.push_back(dev_empty({max_tokens, w}));
+  DeviceRows(MemoryKind kind, std::vector<int64_t> widths, int64_t max_tokens,
+             device::Storage storage = device::Storage::F32)
+      : kind_(kind), storage_(storage), max_(max_tokens) {
+    const DType dt = storage == device::Storage::BF16 ? DType::BF16 : DType::F32;
+    for (int64_t w : widths) arrays_.push_back(Tensor::empty_on(Device::CUDA, {max_tokens, w}, dt));
   }
   MemoryKind kind() const override { return kind_; }
   void reset() override { length_ = 0; }
@@ -37,7 +41,8 @@ class DeviceRows : public Memory {
   }
   void restore(const Memory& snapshot) override {
     const auto* s = dynamic_cast<const DeviceRows*>(&snapshot);
-    K3_CHECK(s && s->kind_ == kind_ && s->arrays_.size() == arrays_.size(), "device memory: restore from another kind");
+    K3_CHECK(s && s->kind_ == kind_ && s->storage_ == storage_ && s->arrays_.size() == arrays_.size(),
+             "device memory: restore from another kind or storage");
     for (size_t i = 0; i < arrays_.size(); ++i) copy_into(arrays_[i], s->arrays_[i]);
     length_ = s->length_;
   }
@@ -51,7 +56,8 @@ class DeviceRows : public Memory {
     reserve(n);
     for (Tensor& a : arrays_) {
       const int64_t w = a.dim(1);
-      if (n) device::zero(a.cuda_f32() + length_ * w, size_t(n * w) * 4);
+      const size_t esz = a.nbytes() / size_t(std::max<int64_t>(a.numel(), 1));
+      if (n) device::zero(static_cast<char*>(a.raw()) + size_t(length_ * w) * esz, size_t(n * w) * esz);
     }
     length_ += n;
   }
@@ -63,13 +69,22 @@ class DeviceRows : public Memory {
   void append(size_t i, const float* src, int64_t ld, int64_t n) {
     Tensor& a = arrays_[i];
     const int64_t w = a.dim(1);
-    k3::cuda::copy_blocks(src, ld, 0, a.cuda_f32() + length_ * w, w, 0, n, 1, w);
+    if (storage_ == device::Storage::BF16)
+      k3::cuda::rows_to_bf16(src, ld, static_cast<uint16_t*>(a.raw()) + length_ * w, n, w);
+    else
+      k3::cuda::copy_blocks(src, ld, 0, a.cuda_f32() + length_ * w, w, 0, n, 1, w);
   }
   void advance(int64_t n) { length_ += n; }
-  const float* data(size_t i) const { return arrays_[i].cuda_f32(); }
+  device::Storage storage() const { return storage_; }
+  const void* raw(size_t i) const { return arrays_[i].raw(); }
+  const float* data(size_t i) const {
+    K3_CHECK(storage_ == device::Storage::F32, "device memory: fp32 rows asked of a bf16 cache");
+    return arrays_[i].cuda_f32();
+  }
 
  private:
   MemoryKind kind_;
+  device::Storage storage_;
   int64_t max_, length_ = 0;
   std::vector<Tensor> arrays_;
 };
@@ -134,9 +149,15 @@ std::unique_ptr<Memory> kv_cache(int64_t heads, int64_t head_dim, int64_t max_to
                                       max_tokens);
 }
 
-std::unique_ptr<Memory> latent_cache(int64_t width, int64_t max_tokens) {
-  return std::make_unique<DeviceRows>(MemoryKind::LatentCache, std::vector<int64_t>{width}, max_tokens);
+std::unique_ptr<Memory> latent_cache(int64_t width, int64_t max_tokens, device::Storage storage) {
+  return std::make_unique<DeviceRows>(MemoryKind::LatentCache, std::vector<int64_t>{width}, max_tokens, storage);
 }
+
+namespace {
+device::Storage g_latent_storage = device::Storage::F32;
+}  // namespace
+void set_latent_storage(device::Storage storage) { g_latent_storage = storage; }
+device::Storage latent_storage() { return g_latent_storage; }
 
 std::unique_ptr<Memory> recurrent_state(int64_t HV, int64_t K, int64_t V, std::vector<int64_t> conv_channels,
                                         int64_t conv_size) {
@@ -176,7 +197,13 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
   const int64_t M = s.B * T;
   K3_CHECK(q.numel() == M * H * qd && rows.numel() == M * W && kv_b.numel() == H * wrow * R, "mla: q ", q.describe(),
            " rows ", rows.describe(), " kv_b ", kv_b.describe(), " do not fit B=", s.B, " T=", T, " H=", H);
-  for (int64_t b = 0; b < s.B; ++b) device_memory<DeviceRows>(memories[b], "mla")->reserve(T);  // all or none
+  const device::Storage storage =
+      s.B ? device_memory<DeviceRows>(memories[0], "mla")->storage() : device::Storage::F32;
+  for (int64_t b = 0; b < s.B; ++b) {  // all or none
+    auto* cache = device_memory<DeviceRows>(memories[b], "mla");
+    cache->reserve(T);
+    K3_CHECK(cache->storage() == storage, "mla: a batch mixes fp32 and bf16 latent caches");
+  }
   Tensor att = dev_empty({M, H * s.v});
   Tensor qt = dev_empty({M, H, W}), ob = dev_empty({M, H, R});
   const float* wkv = kv_b.cuda_f32();  // [H·(nope+v), R]
@@ -185,7 +212,7 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
     k3::cuda::gemm(k3::cuda::Op::N, k3::cuda::Op::N, M, R, s.nope, 1.0f, q.cuda_f32() + h * qd, H * qd,
                    wkv + h * wrow * R, R, 0.0f, qt.cuda_f32() + h * W, H * W, device::Storage::F32);
   k3::cuda::copy_blocks(q.cuda_f32() + s.nope, H * qd, qd, qt.cuda_f32() + R, H * W, W, M, H, s.rope);
-  std::vector<const float*> lats(static_cast<size_t>(s.B));
+  std::vector<const void*> lats(static_cast<size_t>(s.B));
   std::vector<int64_t> p0s(static_cast<size_t>(s.B));
   int64_t longest = 0;
   for (int64_t b = 0; b < s.B; ++b) {  // the new rows into each sequence's cache
@@ -193,13 +220,13 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
     p0s[size_t(b)] = cache->length();
     cache->append(0, rows.cuda_f32() + b * T * W, W, T);
     cache->advance(T);
-    lats[size_t(b)] = cache->data(0);
+    lats[size_t(b)] = cache->raw(0);
     longest = std::max(longest, cache->length());
   }
-  const device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(float*));
+  const device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(void*));
   const device::Buffer d_p0s = device::upload_new(p0s.data(), p0s.size() * 8);
-  k3::cuda::latent_attention(qt.cuda_f32(), d_lats.as<const float*>(), d_p0s.as<int64_t>(), longest, ob.cuda_f32(),
-                             s.B, T, H, W, R, s.scale);
+  k3::cuda::latent_attention(qt.cuda_f32(), d_lats.as<const void*>(), storage, d_p0s.as<int64_t>(), longest,
+                             ob.cuda_f32(), s.B, T, H, W, R, s.scale);
   for (int64_t h = 0; h < H; ++h)  // o_h = W_UV ō
     k3::cuda::gemm(k3::cuda::Op::N, k3::cuda::Op::T, M, s.v, R, 1.0f, ob.cuda_f32() + h * R, H * R,
                    wkv + (h * wrow + s.nope) * R, R, 0.0f, att.cuda_f32() + h * s.v, H * s.v, device::Storage::F32);

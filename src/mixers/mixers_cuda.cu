@@ -78,11 +78,11 @@ constexpr float kLog2e = 1.4426950408889634f;     // scores in log₂ units: the
 
 struct LatentArgs {
   const float* qt;
-  const float* const* lats;
+  const void* const* lats;  // fp32 or bf16 rows, as the kernel reads them
   const int64_t* p0s;
   int64_t T, H, chunk;
-  int W, R, stride, splits, groups;
-  bool w4;  // W % 4 == 0: a 16-byte aligned cache is copied 16 bytes at a time
+  int W, R, stride, splits, groups;  // stride in elements of the cache's type
+  bool vec;  // rows of whole 16-byte pieces: a 16-byte aligned cache is copied 16 bytes at a time
   float scale;
   float* part_ml;
   float* part_acc;
@@ -127,35 +127,40 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const SplitA& a, float
 }
 
 // Copies `rows` latent rows from row `base` (zeros from s1 on) into dst rows `stride` apart, by a
-// warp (`lane`); 16-byte copies when `vec` (else plain loads and stores). A row of w4 ≤ 16 pieces
-// takes 32 / w4 rows per pass, so no lane idles on narrow latents.
-__device__ __forceinline__ void copy_rows(float* dst, const float* lat, int64_t base, int64_t s1, int rows, int W,
-                                          int stride, bool vec, int lane) {
+// warp (`lane`); 16-byte copies when `vec` (else plain loads and stores). A row of wv ≤ 16 pieces
+// takes 32 / wv rows per pass, so no lane idles on narrow latents. T: float or bf16 (uint16_t).
+template <typename T>
+__device__ __forceinline__ void copy_rows(T* dst, const T* lat, int64_t base, int64_t s1, int rows, int W, int stride,
+                                          bool vec, int lane) {
   if (vec) {
-    const int w4 = W / 4, per = w4 <= 16 ? 32 / w4 : 1;  // rows per pass
-    const int r0 = w4 <= 16 ? lane / w4 : 0, c0 = w4 <= 16 ? lane % w4 : lane;
+    constexpr int E = 16 / sizeof(T);  // elements per piece
+    const int wv = W / E, per = wv <= 16 ? 32 / wv : 1;  // rows per pass
+    const int r0 = wv <= 16 ? lane / wv : 0, c0 = wv <= 16 ? lane % wv : lane;
     if (r0 < per)
       for (int r = r0; r < rows; r += per) {
         const bool valid = base + r < s1;
-        const float* src = lat + (valid ? (base + r) * W : 0);
-        for (int c = c0; c < w4; c += 32) cp_async16_zfill(dst + r * stride + 4 * c, src + 4 * c, valid);
+        const T* src = lat + (valid ? (base + r) * W : 0);
+        for (int c = c0; c < wv; c += 32) cp_async16_zfill(dst + r * stride + E * c, src + E * c, valid);
       }
   } else {
     for (int r = 0; r < rows; ++r)
-      for (int c = lane; c < W; c += 32) dst[r * stride + c] = base + r < s1 ? lat[(base + r) * W + c] : 0.0f;
+      for (int c = lane; c < W; c += 32) dst[r * stride + c] = base + r < s1 ? lat[(base + r) * W + c] : T(0);
   }
   cp_async_commit();
 }
 
 // Zeros columns W … stride − 1 of `rows` rows `stride` apart (the padding products read and copies
 // never reach), by `n` threads from `tid`.
-__device__ __forceinline__ void zero_padding(float* rows_at, int rows, int W, int stride, int tid, int n) {
+template <typename T>
+__device__ __forceinline__ void zero_padding(T* rows_at, int rows, int W, int stride, int tid, int n) {
   const int pad = stride - W;
-  for (int i = tid; i < rows * pad; i += n) rows_at[i / pad * stride + W + i % pad] = 0.0f;
+  for (int i = tid; i < rows * pad; i += n) rows_at[i / pad * stride + W + i % pad] = T(0);
 }
 
 // Pᵀ's row stride in the narrow kernels with NH head tiles: conflict-free B loads (8t + g, 24t + g).
 constexpr int narrow_pt_stride(int NH) { return NH == 1 ? 8 : 24; }
+// The same for the bf16 narrow kernel, whose B fragments read rows 2t, 2t + 1 (24t + g).
+constexpr int kPtStride16 = 12;
 
 // q's A fragments for k-steps k0 = 8·(first + step·i) (zeros past the group's G heads and past W), scaled.
 template <int KQ>
@@ -175,7 +180,7 @@ __device__ __forceinline__ void q_fragments(float (&qa)[KQ][4], const float* q, 
 struct LatentBlock {
   int64_t bt, s0, s1, h0;
   int split, G;
-  const float* lat;
+  const void* lat;
   bool vec;
 };
 __device__ __forceinline__ LatentBlock latent_block(const LatentArgs& a) {
@@ -189,11 +194,85 @@ __device__ __forceinline__ LatentBlock latent_block(const LatentArgs& a) {
   k.s0 = k.split * a.chunk;
   k.s1 = min(n, k.s0 + a.chunk);
   k.lat = a.lats[b];
-  k.vec = a.w4 && (reinterpret_cast<uintptr_t>(k.lat) & 15) == 0;
+  k.vec = a.vec && (reinterpret_cast<uintptr_t>(k.lat) & 15) == 0;
   return k;
 }
 __device__ __forceinline__ int64_t latent_slot(const LatentArgs& a, const LatentBlock& k, int h) {
   return (k.bt * a.splits + k.split) * a.H + k.h0 + h;
+}
+
+// The wide kernels' softmax bookkeeping of a tile of RT rows from row0: thread (sh, sc) = (tid /
+// 16, tid % 16) adds the warps' partial scores of rows sc, sc + 16, … of head sh (−∞ from s1 on),
+// updates the head's (m, l), kept alike by its 16 threads, and writes p to P (row stride PS) and
+// the head's rescale to corr.
+template <int RT, int PS>
+__device__ __forceinline__ void wide_softmax(const float* red, float* P, float* corr, int64_t row0, int64_t s1, float& m,
+                                             float& l) {
+  const int sh = threadIdx.x >> 4, sc = threadIdx.x & 15;
+  float x[RT / 16], mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < RT / 16; ++j) {
+    x[j] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kLatWarps; ++w) x[j] += red[(w * 16 + sh) * RT + sc + 16 * j];
+    if (row0 + sc + 16 * j >= s1) x[j] = -INFINITY;
+    mx = fmaxf(mx, x[j]);
+  }
+#pragma unroll
+  for (int o = 1; o < 16; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const float m2 = fmaxf(m, mx), cf = exp2f(m - m2);  // a tile has a row below s1: m2 finite
+  float p = 0.0f;
+#pragma unroll
+  for (int j = 0; j < RT / 16; ++j) {
+    const float e = exp2f(x[j] - m2);
+    P[sh * PS + sc + 16 * j] = e;
+    p += e;
+  }
+#pragma unroll
+  for (int o = 1; o < 16; o *= 2) p += __shfl_xor_sync(0xffffffffu, p, o);
+  l = l * cf + p;
+  m = m2;
+  if (sc == 0) corr[sh] = cf;
+}
+
+// The wide kernels' partial scores of this warp into its [16 heads][RT rows] of red.
+template <int RT>
+__device__ __forceinline__ void store_scores(float* red, const float (&s)[RT / 8][4], int warp, int g, int tq) {
+  float* rw = red + warp * 16 * RT;
+#pragma unroll
+  for (int j = 0; j < RT / 8; ++j) {
+    *reinterpret_cast<float2*>(rw + g * RT + j * 8 + 2 * tq) = make_float2(s[j][0], s[j][1]);
+    *reinterpret_cast<float2*>(rw + (g + 8) * RT + j * 8 + 2 * tq) = make_float2(s[j][2], s[j][3]);
+  }
+}
+
+// The wide kernels' (m, l) per head and acc [16 heads, R] (n-tile i of 8 columns at column d0(i)).
+template <int NT, typename D0>
+__device__ __forceinline__ void wide_store(const LatentArgs& a, const LatentBlock& k, const float (&acc)[NT][4], float m,
+                                           float l, D0 d0, int g, int tq) {
+  const int sh = threadIdx.x >> 4, sc = threadIdx.x & 15;
+  if (sc == 0 && sh < k.G) {
+    a.part_ml[2 * latent_slot(a, k, sh)] = m;
+    a.part_ml[2 * latent_slot(a, k, sh) + 1] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const int d = d0(i) + 2 * tq;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = g + 8 * (e >> 1), c = d + (e & 1);
+      if (h < k.G && c < a.R) a.part_acc[latent_slot(a, k, h) * a.R + c] = acc[i][e];
+    }
+  }
+}
+
+// acc = corr · acc, skipped when no head's maximum moved (rows g and g + 8 of the C fragments).
+template <int NT>
+__device__ __forceinline__ void wide_rescale(float (&acc)[NT][4], const float* corr, int g) {
+  const float c0 = corr[g], c1 = corr[g + 8];
+  if (!__all_sync(0xffffffffu, c0 == 1.0f && c1 == 1.0f))
+#pragma unroll
+    for (int i = 0; i < NT; ++i) acc[i][0] *= c0, acc[i][1] *= c0, acc[i][2] *= c1, acc[i][3] *= c1;
 }
 
 template <int KQ>  // score k-steps per warp (W ≤ 64·KQ)
@@ -206,13 +285,14 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide_kernel(LatentAr
   float* P = red + kLatWarps * 16 * RT;    // [16][kPStride]
   float* corr = P + 16 * kPStride;         // [16]: this tile's rescale per head
   const LatentBlock k = latent_block(a);
+  const float* lat = static_cast<const float*>(k.lat);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int ntiles = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
   const int Wp = (W + 7) / 8 * 8;
 
   zero_padding(tiles, 2 * RT, W, stride, threadIdx.x, blockDim.x);  // both stages, for the whole kernel
   auto load = [&](int it) {  // tile it into stage it & 1: a warp's lanes per row, two rows per warp
-    copy_rows(tiles + (it & 1) * RT * stride + 2 * warp * stride, k.lat, k.s0 + int64_t(it) * RT + 2 * warp, k.s1, 2, W,
+    copy_rows(tiles + (it & 1) * RT * stride + 2 * warp * stride, lat, k.s0 + int64_t(it) * RT + 2 * warp, k.s1, 2, W,
               stride, k.vec, lane);
   };
   static_assert(RT == 2 * kLatWarps, "two rows per warp");
@@ -222,9 +302,7 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide_kernel(LatentAr
   float acc[kLatNt][4];
 #pragma unroll
   for (int i = 0; i < kLatNt; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-  // Softmax state of head sh, kept alike by its 16 threads.
-  const int sh = threadIdx.x >> 4, sc = threadIdx.x & 15;
-  float m = -INFINITY, l = 0.0f;
+  float m = -INFINITY, l = 0.0f;  // head threadIdx.x / 16's
 
   for (int it = 0; it < ntiles; ++it) {
     cp_async_wait0();
@@ -249,37 +327,13 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide_kernel(LatentAr
           mma_3xtf32(s[j], qs, row[0], row[4]);
         }
       }
-      float* rw = red + warp * 16 * RT;
-#pragma unroll
-      for (int j = 0; j < RT / 8; ++j) {
-        *reinterpret_cast<float2*>(rw + g * RT + j * 8 + 2 * tq) = make_float2(s[j][0], s[j][1]);
-        *reinterpret_cast<float2*>(rw + (g + 8) * RT + j * 8 + 2 * tq) = make_float2(s[j][2], s[j][3]);
-      }
+      store_scores<RT>(red, s, warp, g, tq);
     }
     __syncthreads();
-    {  // softmax bookkeeping: thread (sh, sc) takes row sc of head sh
-      float x = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kLatWarps; ++w) x += red[(w * 16 + sh) * RT + sc];
-      if (k.s0 + int64_t(it) * RT + sc >= k.s1) x = -INFINITY;
-      float mx = x;
-#pragma unroll
-      for (int o = 1; o < 16; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m2 = fmaxf(m, mx), cf = exp2f(m - m2);  // a tile has a row below s1: m2 finite
-      float p = exp2f(x - m2);
-      P[sh * kPStride + sc] = p;
-#pragma unroll
-      for (int o = 1; o < 16; o *= 2) p += __shfl_xor_sync(0xffffffffu, p, o);
-      l = l * cf + p;
-      m = m2;
-      if (sc == 0) corr[sh] = cf;
-    }
+    wide_softmax<RT, kPStride>(red, P, corr, k.s0 + int64_t(it) * RT, k.s1, m, l);
     __syncthreads();
     {  // acc = corr · acc + P · tile[:, :R] over this warp's value n-tiles
-      const float c0 = corr[g], c1 = corr[g + 8];
-      if (!__all_sync(0xffffffffu, c0 == 1.0f && c1 == 1.0f))  // no head's maximum moved: nothing to rescale
-#pragma unroll
-        for (int i = 0; i < kLatNt; ++i) acc[i][0] *= c0, acc[i][1] *= c0, acc[i][2] *= c1, acc[i][3] *= c1;
+      wide_rescale(acc, corr, g);
 #pragma unroll
       for (int ks = 0; ks < RT / 8; ++ks) {
         const float* pr = P + g * kPStride + ks * 8 + tq;
@@ -295,163 +349,195 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide_kernel(LatentAr
       }
     }
   }
-  if (sc == 0 && sh < k.G) {
-    a.part_ml[2 * latent_slot(a, k, sh)] = m;
-    a.part_ml[2 * latent_slot(a, k, sh) + 1] = l;
-  }
-#pragma unroll
-  for (int i = 0; i < kLatNt; ++i) {
-    const int d = (warp + kLatWarps * i) * 8 + 2 * tq;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = g + 8 * (e >> 1), c = d + (e & 1);
-      if (h < k.G && c < R) a.part_acc[latent_slot(a, k, h) * R + c] = acc[i][e];
-    }
-  }
+  wide_store(a, k, acc, m, l, [&](int i) { return (warp + kLatWarps * i) * 8; }, g, tq);
 }
 
-// NH n8 tiles of heads (the group's heads ≤ 8·NH), W ≤ 8·KQ, R ≤ 16·MT, NW warps per block; q's
-// fragments split once (kPresplit) or per slab (fewer registers).
-template <int NH, int KQ, int MT, int NW, bool kPresplit>
-__global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel(LatentArgs a) {
-  constexpr int RT = kWideRows;
-  constexpr int PS = narrow_pt_stride(NH);
+// x0, x1 as bf16 pairs hi + lo (x = hi + lo to about 2^-16 |x|; the lower-indexed in the low half).
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 r = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&r);
+}
+// mma_bf16 without `volatile` (see mma_tf32_free).
+__device__ __forceinline__ void mma_bf16_free(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// q[h][c], q[h][c + 1] scaled (zeros past the group's G heads and past W) as a bf16 pair hi + lo.
+__device__ __forceinline__ void q_pair(const float* q, int h, int c, int G, int W, float scale, uint32_t& hi,
+                                       uint32_t& lo) {
+  const float x0 = h < G && c < W ? q[int64_t(h) * W + c] * scale : 0.0f;
+  const float x1 = h < G && c + 1 < W ? q[int64_t(h) * W + c + 1] * scale : 0.0f;
+  split_bf16x2(x0, x1, hi, lo);
+}
+
+// The wide kernel over a bf16 cache: the same blocks and softmax over tiles of 32 rows (half the
+// barriers per byte; four independent score chains), and plain bf16 products of the cache (exact)
+// with q and P as bf16 pairs hi + lo (two products each): the decode's error is the cache's
+// rounding alone. Fragments of the tile come by ldmatrix: rows as the scores' B, transposed as
+// P·C's B; the warps split W in k16-steps and R in pairs of n-tiles.
+constexpr int kWide16Rows = 32, kP16Stride = kWide16Rows + 4;
+template <int KQ>  // score k16-steps per warp (W ≤ 128·KQ)
+__global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide16_kernel(LatentArgs a) {
+  constexpr int RT = kWide16Rows, PS = kP16Stride;
   extern __shared__ __align__(16) float smem[];
-  const int W = a.W, R = a.R, stride = a.stride;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  float* ring = smem + warp * 2 * RT * stride;                       // this warp's [2][RT][stride]
-  float* Pt = smem + NW * 2 * RT * stride + warp * RT * PS;   // this warp's Pᵀ [RT][PS]
+  const int W = a.W, R = a.R, stride = a.stride;       // stride: bf16 elements, ≡ 8 (mod 64)
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(smem);  // [2][RT][stride]
+  float* red = smem + RT * stride;                      // [warp][16][RT]
+  float* P = red + kLatWarps * 16 * RT;                 // [16][PS]
+  float* corr = P + 16 * PS;                            // [16]
   const LatentBlock k = latent_block(a);
-  const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
-  // The scores read up to column 8·⌈W/8⌉ − 1, the value product up to 16·⌈R/16⌉ − 1, both below
-  // the stride: the padding is zeros for the whole kernel.
-  zero_padding(ring, 2 * RT, W, stride, lane, 32);
-  auto load = [&](int it) {  // this warp's it-th slab (slab warp + NW·it of the chunk) into stage it & 1
-    copy_rows(ring + (it & 1) * RT * stride, k.lat, k.s0 + int64_t(warp + NW * it) * RT, k.s1, RT, W, stride, k.vec,
-              lane);
+  const uint16_t* lat = static_cast<const uint16_t*>(k.lat);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int mi = lane >> 3, mr = lane & 7;  // the matrix and row this lane addresses in ldmatrix
+  const int ntiles = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
+  constexpr int kRowsPerWarp = RT / kLatWarps;
+
+  zero_padding(tiles, 2 * RT, W, stride, threadIdx.x, blockDim.x);
+  auto load = [&](int it) {  // tile it into stage it & 1, kRowsPerWarp rows per warp
+    copy_rows(tiles + (it & 1) * RT * stride + kRowsPerWarp * warp * stride, lat,
+              k.s0 + int64_t(it) * RT + kRowsPerWarp * warp, k.s1, kRowsPerWarp, W, stride, k.vec, lane);
   };
-  const int mine = nslabs > warp ? (nslabs - warp + NW - 1) / NW : 0;
-  if (mine > 0) load(0);
-  // qᵀ as B fragments: B[k][n] = q[head 8·nb + n][8·i + k] (scaled, zeros past G and W).
-  SplitB qb[kPresplit ? KQ : 1][NH];
-  float qf[kPresplit ? 1 : KQ][NH][2];
-  {
-    const float* q = a.qt + (k.bt * a.H + k.h0) * W;
-    const float sc = a.scale * kLog2e;
+  if (ntiles > 0) load(0);
+  // q's A fragments for k16-steps warp + 8·i, as bf16 pairs hi + lo (zeros past G and W), scaled.
+  uint32_t qh[KQ][4], ql[KQ][4];
 #pragma unroll
-    for (int nb = 0; nb < NH; ++nb) {
-      const int h = 8 * nb + g;
+  for (int i = 0; i < KQ; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      q_pair(a.qt + (k.bt * a.H + k.h0) * W, g + 8 * (e & 1), (warp + kLatWarps * i) * 16 + 2 * tq + 8 * (e >> 1), k.G,
+             W, a.scale * kLog2e, qh[i][e], ql[i][e]);
+  float acc[kLatNt][4];
+#pragma unroll
+  for (int i = 0; i < kLatNt; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait0();
+    __syncthreads();  // tile it visible; every warp is past tile it − 1's products
+    if (it + 1 < ntiles) load(it + 1);
+    const uint16_t* tile = tiles + (it & 1) * RT * stride;
+    {  // partial scores: B [k = column][n = row] is the tile's rows, 16 rows (two n-tiles) per ldmatrix
+      float s[RT / 8][4] = {};
 #pragma unroll
       for (int i = 0; i < KQ; ++i) {
-        const int c = 8 * i + tq;
-        const float b0 = h < k.G && c < W ? q[int64_t(h) * W + c] * sc : 0.0f;
-        const float b1 = h < k.G && c + 4 < W ? q[int64_t(h) * W + c + 4] * sc : 0.0f;
-        if constexpr (kPresplit) {
-          qb[i][nb] = SplitB(b0, b1);
-        } else {
-          qf[i][nb][0] = b0, qf[i][nb][1] = b1;
+        const int k0 = (warp + kLatWarps * i) * 16;
+        if (k0 >= W) break;
+#pragma unroll
+        for (int half = 0; half < RT / 16; ++half) {
+          uint32_t b[4];
+          ldmatrix_x4(b, tile + (16 * half + mr + 8 * (mi >> 1)) * stride + k0 + 8 * (mi & 1));
+          mma_bf16_free(s[2 * half], ql[i], b[0], b[1]);
+          mma_bf16_free(s[2 * half], qh[i], b[0], b[1]);
+          mma_bf16_free(s[2 * half + 1], ql[i], b[2], b[3]);
+          mma_bf16_free(s[2 * half + 1], qh[i], b[2], b[3]);
+        }
+      }
+      store_scores<RT>(red, s, warp, g, tq);
+    }
+    __syncthreads();
+    wide_softmax<RT, PS>(red, P, corr, k.s0 + int64_t(it) * RT, k.s1, m, l);
+    __syncthreads();
+    {  // acc = corr · acc + P · tile[:, :R]: B [k = row][n = column] by ldmatrix .trans, 16 columns each
+      wide_rescale(acc, corr, g);
+#pragma unroll
+      for (int ks = 0; ks < RT / 16; ++ks) {
+        uint32_t ph[4], pl[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 v =
+              *reinterpret_cast<const float2*>(P + (g + 8 * (e & 1)) * PS + 16 * ks + 2 * tq + 8 * (e >> 1));
+          split_bf16x2(v.x, v.y, ph[e], pl[e]);
+        }
+#pragma unroll
+        for (int i = 0; i < kLatNt / 2; ++i) {
+          const int d0 = (warp + kLatWarps * i) * 16;
+          if (d0 >= R) break;
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, tile + (16 * ks + mr + 8 * (mi & 1)) * stride + d0 + 8 * (mi >> 1));
+          mma_bf16_free(acc[2 * i], pl, b[0], b[1]);
+          mma_bf16_free(acc[2 * i], ph, b[0], b[1]);
+          mma_bf16_free(acc[2 * i + 1], pl, b[2], b[3]);
+          mma_bf16_free(acc[2 * i + 1], ph, b[2], b[3]);
         }
       }
     }
   }
-  // Oᵀ [d, head]: m16 tiles of d, n8 tiles of heads; softmax state of heads 8·nb + 2·tq + {0, 1}.
-  float acc[MT][NH][4] = {};
-  float m[NH][2], l[NH][2];
+  wide_store(a, k, acc, m, l, [&](int i) { return (warp + kLatWarps * (i / 2)) * 16 + 8 * (i % 2); }, g, tq);
+}
+
+// The narrow kernels' softmax of one slab: Sᵀ in s[0] + s[1] (rows g, g + 8; heads 8·nb + 2·tq +
+// {0, 1}), rows from `valid` on −∞ when `partial`; updates (m, l) per head, writes Pᵀ [row][head]
+// to the warp's buffer (row stride PS) and returns whether any head's maximum moved (cf: rescales).
+template <int NH>
+__device__ __forceinline__ bool narrow_softmax(float (&s)[2][NH][4], float (&m)[NH][2], float (&l)[NH][2],
+                                               float (&cf)[NH][2], bool partial, int valid, float* Pt, int PS, int g,
+                                               int tq) {
+  bool moved = false;
 #pragma unroll
-  for (int nb = 0; nb < NH; ++nb) m[nb][0] = m[nb][1] = -INFINITY, l[nb][0] = l[nb][1] = 0.0f;
-  const int ksteps = (W + 7) / 8, mtiles = (R + 15) / 16;
-  for (int it = 0; it < mine; ++it) {
-    if (it + 1 < mine) {
-      load(it + 1);
-      cp_async_wait1();
-    } else {
-      cp_async_wait0();
+  for (int nb = 0; nb < NH; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[0][nb][e] += s[1][nb][e];
+      if (partial && g + 8 * (e >> 1) >= valid) s[0][nb][e] = -INFINITY;
     }
-    __syncwarp();
-    const float* tile = ring + (it & 1) * RT * stride;
-    // Sᵀ [row, head] = tile · qᵀ: rows g, g + 8; heads 8·nb + 2·tq + {0, 1}. With one head tile,
-    // even and odd k-steps in two accumulators (two independent product chains).
-    constexpr int kChains = NH == 1 ? 2 : 1;
-    float s[2][NH][4] = {};
-    if constexpr (!kPresplit)  // an empty asm per slab: q's splits stay in the loop, not hoisted
 #pragma unroll
-      for (int i = 0; i < KQ; ++i)
+    for (int hh = 0; hh < 2; ++hh) {  // head 8·nb + 2·tq + hh: rows g, g + 8 here, the rest across g
+      float mx = fmaxf(s[0][nb][hh], s[0][nb][hh + 2]);
 #pragma unroll
-        for (int nb = 0; nb < NH; ++nb) asm volatile("" : "+f"(qf[i][nb][0]), "+f"(qf[i][nb][1]));
+      for (int o = 4; o < 32; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m2 = fmaxf(m[nb][hh], mx);  // a slab has a row below s1: m2 finite
+      cf[nb][hh] = exp2f(m[nb][hh] - m2);
+      moved |= cf[nb][hh] != 1.0f;
+      m[nb][hh] = m2;
+      s[0][nb][hh] = exp2f(s[0][nb][hh] - m2);
+      s[0][nb][hh + 2] = exp2f(s[0][nb][hh + 2] - m2);
+      float ps = s[0][nb][hh] + s[0][nb][hh + 2];
 #pragma unroll
-    for (int i = 0; i < KQ; ++i) {
-      if (i >= ksteps) break;
-      const float* r = tile + g * stride + 8 * i + tq;
-      const float av[4] = {r[0], r[8 * stride], r[4], r[8 * stride + 4]};
-      const SplitA as(av);
-#pragma unroll
-      for (int nb = 0; nb < NH; ++nb) {
-        if constexpr (kPresplit)
-          mma_3xtf32(s[i % kChains][nb], as, qb[i][nb]);
-        else
-          mma_3xtf32(s[i % kChains][nb], as, SplitB(qf[i][nb][0], qf[i][nb][1]));
-      }
+      for (int o = 4; o < 32; o *= 2) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+      l[nb][hh] = l[nb][hh] * cf[nb][hh] + ps;
     }
-    const int64_t base = k.s0 + int64_t(warp + NW * it) * RT;
-    const bool partial = base + RT > k.s1;  // the chunk's last slab: rows from s1 on score −∞
-    const int valid = partial ? int(k.s1 - base) : RT;
-    float cf[NH][2];
-#pragma unroll
-    for (int nb = 0; nb < NH; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[0][nb][e] += s[1][nb][e];
-        if (partial && g + 8 * (e >> 1) >= valid) s[0][nb][e] = -INFINITY;
-      }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {  // head 8·nb + 2·tq + hh: rows g, g + 8 here, the rest across g
-        float mx = fmaxf(s[0][nb][hh], s[0][nb][hh + 2]);
-#pragma unroll
-        for (int o = 4; o < 32; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m2 = fmaxf(m[nb][hh], mx);  // a slab has a row below s1: m2 finite
-        cf[nb][hh] = exp2f(m[nb][hh] - m2);
-        m[nb][hh] = m2;
-        s[0][nb][hh] = exp2f(s[0][nb][hh] - m2);
-        s[0][nb][hh + 2] = exp2f(s[0][nb][hh + 2] - m2);
-        float ps = s[0][nb][hh] + s[0][nb][hh + 2];
-#pragma unroll
-        for (int o = 4; o < 32; o *= 2) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-        l[nb][hh] = l[nb][hh] * cf[nb][hh] + ps;
-      }
-      // Pᵀ [row][head] into the warp's buffer, read back as the B operand of Oᵀ += tileᵀ · Pᵀ.
-      *reinterpret_cast<float2*>(Pt + g * PS + 8 * nb + 2 * tq) = make_float2(s[0][nb][0], s[0][nb][1]);
-      *reinterpret_cast<float2*>(Pt + (g + 8) * PS + 8 * nb + 2 * tq) = make_float2(s[0][nb][2], s[0][nb][3]);
-    }
-    bool moved = false;
-#pragma unroll
-    for (int nb = 0; nb < NH; ++nb) moved |= cf[nb][0] != 1.0f || cf[nb][1] != 1.0f;
-    if (__any_sync(0xffffffffu, moved))  // else no head's maximum moved: nothing to rescale
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nb = 0; nb < NH; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mt][nb][e] *= cf[nb][e & 1];
-    __syncwarp();
-#pragma unroll
-    for (int ks = 0; ks < RT / 8; ++ks) {
-      SplitB pb[NH];
-#pragma unroll
-      for (int nb = 0; nb < NH; ++nb)
-        pb[nb] = SplitB(Pt[(8 * ks + tq) * PS + 8 * nb + g], Pt[(8 * ks + tq + 4) * PS + 8 * nb + g]);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if (mt >= mtiles) break;
-        const float* c = tile + (8 * ks + tq) * stride + 16 * mt + g;  // A[d][row] = tile[row][d]
-        const float av[4] = {c[0], c[8], c[4 * stride], c[4 * stride + 8]};
-        const SplitA as(av);
-#pragma unroll
-        for (int nb = 0; nb < NH; ++nb) mma_3xtf32(acc[mt][nb], as, pb[nb]);
-      }
-    }
-    __syncwarp();  // the stage and Pᵀ are free for the next slab
+    *reinterpret_cast<float2*>(Pt + g * PS + 8 * nb + 2 * tq) = make_float2(s[0][nb][0], s[0][nb][1]);
+    *reinterpret_cast<float2*>(Pt + (g + 8) * PS + 8 * nb + 2 * tq) = make_float2(s[0][nb][2], s[0][nb][3]);
   }
-  // Merge the warps' (m, l, acc): [warp][16] m and l, then [warp][16][R] acc over the rings.
+  return __any_sync(0xffffffffu, moved);
+}
+
+// The narrow kernels' ring step: slab it + 1 (if the warp has one) starts loading, then slab it
+// is waited for and visible to the warp.
+template <typename Load>
+__device__ __forceinline__ void next_slab(int it, int mine, const Load& load) {
+  if (it + 1 < mine) {
+    load(it + 1);
+    cp_async_wait1();
+  } else {
+    cp_async_wait0();
+  }
+  __syncwarp();
+}
+
+// Oᵀ accumulators [MT][NH] (d = 16·mt + g (+8), heads 8·nb + 2·tq (+1)) rescaled by cf per head.
+template <int MT, int NH>
+__device__ __forceinline__ void narrow_rescale(float (&acc)[MT][NH][4], const float (&cf)[NH][2]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < NH; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nb][e] *= cf[nb][e & 1];
+}
+
+// Merges the NW warps' (m, l, acc) of a narrow block through shared memory ([warp][16] m and l,
+// then [warp][16][R] acc over the rings) into the block's partial results.
+template <int NW, int NH, int MT>
+__device__ __forceinline__ void narrow_merge(float* smem, const LatentArgs& a, const LatentBlock& k,
+                                             const float (&acc)[MT][NH][4], const float (&m)[NH][2],
+                                             const float (&l)[NH][2], int warp, int g, int tq) {
+  const int R = a.R;
   __syncthreads();
   float* wm = smem;
   float* wl = wm + NW * 16;
@@ -487,6 +573,212 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel
       a.part_acc[latent_slot(a, k, h) * R + c] = x;
     }
   }
+}
+
+// NH n8 tiles of heads (the group's heads ≤ 8·NH), W ≤ 8·KQ, R ≤ 16·MT, NW warps per block; q's
+// fragments split once (kPresplit) or per slab (fewer registers).
+template <int NH, int KQ, int MT, int NW, bool kPresplit>
+__global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel(LatentArgs a) {
+  constexpr int RT = kWideRows;
+  constexpr int PS = narrow_pt_stride(NH);
+  extern __shared__ __align__(16) float smem[];
+  const int W = a.W, R = a.R, stride = a.stride;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  float* ring = smem + warp * 2 * RT * stride;                       // this warp's [2][RT][stride]
+  float* Pt = smem + NW * 2 * RT * stride + warp * RT * PS;   // this warp's Pᵀ [RT][PS]
+  const LatentBlock k = latent_block(a);
+  const float* lat = static_cast<const float*>(k.lat);
+  const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
+  // The scores read up to column 8·⌈W/8⌉ − 1, the value product up to 16·⌈R/16⌉ − 1, both below
+  // the stride: the padding is zeros for the whole kernel.
+  zero_padding(ring, 2 * RT, W, stride, lane, 32);
+  auto load = [&](int it) {  // this warp's it-th slab (slab warp + NW·it of the chunk) into stage it & 1
+    copy_rows(ring + (it & 1) * RT * stride, lat, k.s0 + int64_t(warp + NW * it) * RT, k.s1, RT, W, stride, k.vec,
+              lane);
+  };
+  const int mine = nslabs > warp ? (nslabs - warp + NW - 1) / NW : 0;
+  if (mine > 0) load(0);
+  // qᵀ as B fragments: B[k][n] = q[head 8·nb + n][8·i + k] (scaled, zeros past G and W).
+  SplitB qb[kPresplit ? KQ : 1][NH];
+  float qf[kPresplit ? 1 : KQ][NH][2];
+  {
+    const float* q = a.qt + (k.bt * a.H + k.h0) * W;
+    const float sc = a.scale * kLog2e;
+#pragma unroll
+    for (int nb = 0; nb < NH; ++nb) {
+      const int h = 8 * nb + g;
+#pragma unroll
+      for (int i = 0; i < KQ; ++i) {
+        const int c = 8 * i + tq;
+        const float b0 = h < k.G && c < W ? q[int64_t(h) * W + c] * sc : 0.0f;
+        const float b1 = h < k.G && c + 4 < W ? q[int64_t(h) * W + c + 4] * sc : 0.0f;
+        if constexpr (kPresplit) {
+          qb[i][nb] = SplitB(b0, b1);
+        } else {
+          qf[i][nb][0] = b0, qf[i][nb][1] = b1;
+        }
+      }
+    }
+  }
+  // Oᵀ [d, head]: m16 tiles of d, n8 tiles of heads; softmax state of heads 8·nb + 2·tq + {0, 1}.
+  float acc[MT][NH][4] = {};
+  float m[NH][2], l[NH][2];
+#pragma unroll
+  for (int nb = 0; nb < NH; ++nb) m[nb][0] = m[nb][1] = -INFINITY, l[nb][0] = l[nb][1] = 0.0f;
+  const int ksteps = (W + 7) / 8, mtiles = (R + 15) / 16;
+  for (int it = 0; it < mine; ++it) {
+    next_slab(it, mine, load);
+    const float* tile = ring + (it & 1) * RT * stride;
+    // Sᵀ [row, head] = tile · qᵀ: rows g, g + 8; heads 8·nb + 2·tq + {0, 1}. With one head tile,
+    // even and odd k-steps in two accumulators (two independent product chains).
+    constexpr int kChains = NH == 1 ? 2 : 1;
+    float s[2][NH][4] = {};
+    if constexpr (!kPresplit)  // an empty asm per slab: q's splits stay in the loop, not hoisted
+#pragma unroll
+      for (int i = 0; i < KQ; ++i)
+#pragma unroll
+        for (int nb = 0; nb < NH; ++nb) asm volatile("" : "+f"(qf[i][nb][0]), "+f"(qf[i][nb][1]));
+#pragma unroll
+    for (int i = 0; i < KQ; ++i) {
+      if (i >= ksteps) break;
+      const float* r = tile + g * stride + 8 * i + tq;
+      const float av[4] = {r[0], r[8 * stride], r[4], r[8 * stride + 4]};
+      const SplitA as(av);
+#pragma unroll
+      for (int nb = 0; nb < NH; ++nb) {
+        if constexpr (kPresplit)
+          mma_3xtf32(s[i % kChains][nb], as, qb[i][nb]);
+        else
+          mma_3xtf32(s[i % kChains][nb], as, SplitB(qf[i][nb][0], qf[i][nb][1]));
+      }
+    }
+    const int64_t base = k.s0 + int64_t(warp + NW * it) * RT;
+    float cf[NH][2];
+    if (narrow_softmax(s, m, l, cf, base + RT > k.s1, int(k.s1 - base), Pt, PS, g, tq)) narrow_rescale(acc, cf);
+    __syncwarp();
+#pragma unroll
+    for (int ks = 0; ks < RT / 8; ++ks) {
+      SplitB pb[NH];
+#pragma unroll
+      for (int nb = 0; nb < NH; ++nb)
+        pb[nb] = SplitB(Pt[(8 * ks + tq) * PS + 8 * nb + g], Pt[(8 * ks + tq + 4) * PS + 8 * nb + g]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if (mt >= mtiles) break;
+        const float* c = tile + (8 * ks + tq) * stride + 16 * mt + g;  // A[d][row] = tile[row][d]
+        const float av[4] = {c[0], c[8], c[4 * stride], c[4 * stride + 8]};
+        const SplitA as(av);
+#pragma unroll
+        for (int nb = 0; nb < NH; ++nb) mma_3xtf32(acc[mt][nb], as, pb[nb]);
+      }
+    }
+    __syncwarp();  // the stage and Pᵀ are free for the next slab
+  }
+  narrow_merge<NW>(smem, a, k, acc, m, l, warp, g, tq);
+}
+
+// The narrow kernel over a bf16 cache (≤ 8 heads per group, W ≤ 16·KQ, R ≤ 16·MT): the same
+// warp-independent slabs and transposed products, with slabs of 32 rows (a bf16 row has half the
+// bytes; two row tiles give independent product chains), the tile exact in bf16 by ldmatrix (rows
+// as Sᵀ's A, transposed as Oᵀ's A) and qᵀ, Pᵀ as bf16 pairs hi + lo (two products each).
+constexpr int kNarrow16Rows = 32;
+template <int KQ, int MT, int NW>
+__global__ void __launch_bounds__(NW * 32, 3) latent_narrow16_kernel(LatentArgs a) {
+  constexpr int RT = kNarrow16Rows, MR = RT / 16, PS = kPtStride16;
+  extern __shared__ __align__(16) float smem[];
+  const int W = a.W, R = a.R, stride = a.stride;  // stride: bf16 elements, ≡ 8 (mod 64)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int mi = lane >> 3, mr = lane & 7;
+  uint16_t* ring = reinterpret_cast<uint16_t*>(smem) + warp * 2 * RT * stride;  // this warp's [2][RT][stride]
+  float* Pt = smem + NW * RT * stride + warp * RT * PS;                            // this warp's Pᵀ [RT][PS]
+  const LatentBlock k = latent_block(a);
+  const uint16_t* lat = static_cast<const uint16_t*>(k.lat);
+  const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
+  zero_padding(ring, 2 * RT, W, stride, lane, 32);
+  auto load = [&](int it) {
+    copy_rows(ring + (it & 1) * RT * stride, lat, k.s0 + int64_t(warp + NW * it) * RT, k.s1, RT, W, stride, k.vec,
+              lane);
+  };
+  const int mine = nslabs > warp ? (nslabs - warp + NW - 1) / NW : 0;
+  if (mine > 0) load(0);
+  // qᵀ as B fragments, bf16 pairs hi + lo: b0 = q[g][16i + 2tq, +1], b1 = q[g][16i + 2tq + 8, +9].
+  uint32_t qh[KQ][2], ql[KQ][2];
+#pragma unroll
+  for (int i = 0; i < KQ; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      q_pair(a.qt + (k.bt * a.H + k.h0) * W, g, 16 * i + 2 * tq + 8 * e, k.G, W, a.scale * kLog2e, qh[i][e], ql[i][e]);
+  float acc[MT][1][4] = {};
+  float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.0f, 0.0f}};
+  for (int it = 0; it < mine; ++it) {
+    next_slab(it, mine, load);
+    const uint16_t* tile = ring + (it & 1) * RT * stride;
+    // Sᵀ [row, head] per row tile j: rows 16j + g (+8), heads 2tq (+1).
+    float s[MR][4] = {};
+#pragma unroll
+    for (int i = 0; i < KQ; ++i) {
+      if (16 * i >= W) break;
+#pragma unroll
+      for (int j = 0; j < MR; ++j) {
+        uint32_t av[4];
+        ldmatrix_x4(av, tile + (16 * j + mr + 8 * (mi & 1)) * stride + 16 * i + 8 * (mi >> 1));
+        mma_bf16_free(s[j], av, ql[i][0], ql[i][1]);
+        mma_bf16_free(s[j], av, qh[i][0], qh[i][1]);
+      }
+    }
+    const int64_t base = k.s0 + int64_t(warp + NW * it) * RT;
+    bool moved = false;
+    float cf[1][2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {  // head 2tq + hh: rows 16j + g (+8) here, the rest across g
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < MR; ++j)
+#pragma unroll
+        for (int e = hh; e < 4; e += 2) {
+          if (base + 16 * j + g + 8 * (e >> 1) >= k.s1) s[j][e] = -INFINITY;
+          mx = fmaxf(mx, s[j][e]);
+        }
+#pragma unroll
+      for (int o = 4; o < 32; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m2 = fmaxf(m[0][hh], mx);  // a slab has a row below s1: m2 finite
+      cf[0][hh] = exp2f(m[0][hh] - m2);
+      moved |= cf[0][hh] != 1.0f;
+      m[0][hh] = m2;
+      float ps = 0.0f;
+#pragma unroll
+      for (int j = 0; j < MR; ++j)
+#pragma unroll
+        for (int e = hh; e < 4; e += 2) ps += s[j][e] = exp2f(s[j][e] - m2);
+#pragma unroll
+      for (int o = 4; o < 32; o *= 2) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+      l[0][hh] = l[0][hh] * cf[0][hh] + ps;
+    }
+#pragma unroll
+    for (int j = 0; j < MR; ++j) {
+      *reinterpret_cast<float2*>(Pt + (16 * j + g) * PS + 2 * tq) = make_float2(s[j][0], s[j][1]);
+      *reinterpret_cast<float2*>(Pt + (16 * j + g + 8) * PS + 2 * tq) = make_float2(s[j][2], s[j][3]);
+    }
+    if (__any_sync(0xffffffffu, moved)) narrow_rescale(acc, cf);
+    __syncwarp();
+#pragma unroll
+    for (int ks = 0; ks < MR; ++ks) {
+      uint32_t ph[2], pl[2];  // Pᵀ's B fragment: rows 16ks + 2tq, +1 (+8) of head g
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        split_bf16x2(Pt[(16 * ks + 2 * tq + 8 * e) * PS + g], Pt[(16 * ks + 2 * tq + 8 * e + 1) * PS + g], ph[e], pl[e]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if (16 * mt >= R) break;
+        uint32_t av[4];  // A [d][row] = tile[row][d]
+        ldmatrix_x4_trans(av, tile + (16 * ks + mr + 8 * (mi >> 1)) * stride + 16 * mt + 8 * (mi & 1));
+        mma_bf16_free(acc[mt][0], av, pl[0], pl[1]);
+        mma_bf16_free(acc[mt][0], av, ph[0], ph[1]);
+      }
+    }
+    __syncwarp();
+  }
+  narrow_merge<NW>(smem, a, k, acc, m, l, warp, g, tq);
 }
 
 // One block per (row bt, head h): ob = Σ_split 2^(m_i − M) acc_i / Σ_split 2^(m_i − M) l_i (m in
@@ -557,23 +849,31 @@ void conv_with_tails(const float* x, const float* w, float* const* tails, int64_
   K3_CUDA_LAUNCHED();
 }
 
-// The narrow instantiations: up to 8 or 16 heads at W, R ≤ 64; up to 8 heads at W, R ≤ 128.
+// The narrow instantiations: up to 8 or 16 heads at W, R ≤ 64; up to 8 heads at W, R ≤ 128; bf16:
+// up to 8 heads at W, R ≤ 128.
 constexpr auto kNarrow1 = latent_narrow_kernel<1, kNarrow / 8, kNarrow / 16, kLatWarps, true>;
 constexpr auto kNarrow2 = latent_narrow_kernel<2, kNarrow / 8, kNarrow / 16, kLatWarps, true>;
 constexpr auto kNarrow3 = latent_narrow_kernel<1, kNarrow / 4, kNarrow / 8, 4, false>;
+constexpr int kNarrow16Warps = 4;
+constexpr auto kNarrow16 = latent_narrow16_kernel<2 * kNarrow / 16, 2 * kNarrow / 16, kNarrow16Warps>;
+constexpr auto kWide = latent_wide_kernel<kMaxLatentWidth / 64>;
+constexpr auto kWide16 = latent_wide16_kernel<kMaxLatentWidth / 128>;
 
-void latent_attention(const float* qt, const float* const* lats, const int64_t* p0s, int64_t longest, float* ob,
-                      int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale) {
+void latent_attention(const float* qt, const void* const* lats, device::Storage storage, const int64_t* p0s,
+                      int64_t longest, float* ob, int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale) {
   if (R > kMaxRank) throw error("mla", "kv_lora_rank ", R, " exceeds the CUDA decode kernel's ", kMaxRank);
   if (W > kMaxLatentWidth || W < R)
     throw error("mla", "latent width ", W, " (kv_lora_rank ", R, " + rope) must lie between the rank and the CUDA ",
                 "decode kernel's ", kMaxLatentWidth);
   if (!B || !T || !H) return;
+  const bool bf16 = storage == device::Storage::BF16;
   // Narrow kernels: W, R ≤ 64 (any group), or ≤ 128 with at most 8 heads per group (k3-small's
-  // 96 + 32 with 6 heads); the rest wide.
+  // 96 + 32 with 6 heads); bf16 only the latter. The rest wide.
   const int64_t G0 = std::min<int64_t>(H, kHeadsPerBlock);
-  const int narrow = W <= kNarrow && R <= kNarrow ? (G0 <= 8 ? 1 : 2) : W <= 2 * kNarrow && R <= 2 * kNarrow && G0 <= 8 ? 3 : 0;
-  const int warps = narrow == 3 ? 4 : kLatWarps;
+  const bool upto128 = W <= 2 * kNarrow && R <= 2 * kNarrow && G0 <= 8;
+  const int narrow = bf16 ? (upto128 ? 4 : 0)
+                          : W <= kNarrow && R <= kNarrow ? (G0 <= 8 ? 1 : 2) : upto128 ? 3 : 0;
+  const int warps = narrow == 3 ? 4 : narrow == 4 ? kNarrow16Warps : kLatWarps;
   constexpr int RT = kWideRows;
   // About four waves of resident blocks (two per SM) over all (sequence, token, head group) rows,
   // so the last wave's idle SMs cost little; chunks of whole tiles, at least 64 latent rows (256
@@ -589,16 +889,28 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
   LatentArgs a{};
   a.qt = qt, a.lats = lats, a.p0s = p0s, a.T = T, a.H = H, a.chunk = chunk;
   a.W = int(W), a.R = int(R), a.splits = splits, a.groups = int(groups), a.scale = scale;
-  // Rows hold every column a kernel reads: Wp (the scores' k-steps) and, narrow, whole m16 tiles of
-  // R (the value product's A rows past R are read, their results dropped); ≡ 8 (mod 32).
-  const int span = std::max(int((W + 7) / 8 * 8), narrow ? int((R + 15) / 16 * 16) : 0);
-  a.stride = span + ((8 - span) % 32 + 32) % 32;
-  a.w4 = W % 4 == 0;
+  // Rows hold every column a kernel reads: the scores' k-steps (8 columns, 16 in bf16) and,
+  // narrow, whole m16 tiles of R (the value product's rows past R are read, their results
+  // dropped). Strides of 32 bytes (mod 128) keep the fragment loads free of bank conflicts: fp32
+  // ≡ 8 (mod 32) elements, bf16 ≡ 8 (mod 64).
+  const int kstep = bf16 ? 16 : 8, period = bf16 ? 64 : 32;
+  const int span = std::max(int((W + kstep - 1) / kstep * kstep), narrow ? int((R + 15) / 16 * 16) : 0);
+  a.stride = span + ((8 - span) % period + period) % period;
+  a.vec = W % (bf16 ? 8 : 4) == 0;
   a.part_ml = ml.as<float>(), a.part_acc = acc.as<float>();
-  const size_t smem = narrow ? size_t(warps * (2 * RT * a.stride + RT * narrow_pt_stride(narrow == 2 ? 2 : 1))) * 4
-                             : size_t(2 * RT * a.stride + kLatWarps * 16 * RT + 16 * kPStride + 16) * 4;
+  const size_t esz = bf16 ? 2 : 4, ring = size_t(2 * RT * a.stride) * esz;  // a two-stage ring, bytes
+  const size_t merge = size_t(2 * warps * 16 + warps * 16 * R) * 4;       // the narrow kernels' merge
+  size_t smem = 0;
+  if (narrow == 4)
+    smem = std::max(warps * size_t(2 * kNarrow16Rows * a.stride * 2 + kNarrow16Rows * kPtStride16 * 4), merge);
+  else if (narrow)
+    smem = std::max(warps * (ring + size_t(RT * narrow_pt_stride(narrow == 2 ? 2 : 1)) * 4), merge);
+  else
+    smem = bf16 ? size_t(2 * kWide16Rows * a.stride) * esz +
+                      size_t(kLatWarps * 16 * kWide16Rows + 16 * kP16Stride + 16) * 4
+                : ring + size_t(kLatWarps * 16 * RT + 16 * kPStride + 16) * 4;
   static const bool opted = [] {
-    for (auto* f : {kNarrow1, kNarrow2, kNarrow3, latent_wide_kernel<kMaxLatentWidth / 64>})
+    for (auto* f : {kNarrow1, kNarrow2, kNarrow3, kNarrow16, kWide, kWide16})
       K3_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
     return true;
   }();
@@ -606,12 +918,25 @@ void latent_attention(const float* qt, const float* const* lats, const int64_t* 
   const int64_t blocks = rows * splits * groups;
   if (blocks > INT32_MAX || rows * H > INT32_MAX)
     throw error("mla", "latent attention over ", blocks, " blocks (", rows * H, " rows × heads) exceeds the grid");
-  auto* kernel = narrow == 1 ? kNarrow1 : narrow == 2 ? kNarrow2 : narrow == 3 ? kNarrow3
-               : latent_wide_kernel<kMaxLatentWidth / 64>;
+  auto* kernel = narrow == 1 ? kNarrow1 : narrow == 2 ? kNarrow2 : narrow == 3 ? kNarrow3 : narrow == 4 ? kNarrow16
+               : bf16 ? kWide16 : kWide;
   kernel<<<unsigned(blocks), unsigned(warps * 32), smem, device::stream()>>>(a);
   K3_CUDA_LAUNCHED();
   latent_combine_kernel<<<unsigned(rows * H), kCombineThreads, 0, device::stream()>>>(ml.as<float>(), acc.as<float>(), H, R,
                                                                           splits, ob);
+  K3_CUDA_LAUNCHED();
+}
+
+__global__ void rows_to_bf16_kernel(const float* src, int64_t ld, __nv_bfloat16* dst, int64_t w, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = __float2bfloat16(src[i / w * ld + i % w]);
+}
+
+void rows_to_bf16(const float* src, int64_t ld, void* dst, int64_t rows, int64_t w) {
+  const int64_t n = rows * w;
+  if (!n) return;
+  rows_to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
+      src, ld, static_cast<__nv_bfloat16*>(dst), w, n);
   K3_CUDA_LAUNCHED();
 }
 

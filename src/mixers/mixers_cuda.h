@@ -2,12 +2,13 @@
 // recurrent state with its conv tails (same MemoryKinds, so contexts, prefix snapshots and the
 // memory report treat them alike), and the cached forward paths that continue them. A mixer whose
 // weights are on the device (models' move_to) makes these in new_memory and takes these paths
-// when given memories. Inference only; fp32. Built with K3_CUDA only.
+// when given memories. Inference only; fp32 (latent caches fp32 or bf16). Built with K3_CUDA only.
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "core/device.h"
 #include "core/tensor.h"
 #include "mixers/linear/delta_core.h"
 #include "mixers/memory.h"
@@ -23,9 +24,11 @@ void conv_with_tails(const float* x, const float* w, float* const* tails, int64_
 // Absorbed MLA attention over B sequences of T new tokens: for token t of sequence b (position
 // p0s[b] + t) and head h, softmax over latent rows s ≤ p0s[b] + t of scale·(qt[b, t, h] ·
 // lats[b][s]) (rows of width W), then ob[b, t, h] = Σ p_s lats[b][s, :R]. lats and p0s are device
-// arrays of B entries; longest = max p0s + T.
-void latent_attention(const float* qt, const float* const* lats, const int64_t* p0s, int64_t longest, float* ob,
-                      int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale);
+// arrays of B entries; the rows are fp32 or bf16 (`storage`); longest = max p0s + T.
+void latent_attention(const float* qt, const void* const* lats, device::Storage storage, const int64_t* p0s,
+                      int64_t longest, float* ob, int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale);
+// dst [rows, w] bf16 (rounded to nearest even) ← src [rows, w] fp32 with leading dimension ld.
+void rows_to_bf16(const float* src, int64_t ld, void* dst, int64_t rows, int64_t w);
 // B blocks of n floats between separate allocations (device pointer arrays) and one
 // contiguous [B, n] array.
 void gather_blocks(const float* const* srcs, int64_t B, int64_t n, float* dst);
@@ -36,7 +39,23 @@ namespace gpu {
 
 // Preallocated for max_tokens (no growth on the device); bytes() is what is allocated.
 std::unique_ptr<Memory> kv_cache(int64_t heads, int64_t head_dim, int64_t max_tokens);
-std::unique_ptr<Memory> latent_cache(int64_t width, int64_t max_tokens);
+// A latent cache stores its rows as `storage`: fp32, or bf16 (half the bytes, rows rounded to
+// nearest even as they are written; the absorbed attention reads them exactly).
+std::unique_ptr<Memory> latent_cache(int64_t width, int64_t max_tokens, device::Storage storage = device::Storage::F32);
+// The storage of the latent caches that MLA layers on the device make from now on (new_memory);
+// fp32 unless set. LatentStorage sets it for a scope.
+void set_latent_storage(device::Storage storage);
+device::Storage latent_storage();
+class LatentStorage {
+ public:
+  explicit LatentStorage(device::Storage storage) : saved_(latent_storage()) { set_latent_storage(storage); }
+  ~LatentStorage() { set_latent_storage(saved_); }
+  LatentStorage(const LatentStorage&) = delete;
+  LatentStorage& operator=(const LatentStorage&) = delete;
+
+ private:
+  device::Storage saved_;
+};
 std::unique_ptr<Memory> recurrent_state(int64_t HV, int64_t K, int64_t V, std::vector<int64_t> conv_channels,
                                         int64_t conv_size);
 bool is_device_memory(const Memory* m);

@@ -154,13 +154,18 @@ Var Mla::absorbed(const Var& x, const SeqBatch& batch) const {
 std::unique_ptr<Memory> Mla::new_memory(int64_t max_tokens) const {
 #if defined(K3_HAS_CUDA)
   if (kv_a_proj_.weight->value.device() == Device::CUDA)
-    return gpu::latent_cache(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions));
+    return gpu::latent_cache(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions),
+                             gpu::latent_storage());
 #endif
   return std::make_unique<LatentCache>(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions));
 }
 
 std::vector<MemorySpec> Mla::memory_spec() const {
-  return {{MemoryKind::LatentCache, double((o_.kv_lora_rank + o_.qk_rope_head_dim) * sizeof(float)), 0}};
+  double bytes = sizeof(float);  // per latent value
+#if defined(K3_HAS_CUDA)
+  if (kv_a_proj_.weight->value.device() == Device::CUDA && gpu::latent_storage() == device::Storage::BF16) bytes = 2;
+#endif
+  return {{MemoryKind::LatentCache, double(o_.kv_lora_rank + o_.qk_rope_head_dim) * bytes, 0}};
 }
 
 void Mla::visit(const std::string& prefix, const ParamVisitor& v) const {

@@ -1,7 +1,7 @@
 // Every fixture model (fixtures/models, made with transformers) with its weights on the GPU
 // (move_to, the ops' CUDA forms): logits within 1e-4 relative L2 of the reference, and the
 // greedy continuation, by repeated full forwards, equal to the reference ids; decode over device
-// memories equal to the full forward. Needs a GPU.
+// memories equal to the full forward; bf16 latent caches within their rounding. Needs a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "infer/generate.h"
+#include "mixers/mixers_cuda.h"
 #include "models/registry.h"
 #include "models/testing.h"
 
@@ -125,6 +126,38 @@ TEST_P(FixtureModelCuda, Bf16GemmWeightsStayWithinTheirRoundingError) {
   const double e_gpu = rel_l2(gpu.data(), ref.f32(), B * T * V);
   EXPECT_LT(e_gpu, std::max(5e-3, 2.5 * e_cpu)) << "bf16-rounded weights on the CPU: " << e_cpu;
   std::printf("%s bf16 GEMM weights: rel L2 %.2e (CPU with the same rounding %.2e)\n", GetParam().c_str(), e_gpu, e_cpu);
+}
+
+// bf16 latent caches (gpu::LatentStorage): a 5-token prefill then one token at a time stays within
+// 5e-3 of the reference logits, k3::generate still gives the reference's greedy ids, and every
+// latent cache takes half the bytes of its fp32 form (models without MLA layers are unchanged).
+TEST_P(FixtureModelCuda, Bf16LatentCachesStayNearTheReference) {
+  auto model = load_model(fixture_model(GetParam()));
+  move_to(*model, Device::CUDA);
+  SafeTensors expected = SafeTensors::open(fixture_model(GetParam()) + "/expected.safetensors");
+  Tensor prompt = expected.get("prompt_ids"), greedy = expected.get("greedy_ids");
+  const int64_t T = greedy.numel(), V = model->vocab_size();
+  const int64_t* ids = greedy.data<int64_t>();
+  Context f32 = model->new_context(T);
+  gpu::LatentStorage bf16(device::Storage::BF16);
+  Context ctx = model->new_context(T);
+  ASSERT_EQ(ctx.layers.size(), f32.layers.size());
+  for (size_t l = 0; l < ctx.layers.size(); ++l)
+    EXPECT_EQ(ctx.layers[l]->bytes() * (ctx.layers[l]->kind() == MemoryKind::LatentCache ? 2 : 1),
+              f32.layers[l]->bytes())
+        << "layer " << l;
+  std::vector<float> step(static_cast<size_t>(T * V));
+  model->forward(ids, 5, &ctx, step.data(), Logits::All);
+  for (int64_t t = 5; t < T; ++t) model->forward(ids + t, 1, &ctx, step.data() + t * V, Logits::Last);
+  const double e = rel_l2(step.data(), expected.get_f32("greedy_logits").f32(), T * V);
+  EXPECT_LT(e, 5e-3);
+  std::printf("%s decode over bf16 latent caches: rel L2 %.2e\n", GetParam().c_str(), e);
+  std::vector<int64_t> seq(prompt.data<int64_t>(), prompt.data<int64_t>() + prompt.numel());
+  GenerateOptions g;
+  g.max_new_tokens = T - int64_t(seq.size());
+  g.sampling.temperature = 0;
+  g.stop_at_eos = StopAtEos::No;
+  EXPECT_EQ(generate(*model, seq, g), std::vector<int64_t>(ids, ids + T));
 }
 
 // The mean next-token cross-entropy (k3 eval's loss) on the device equals the CPU's.
