@@ -88,6 +88,37 @@ struct LatentArgs {
   float* part_acc;
 };
 
+// Hopper bulk copies (cp.async.bulk, the TMA's 1-D form): `bytes` (a multiple of 16; both
+// addresses 16-byte aligned) from global to shared memory, counted against an mbarrier's
+// transactions. A stage's barrier: init with one arrival, then per fill one arrive_expect_tx of
+// the stage's bytes and the copies; consumers wait for the fill's phase parity (fills 0, 2, … of
+// a barrier: parity 0; 1, 3, …: parity 1). Shared memory written by ordinary stores that a bulk
+// copy later overwrites needs fence_proxy_async in between.
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+}
+
 // x = hi + lo with hi x truncated to TF32 (exact) and lo the rest, itself truncated (error
 // ≤ 2^-20 |x|).
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
@@ -396,11 +427,34 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide16_kernel(Latent
   const int mi = lane >> 3, mr = lane & 7;  // the matrix and row this lane addresses in ldmatrix
   const int ntiles = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
   constexpr int kRowsPerWarp = RT / kLatWarps;
+  static_assert(RT == 32, "a bulk copy per row, by warp 0's lanes");
+  __shared__ uint64_t full[2];  // the stages' barriers (16-byte rows: bulk copies)
 
-  zero_padding(tiles, 2 * RT, W, stride, threadIdx.x, blockDim.x);
-  auto load = [&](int it) {  // tile it into stage it & 1, kRowsPerWarp rows per warp
-    copy_rows(tiles + (it & 1) * RT * stride + kRowsPerWarp * warp * stride, lat,
-              k.s0 + int64_t(it) * RT + kRowsPerWarp * warp, k.s1, kRowsPerWarp, W, stride, k.vec, lane);
+  // Rows of whole 16-byte pieces come by bulk copies, one per row by warp 0's lanes; rows past the
+  // chunk's end keep an earlier tile's (finite) rows, their scores −∞, so both stages start as
+  // zeros. Other rows by cp.async (zeros past the end).
+  if (k.vec) {
+    for (int i = threadIdx.x; i < RT * stride; i += blockDim.x) reinterpret_cast<uint32_t*>(tiles)[i] = 0u;
+    if (threadIdx.x == 0) mbar_init(&full[0], 1), mbar_init(&full[1], 1), fence_mbar_init();
+    fence_proxy_async();
+  } else {
+    zero_padding(tiles, 2 * RT, W, stride, threadIdx.x, blockDim.x);
+  }
+  __syncthreads();
+  auto load = [&](int it) {  // tile it into stage it & 1
+    uint16_t* dst = tiles + (it & 1) * RT * stride;
+    const int64_t r0 = k.s0 + int64_t(it) * RT;
+    if (k.vec) {
+      if (warp == 0) {
+        const int n = int(min(int64_t(RT), k.s1 - r0));
+        if (lane == 0) mbar_arrive_expect_tx(&full[it & 1], unsigned(n * W * 2));
+        __syncwarp();
+        if (lane < n) bulk_copy_g2s(dst + lane * stride, lat + (r0 + lane) * W, unsigned(W * 2), &full[it & 1]);
+      }
+    } else {
+      copy_rows(dst + kRowsPerWarp * warp * stride, lat, r0 + kRowsPerWarp * warp, k.s1, kRowsPerWarp, W, stride,
+                false, lane);
+    }
   };
   if (ntiles > 0) load(0);
   // q's A fragments for k16-steps warp + 8·i, as bf16 pairs hi + lo (zeros past G and W), scaled.
@@ -417,7 +471,10 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide16_kernel(Latent
   float m = -INFINITY, l = 0.0f;
 
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait0();
+    if (k.vec)
+      mbar_wait(&full[it & 1], unsigned(it >> 1) & 1u);
+    else
+      cp_async_wait0();
     __syncthreads();  // tile it visible; every warp is past tile it − 1's products
     if (it + 1 < ntiles) load(it + 1);
     const uint16_t* tile = tiles + (it & 1) * RT * stride;
@@ -694,10 +751,29 @@ __global__ void __launch_bounds__(NW * 32, 3) latent_narrow16_kernel(LatentArgs 
   const LatentBlock k = latent_block(a);
   const uint16_t* lat = static_cast<const uint16_t*>(k.lat);
   const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
-  zero_padding(ring, 2 * RT, W, stride, lane, 32);
+  static_assert(RT == 32, "a bulk copy per row, by the warp's lanes");
+  __shared__ uint64_t full[NW][2];  // each warp's stages' barriers (16-byte rows: bulk copies)
+  // As the wide kernel's: bulk copies of 16-byte rows (rows past the end keep finite stale rows,
+  // the ring starts as zeros), cp.async otherwise.
+  if (k.vec) {
+    for (int i = lane; i < RT * stride; i += 32) reinterpret_cast<uint32_t*>(ring)[i] = 0u;
+    if (lane == 0) mbar_init(&full[warp][0], 1), mbar_init(&full[warp][1], 1), fence_mbar_init();
+    fence_proxy_async();
+  } else {
+    zero_padding(ring, 2 * RT, W, stride, lane, 32);
+  }
+  __syncwarp();
   auto load = [&](int it) {
-    copy_rows(ring + (it & 1) * RT * stride, lat, k.s0 + int64_t(warp + NW * it) * RT, k.s1, RT, W, stride, k.vec,
-              lane);
+    uint16_t* dst = ring + (it & 1) * RT * stride;
+    const int64_t r0 = k.s0 + int64_t(warp + NW * it) * RT;
+    if (k.vec) {
+      const int n = int(min(int64_t(RT), k.s1 - r0));
+      if (lane == 0) mbar_arrive_expect_tx(&full[warp][it & 1], unsigned(n * W * 2));
+      __syncwarp();
+      if (lane < n) bulk_copy_g2s(dst + lane * stride, lat + (r0 + lane) * W, unsigned(W * 2), &full[warp][it & 1]);
+    } else {
+      copy_rows(dst, lat, r0, k.s1, RT, W, stride, false, lane);
+    }
   };
   const int mine = nslabs > warp ? (nslabs - warp + NW - 1) / NW : 0;
   if (mine > 0) load(0);
@@ -711,7 +787,14 @@ __global__ void __launch_bounds__(NW * 32, 3) latent_narrow16_kernel(LatentArgs 
   float acc[MT][1][4] = {};
   float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.0f, 0.0f}};
   for (int it = 0; it < mine; ++it) {
-    next_slab(it, mine, load);
+    if (it + 1 < mine) load(it + 1);
+    if (k.vec)
+      mbar_wait(&full[warp][it & 1], unsigned(it >> 1) & 1u);
+    else if (it + 1 < mine)
+      cp_async_wait1();
+    else
+      cp_async_wait0();
+    __syncwarp();
     const uint16_t* tile = ring + (it & 1) * RT * stride;
     // Sᵀ [row, head] per row tile j: rows 16j + g (+8), heads 2tq (+1).
     float s[MR][4] = {};
