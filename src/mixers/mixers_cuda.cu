@@ -564,18 +564,55 @@ __device__ __forceinline__ bool narrow_softmax(float (&s)[2][NH][4], float (&m)[
   return __any_sync(0xffffffffu, moved);
 }
 
-// The narrow kernels' ring step: slab it + 1 (if the warp has one) starts loading, then slab it
-// is waited for and visible to the warp.
-template <typename Load>
-__device__ __forceinline__ void next_slab(int it, int mine, const Load& load) {
-  if (it + 1 < mine) {
-    load(it + 1);
-    cp_async_wait1();
-  } else {
-    cp_async_wait0();
+// A narrow kernel warp's two-stage ring of RT-row slabs [2][RT][stride] of T (fp32 or bf16).
+// Rows of whole 16-byte pieces come by bulk copies, one per row by the warp's lanes, on a barrier
+// per stage; rows past the chunk's end then keep an earlier slab's (finite) rows, their scores
+// −∞, so the ring starts as zeros. Other rows by cp.async (zeros past the end), the padding
+// columns zeroed once.
+template <typename T, int RT>
+struct WarpRing {
+  static_assert(RT <= 32, "a bulk copy per row, by the warp's lanes");
+  T* ring;
+  uint64_t* full;  // [2] in shared memory
+  const T* lat;
+  int64_t s1;
+  int W, stride, lane;
+  bool bulk;
+
+  __device__ __forceinline__ void init() {
+    if (bulk) {
+      for (int i = lane; i < 2 * RT * stride * int(sizeof(T)) / 4; i += 32) reinterpret_cast<uint32_t*>(ring)[i] = 0u;
+      if (lane == 0) mbar_init(&full[0], 1), mbar_init(&full[1], 1), fence_mbar_init();
+      fence_proxy_async();
+    } else {
+      zero_padding(ring, 2 * RT, W, stride, lane, 32);
+    }
+    __syncwarp();
   }
-  __syncwarp();
-}
+  __device__ __forceinline__ const T* slab(int it) const { return ring + (it & 1) * RT * stride; }
+  // Slab it (rows from r0) into stage it & 1.
+  __device__ __forceinline__ void load(int it, int64_t r0) {
+    T* dst = ring + (it & 1) * RT * stride;
+    if (bulk) {
+      const int n = int(min(int64_t(RT), s1 - r0));
+      if (lane == 0) mbar_arrive_expect_tx(&full[it & 1], unsigned(n * W * int(sizeof(T))));
+      __syncwarp();
+      if (lane < n) bulk_copy_g2s(dst + lane * stride, lat + (r0 + lane) * W, unsigned(W * int(sizeof(T))), &full[it & 1]);
+    } else {
+      copy_rows(dst, lat, r0, s1, RT, W, stride, false, lane);
+    }
+  }
+  // Slab it has landed and is visible to the warp (`more`: a later slab's copies may be in flight).
+  __device__ __forceinline__ void wait(int it, bool more) {
+    if (bulk)
+      mbar_wait(&full[it & 1], unsigned(it >> 1) & 1u);
+    else if (more)
+      cp_async_wait1();
+    else
+      cp_async_wait0();
+    __syncwarp();
+  }
+};
 
 // Oᵀ accumulators [MT][NH] (d = 16·mt + g (+8), heads 8·nb + 2·tq (+1)) rescaled by cf per head.
 template <int MT, int NH>
@@ -648,13 +685,13 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel
   const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
   // The scores read up to column 8·⌈W/8⌉ − 1, the value product up to 16·⌈R/16⌉ − 1, both below
   // the stride: the padding is zeros for the whole kernel.
-  zero_padding(ring, 2 * RT, W, stride, lane, 32);
-  auto load = [&](int it) {  // this warp's it-th slab (slab warp + NW·it of the chunk) into stage it & 1
-    copy_rows(ring + (it & 1) * RT * stride, lat, k.s0 + int64_t(warp + NW * it) * RT, k.s1, RT, W, stride, k.vec,
-              lane);
-  };
+  __shared__ uint64_t full[NW][2];
+  WarpRing<float, RT> rs{ring, full[warp], lat, k.s1, W, stride, lane, k.vec};
+  rs.init();
+  // This warp's it-th slab is slab warp + NW·it of the chunk.
+  auto slab_row = [&](int it) { return k.s0 + int64_t(warp + NW * it) * RT; };
   const int mine = nslabs > warp ? (nslabs - warp + NW - 1) / NW : 0;
-  if (mine > 0) load(0);
+  if (mine > 0) rs.load(0, slab_row(0));
   // qᵀ as B fragments: B[k][n] = q[head 8·nb + n][8·i + k] (scaled, zeros past G and W).
   SplitB qb[kPresplit ? KQ : 1][NH];
   float qf[kPresplit ? 1 : KQ][NH][2];
@@ -684,8 +721,9 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel
   for (int nb = 0; nb < NH; ++nb) m[nb][0] = m[nb][1] = -INFINITY, l[nb][0] = l[nb][1] = 0.0f;
   const int ksteps = (W + 7) / 8, mtiles = (R + 15) / 16;
   for (int it = 0; it < mine; ++it) {
-    next_slab(it, mine, load);
-    const float* tile = ring + (it & 1) * RT * stride;
+    if (it + 1 < mine) rs.load(it + 1, slab_row(it + 1));
+    rs.wait(it, it + 1 < mine);
+    const float* tile = rs.slab(it);
     // Sᵀ [row, head] = tile · qᵀ: rows g, g + 8; heads 8·nb + 2·tq + {0, 1}. With one head tile,
     // even and odd k-steps in two accumulators (two independent product chains).
     constexpr int kChains = NH == 1 ? 2 : 1;
@@ -751,32 +789,12 @@ __global__ void __launch_bounds__(NW * 32, 3) latent_narrow16_kernel(LatentArgs 
   const LatentBlock k = latent_block(a);
   const uint16_t* lat = static_cast<const uint16_t*>(k.lat);
   const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
-  static_assert(RT == 32, "a bulk copy per row, by the warp's lanes");
-  __shared__ uint64_t full[NW][2];  // each warp's stages' barriers (16-byte rows: bulk copies)
-  // As the wide kernel's: bulk copies of 16-byte rows (rows past the end keep finite stale rows,
-  // the ring starts as zeros), cp.async otherwise.
-  if (k.vec) {
-    for (int i = lane; i < RT * stride; i += 32) reinterpret_cast<uint32_t*>(ring)[i] = 0u;
-    if (lane == 0) mbar_init(&full[warp][0], 1), mbar_init(&full[warp][1], 1), fence_mbar_init();
-    fence_proxy_async();
-  } else {
-    zero_padding(ring, 2 * RT, W, stride, lane, 32);
-  }
-  __syncwarp();
-  auto load = [&](int it) {
-    uint16_t* dst = ring + (it & 1) * RT * stride;
-    const int64_t r0 = k.s0 + int64_t(warp + NW * it) * RT;
-    if (k.vec) {
-      const int n = int(min(int64_t(RT), k.s1 - r0));
-      if (lane == 0) mbar_arrive_expect_tx(&full[warp][it & 1], unsigned(n * W * 2));
-      __syncwarp();
-      if (lane < n) bulk_copy_g2s(dst + lane * stride, lat + (r0 + lane) * W, unsigned(W * 2), &full[warp][it & 1]);
-    } else {
-      copy_rows(dst, lat, r0, k.s1, RT, W, stride, false, lane);
-    }
-  };
+  __shared__ uint64_t full[NW][2];
+  WarpRing<uint16_t, RT> rs{ring, full[warp], lat, k.s1, W, stride, lane, k.vec};
+  rs.init();
+  auto slab_row = [&](int it) { return k.s0 + int64_t(warp + NW * it) * RT; };
   const int mine = nslabs > warp ? (nslabs - warp + NW - 1) / NW : 0;
-  if (mine > 0) load(0);
+  if (mine > 0) rs.load(0, slab_row(0));
   // qᵀ as B fragments, bf16 pairs hi + lo: b0 = q[g][16i + 2tq, +1], b1 = q[g][16i + 2tq + 8, +9].
   uint32_t qh[KQ][2], ql[KQ][2];
 #pragma unroll
@@ -787,15 +805,9 @@ __global__ void __launch_bounds__(NW * 32, 3) latent_narrow16_kernel(LatentArgs 
   float acc[MT][1][4] = {};
   float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.0f, 0.0f}};
   for (int it = 0; it < mine; ++it) {
-    if (it + 1 < mine) load(it + 1);
-    if (k.vec)
-      mbar_wait(&full[warp][it & 1], unsigned(it >> 1) & 1u);
-    else if (it + 1 < mine)
-      cp_async_wait1();
-    else
-      cp_async_wait0();
-    __syncwarp();
-    const uint16_t* tile = ring + (it & 1) * RT * stride;
+    if (it + 1 < mine) rs.load(it + 1, slab_row(it + 1));
+    rs.wait(it, it + 1 < mine);
+    const uint16_t* tile = rs.slab(it);
     // Sᵀ [row, head] per row tile j: rows 16j + g (+8), heads 2tq (+1).
     float s[MR][4] = {};
 #pragma unroll
