@@ -36,7 +36,7 @@ void apply_runtime_options(const RuntimeOptions& opts, DeviceSupport support) {
 void add_cache_dtype_option(CLI::App* cmd, std::string& dtype) {
   cmd->add_option("--cache-dtype", dtype,
                   "MLA latent cache storage on CUDA: f32, or bf16 (half the bytes and faster decode; the cached rows "
-                  "are rounded to bf16)")
+                  "are rounded to bf16). Models without MLA layers keep their caches as they are")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
 }

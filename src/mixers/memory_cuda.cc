@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/device.h"
+#include "core/dtype.h"
 #include "mixers/linear/delta_cuda.h"
 #include "mixers/mixers_cuda.h"
 #include "ops/ops_cuda.h"
@@ -56,7 +57,7 @@ class DeviceRows : public Memory {
     reserve(n);
     for (Tensor& a : arrays_) {
       const int64_t w = a.dim(1);
-      const size_t esz = a.nbytes() / size_t(std::max<int64_t>(a.numel(), 1));
+      const size_t esz = dtype_size(a.dtype());
       if (n) device::zero(static_cast<char*>(a.raw()) + size_t(length_ * w) * esz, size_t(n * w) * esz);
     }
     length_ += n;

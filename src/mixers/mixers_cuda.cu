@@ -971,14 +971,17 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   const int warps = narrow == 3 ? 4 : narrow == 4 ? kNarrow16Warps : kLatWarps;
   constexpr int RT = kWideRows;
   // About four waves of resident blocks (two per SM) over all (sequence, token, head group) rows,
-  // so the last wave's idle SMs cost little; chunks of whole tiles, at least 64 latent rows (256
-  // narrow ones, whose partial results weigh more against their rows), at most kMaxSplits.
+  // so the last wave's idle SMs cost little; chunks of whole tiles (tiles or slabs of 16 rows, 32
+  // in bf16), at least 64 latent rows (256 narrow ones, whose partial results weigh more against
+  // their rows), at most kMaxSplits.
+  const int64_t tile_rows = bf16 ? kWide16Rows : RT;
+  static_assert(kWide16Rows == kNarrow16Rows, "one chunk granularity for the bf16 kernels");
   const int64_t rows = B * T, groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock, target = 8 * device::sm_count();
   const int64_t min_chunk = narrow ? 256 : 64;
   int splits = int(std::max<int64_t>(1, std::min<int64_t>({(target + rows * groups - 1) / (rows * groups),
                                                            (longest + min_chunk - 1) / min_chunk, int64_t(kMaxSplits)})));
   int64_t chunk = (longest + splits - 1) / splits;
-  chunk = (chunk + RT - 1) / RT * RT;
+  chunk = (chunk + tile_rows - 1) / tile_rows * tile_rows;
   splits = int((longest + chunk - 1) / chunk);
   device::Buffer ml(size_t(rows * splits * H * 2) * 4), acc(size_t(rows * splits * H * R) * 4);
   LatentArgs a{};
