@@ -575,8 +575,8 @@ struct WarpRing {
   T* ring;
   uint64_t* full;  // [2] in shared memory
   const T* lat;
-  int64_t s1;
-  int W, stride, lane;
+  int64_t s0, s1;  // the block's chunk of rows; the warp takes slabs warp, warp + nw, …
+  int W, stride, lane, warp, nw;
   bool bulk;
 
   __device__ __forceinline__ void init() {
@@ -589,10 +589,17 @@ struct WarpRing {
     }
     __syncwarp();
   }
+  // The warp's slabs, and the first row of its it-th.
+  __device__ __forceinline__ int slabs() const {
+    const int n = s0 < s1 ? int((s1 - s0 + RT - 1) / RT) : 0;
+    return n > warp ? (n - warp + nw - 1) / nw : 0;
+  }
+  __device__ __forceinline__ int64_t row(int it) const { return s0 + int64_t(warp + nw * it) * RT; }
   __device__ __forceinline__ const T* slab(int it) const { return ring + (it & 1) * RT * stride; }
-  // Slab it (rows from r0) into stage it & 1.
-  __device__ __forceinline__ void load(int it, int64_t r0) {
+  // Slab it into stage it & 1.
+  __device__ __forceinline__ void load(int it) {
     T* dst = ring + (it & 1) * RT * stride;
+    const int64_t r0 = row(it);
     if (bulk) {
       const int n = int(min(int64_t(RT), s1 - r0));
       if (lane == 0) mbar_arrive_expect_tx(&full[it & 1], unsigned(n * W * int(sizeof(T))));
@@ -602,8 +609,11 @@ struct WarpRing {
       copy_rows(dst, lat, r0, s1, RT, W, stride, false, lane);
     }
   }
-  // Slab it has landed and is visible to the warp (`more`: a later slab's copies may be in flight).
-  __device__ __forceinline__ void wait(int it, bool more) {
+  // Of the warp's `mine` slabs, it + 1 starts loading (if there is one), then slab it has landed
+  // and is visible to the warp.
+  __device__ __forceinline__ void step(int it, int mine) {
+    const bool more = it + 1 < mine;
+    if (more) load(it + 1);
     if (bulk)
       mbar_wait(&full[it & 1], unsigned(it >> 1) & 1u);
     else if (more)
@@ -682,16 +692,13 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel
   float* Pt = smem + NW * 2 * RT * stride + warp * RT * PS;   // this warp's Pᵀ [RT][PS]
   const LatentBlock k = latent_block(a);
   const float* lat = static_cast<const float*>(k.lat);
-  const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
   // The scores read up to column 8·⌈W/8⌉ − 1, the value product up to 16·⌈R/16⌉ − 1, both below
   // the stride: the padding is zeros for the whole kernel.
   __shared__ uint64_t full[NW][2];
-  WarpRing<float, RT> rs{ring, full[warp], lat, k.s1, W, stride, lane, k.vec};
+  WarpRing<float, RT> rs{ring, full[warp], lat, k.s0, k.s1, W, stride, lane, warp, NW, k.vec};
   rs.init();
-  // This warp's it-th slab is slab warp + NW·it of the chunk.
-  auto slab_row = [&](int it) { return k.s0 + int64_t(warp + NW * it) * RT; };
-  const int mine = nslabs > warp ? (nslabs - warp + NW - 1) / NW : 0;
-  if (mine > 0) rs.load(0, slab_row(0));
+  const int mine = rs.slabs();
+  if (mine > 0) rs.load(0);
   // qᵀ as B fragments: B[k][n] = q[head 8·nb + n][8·i + k] (scaled, zeros past G and W).
   SplitB qb[kPresplit ? KQ : 1][NH];
   float qf[kPresplit ? 1 : KQ][NH][2];
@@ -721,8 +728,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel
   for (int nb = 0; nb < NH; ++nb) m[nb][0] = m[nb][1] = -INFINITY, l[nb][0] = l[nb][1] = 0.0f;
   const int ksteps = (W + 7) / 8, mtiles = (R + 15) / 16;
   for (int it = 0; it < mine; ++it) {
-    if (it + 1 < mine) rs.load(it + 1, slab_row(it + 1));
-    rs.wait(it, it + 1 < mine);
+    rs.step(it, mine);
     const float* tile = rs.slab(it);
     // Sᵀ [row, head] = tile · qᵀ: rows g, g + 8; heads 8·nb + 2·tq + {0, 1}. With one head tile,
     // even and odd k-steps in two accumulators (two independent product chains).
@@ -747,7 +753,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 3) latent_narrow_kernel
           mma_3xtf32(s[i % kChains][nb], as, SplitB(qf[i][nb][0], qf[i][nb][1]));
       }
     }
-    const int64_t base = k.s0 + int64_t(warp + NW * it) * RT;
+    const int64_t base = rs.row(it);
     float cf[NH][2];
     if (narrow_softmax(s, m, l, cf, base + RT > k.s1, int(k.s1 - base), Pt, PS, g, tq)) narrow_rescale(acc, cf);
     __syncwarp();
@@ -788,13 +794,11 @@ __global__ void __launch_bounds__(NW * 32, 3) latent_narrow16_kernel(LatentArgs 
   float* Pt = smem + NW * RT * stride + warp * RT * PS;                            // this warp's Pᵀ [RT][PS]
   const LatentBlock k = latent_block(a);
   const uint16_t* lat = static_cast<const uint16_t*>(k.lat);
-  const int nslabs = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
   __shared__ uint64_t full[NW][2];
-  WarpRing<uint16_t, RT> rs{ring, full[warp], lat, k.s1, W, stride, lane, k.vec};
+  WarpRing<uint16_t, RT> rs{ring, full[warp], lat, k.s0, k.s1, W, stride, lane, warp, NW, k.vec};
   rs.init();
-  auto slab_row = [&](int it) { return k.s0 + int64_t(warp + NW * it) * RT; };
-  const int mine = nslabs > warp ? (nslabs - warp + NW - 1) / NW : 0;
-  if (mine > 0) rs.load(0, slab_row(0));
+  const int mine = rs.slabs();
+  if (mine > 0) rs.load(0);
   // qᵀ as B fragments, bf16 pairs hi + lo: b0 = q[g][16i + 2tq, +1], b1 = q[g][16i + 2tq + 8, +9].
   uint32_t qh[KQ][2], ql[KQ][2];
 #pragma unroll
@@ -805,8 +809,7 @@ __global__ void __launch_bounds__(NW * 32, 3) latent_narrow16_kernel(LatentArgs 
   float acc[MT][1][4] = {};
   float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.0f, 0.0f}};
   for (int it = 0; it < mine; ++it) {
-    if (it + 1 < mine) rs.load(it + 1, slab_row(it + 1));
-    rs.wait(it, it + 1 < mine);
+    rs.step(it, mine);
     const uint16_t* tile = rs.slab(it);
     // Sᵀ [row, head] per row tile j: rows 16j + g (+8), heads 2tq (+1).
     float s[MR][4] = {};
@@ -821,7 +824,7 @@ __global__ void __launch_bounds__(NW * 32, 3) latent_narrow16_kernel(LatentArgs 
         mma_bf16_free(s[j], av, qh[i][0], qh[i][1]);
       }
     }
-    const int64_t base = k.s0 + int64_t(warp + NW * it) * RT;
+    const int64_t base = rs.row(it);
     bool moved = false;
     float cf[1][2];
 #pragma unroll
@@ -996,17 +999,17 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   a.stride = span + ((8 - span) % period + period) % period;
   a.vec = W % (bf16 ? 8 : 4) == 0;
   a.part_ml = ml.as<float>(), a.part_acc = acc.as<float>();
-  const size_t esz = bf16 ? 2 : 4, ring = size_t(2 * RT * a.stride) * esz;  // a two-stage ring, bytes
-  const size_t merge = size_t(2 * warps * 16 + warps * 16 * R) * 4;       // the narrow kernels' merge
+  // Two-stage rings of tiles (block) or slabs (warp), then per warp Pᵀ (narrow), or the partial
+  // scores, P and corr (wide); the narrow kernels' merge reuses the rings.
+  const size_t ring = size_t(2 * tile_rows * a.stride) * (bf16 ? 2 : 4);
+  const size_t merge = size_t(2 * warps * 16 + warps * 16 * R) * 4;
   size_t smem = 0;
-  if (narrow == 4)
-    smem = std::max(warps * size_t(2 * kNarrow16Rows * a.stride * 2 + kNarrow16Rows * kPtStride16 * 4), merge);
-  else if (narrow)
-    smem = std::max(warps * (ring + size_t(RT * narrow_pt_stride(narrow == 2 ? 2 : 1)) * 4), merge);
-  else
-    smem = bf16 ? size_t(2 * kWide16Rows * a.stride) * esz +
-                      size_t(kLatWarps * 16 * kWide16Rows + 16 * kP16Stride + 16) * 4
-                : ring + size_t(kLatWarps * 16 * RT + 16 * kPStride + 16) * 4;
+  if (narrow) {
+    const int ps = narrow == 4 ? kPtStride16 : narrow_pt_stride(narrow == 2 ? 2 : 1);
+    smem = std::max(warps * (ring + size_t(tile_rows * ps) * 4), merge);
+  } else {
+    smem = ring + size_t(kLatWarps * 16 * tile_rows + 16 * (bf16 ? kP16Stride : kPStride) + 16) * 4;
+  }
   static const bool opted = [] {
     for (auto* f : {kNarrow1, kNarrow2, kNarrow3, kNarrow16, kWide, kWide16})
       K3_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
