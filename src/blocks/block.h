@@ -24,8 +24,8 @@ class PreNormBlock {
   const Mixer& mixer() const { return *mixer_; }
   const Ffn& ffn() const { return *ffn_; }
   // The pieces, for residual rules other than the plain sum (AttnRes).
-  Var mix(const Var& x, const SeqBatch& batch) const { return mixer_->forward(norm1_(x), batch); }
-  Var feed(const Var& x) const { return ffn_->forward(norm2_(x)); }
+  Var mix(const Var& x, const SeqBatch& batch) const;  // mixer(norm1(x))
+  Var feed(const Var& x) const;                        // ffn(norm2(x))
 
  private:
   Norm norm1_;

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "core/device.h"
+#include "core/profile.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "models/registry.h"
@@ -166,6 +167,7 @@ void register_bench(CLI::App& app) {
   static int64_t steps = 16, batch = 1;
   static RuntimeOptions rt;
   static std::string cache_dtype = "f32";
+  static bool profile_steps = false, profile_host = false;
   dec->add_option("--batch", batch, "Sequences decoded together, each at the context (tok/s counts all)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
@@ -174,6 +176,12 @@ void register_bench(CLI::App& app) {
   dec->add_option("--context", contexts, "Comma-separated context lengths")->capture_default_str();
   dec->add_option("--steps", steps, "Decode steps timed per context")->capture_default_str()->check(CLI::Range(2, 100000));
   add_cache_dtype_option(dec, cache_dtype);
+  dec->add_flag("--profile", profile_steps,
+                "After the timed steps, time as many again scope by scope (mixers, their memories, experts, head) "
+                "and print where a step goes; each scope boundary waits for the device, so those steps run slower");
+  dec->add_flag("--profile-host", profile_host,
+                "As --profile, but without waiting for the device: each scope's time is what the host takes to queue "
+                "its work (and any wait inside it), which shows where a launch-bound step goes");
   add_runtime_options(dec, rt);
   dec->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
@@ -208,7 +216,8 @@ void register_bench(CLI::App& app) {
                   human_bytes(per_token).c_str(), human_bytes(fixed).c_str());
       std::printf("%8s %12s %14s %12s %10s\n", "context", "tok/s", "roofline tok/s", "of roofline", "ms/step");
       for (int64_t c : ctxs) {
-        if (c + steps > model->max_positions()) {
+        const int64_t all_steps = profile_steps || profile_host ? 2 * steps : steps;  // the profiled steps follow the timed ones
+        if (c + all_steps > model->max_positions()) {
           std::printf("%8lld %12s   (beyond the model's %lld positions)\n", (long long)c, "-", (long long)model->max_positions());
           tps[k].push_back(0);
           roofs[k].push_back(0);
@@ -219,23 +228,28 @@ void register_bench(CLI::App& app) {
         std::vector<Context> cx;
         std::vector<Context*> cp;
         for (int64_t b = 0; b < batch; ++b) {
-          cx.push_back(model->new_context(c + steps));
+          cx.push_back(model->new_context(c + all_steps));
           for (auto& m : cx.back().layers) m->extend_zeros(c);
           cx.back().position = c;
         }
         for (auto& x : cx) cp.push_back(&x);
         std::vector<float> logits(static_cast<size_t>(batch * V));
         std::vector<int64_t> next(static_cast<size_t>(batch), 1);
-        auto step = [&] { model->logits(TokenBatch{next.data(), batch, 1, cp.data()}, logits.data(), Logits::Last); };
+        auto step = [&] {
+          {
+            profile::Scope pick("greedy pick");
+            parallel_for(batch, 4, [&](int64_t b0, int64_t b1) {  // greedy: the next tokens depend on these logits
+              for (int64_t b = b0; b < b1; ++b) {
+                const float* row = logits.data() + b * V;
+                next[size_t(b)] = int64_t(std::max_element(row, row + V) - row);
+              }
+            });
+          }
+          model->logits(TokenBatch{next.data(), batch, 1, cp.data()}, logits.data(), Logits::Last);
+        };
         step();  // warm-up
         auto t = clock_type::now();
-        for (int64_t s = 1; s < steps; ++s) {
-          for (int64_t b = 0; b < batch; ++b) {
-            const float* row = logits.data() + b * V;
-            next[size_t(b)] = int64_t(std::max_element(row, row + V) - row);
-          }
-          step();
-        }
+        for (int64_t s = 1; s < steps; ++s) step();
         const double sec = seconds_since(t) / double(steps - 1);  // logits come back each step: synchronised
         // State read + written, KV read, per sequence; tokens per second over the batch.
         const double roof = double(batch) * bw / (weight_bytes + double(batch) * (fixed * 2 + per_token * double(c)));
@@ -243,6 +257,29 @@ void register_bench(CLI::App& app) {
         tps[k].push_back(tok_s);
         roofs[k].push_back(roof);
         std::printf("%8lld %12.1f %14.1f %11.0f%% %10.2f\n", (long long)c, tok_s, roof, 100.0 * tok_s / roof, sec * 1e3);
+        if (profile_steps || profile_host) {
+          const bool drain = gpu && !profile_host;
+          profile::reset();
+          profile::enable(drain);
+          auto t2 = clock_type::now();
+          for (int64_t s = 0; s < steps; ++s) {
+            profile::Scope one("step");
+            step();
+          }
+          const double wall = seconds_since(t2);
+          profile::disable();
+          std::printf("\n  where a step goes at context %lld (%lld profiled steps, %.2f ms/step with %s):\n", (long long)c,
+                      (long long)steps, 1e3 * wall / double(steps),
+                      drain ? "the device drained at every scope boundary"
+                      : gpu ? "host time to queue each scope's work" : "host timing");
+          std::string table = profile::format_table(double(steps), wall);
+          for (size_t at = 0; at < table.size();) {  // indent the table under its row
+            const size_t nl = table.find('\n', at);
+            std::printf("  %s\n", table.substr(at, nl - at).c_str());
+            at = nl == std::string::npos ? table.size() : nl + 1;
+          }
+          std::printf("\n");
+        }
       }
     }
     if (names.size() == 2) {

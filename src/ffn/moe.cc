@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "core/parallel.h"
+#include "core/profile.h"
 #include "ffn/moe_group_score.h"
 
 namespace k3 {
@@ -137,6 +139,7 @@ Var MoE::forward(const Var& x) const {
   const int64_t M = X.dim(0), E = opts.n_experts, K = opts.top_k;
 
   // Router in fp32 on the full-width x (§8.1 step 1, §8.2 step 1).
+  std::optional<profile::Scope> scope(std::in_place, "router");
   Var logits = router(x);  // [M, E]
   Var scores = opts.score == ScoreFunction::Sigmoid ? ag::sigmoid(logits) : ag::softmax_last(logits);  // [M, E]
   // Selection runs where the scores are; the ids come to the host, which builds the dispatch lists.
@@ -149,6 +152,7 @@ Var MoE::forward(const Var& x) const {
 
   // Dispatch: each active expert runs on its own rows only.
   const ag::Dispatch d = ag::make_dispatch(idx, M, K, E);
+  scope.emplace("routed experts");
   Var xr = opts.latent_dim > 0 ? latent_down(x) : x;  // [M, ℓ] or [M, D]
   std::fill(rows_processed_.begin(), rows_processed_.end(), 0);
   for (int64_t j = 0; j < d.active(); ++j)
@@ -173,7 +177,9 @@ Var MoE::forward(const Var& x) const {
     if (latent_norm) r = (*latent_norm)(r);
     r = latent_up(r);  // [M, D]
   }
+  scope.emplace("shared experts");
   if (shared) r = ag::add(r, shared->forward(x));  // shared experts on the full x
+  scope.reset();
 
   // Bookkeeping for inspection and balancing.
   last_.tokens = M;

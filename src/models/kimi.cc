@@ -1,7 +1,9 @@
 #include "models/kimi.h"
 
 #include <cmath>
+#include <optional>
 
+#include "core/profile.h"
 #include "core/random.h"
 #include "ffn/glu.h"
 #include "ffn/moe.h"
@@ -173,7 +175,9 @@ Context KimiModel::new_context(int64_t max_tokens) const { return blocks_.new_co
 
 Var KimiModel::hidden(const TokenBatch& batch) const {
   const int64_t B = batch.B, T = batch.T;
+  std::optional<profile::Scope> scope(std::in_place, "embedding");
   Var x = ag::embedding(embed_, std::vector<int64_t>(batch.ids, batch.ids + B * T), c_.pad_token_id);
+  scope.reset();
   if (flavor_ == KimiFlavor::Linear) return norm_(blocks_.forward(x, B, T, batch.contexts));
   BlockStack::LayerBatches lb(B, T, batch.contexts);
   std::vector<Var> blocks;  // completed AttnRes blocks (spec §10.3)
@@ -181,7 +185,9 @@ Var KimiModel::hidden(const TokenBatch& batch) const {
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const SeqBatch sb = lb(l);
     // K3 block AttnRes: x is the running partial sum p.
+    std::optional<profile::Scope> res(std::in_place, "attention residuals");
     Var h = attn_res_[l](blocks, x);
+    res.reset();
     Var p = x;
     if (int64_t(l) % S == 0) {
       blocks.push_back(x);  // seal: push the raw prefix, not h
@@ -189,9 +195,12 @@ Var KimiModel::hidden(const TokenBatch& batch) const {
     }
     Var a = blocks_[l].mix(h, sb);
     p = p ? ag::add(p, a) : a;
+    res.emplace("attention residuals");
     Var m_in = mlp_res_[l](blocks, p);
+    res.reset();
     x = ag::add(p, blocks_[l].feed(m_in));
   }
+  scope.emplace("output residual and norm");
   x = output_res_(blocks, x);
   advance_positions(batch.contexts, B, T);
   return norm_(x);
