@@ -4,6 +4,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/profile.h"
 #include "mixers/linear/delta_cuda.h"
 #include "mixers/mixers_cuda.h"
 #include "ops/ops_cuda.h"
@@ -78,6 +79,7 @@ class DeviceRows : public Memory {
   void advance(int64_t n) { length_ += n; }
   device::Storage storage() const { return storage_; }
   const void* raw(size_t i) const { return arrays_[i].raw(); }
+  void* raw_mut(size_t i) { return arrays_[i].raw(); }
   const float* data(size_t i) const {
     K3_CHECK(storage_ == device::Storage::F32, "device memory: fp32 rows asked of a bf16 cache");
     return arrays_[i].cuda_f32();
@@ -127,6 +129,7 @@ class DeviceState : public Memory {
   void extend_zeros(int64_t n) override { length_ += n; }
   float* state() { return S_.cuda_f32(); }
   float* tail(size_t stream) { return tails_.at(stream).cuda_f32(); }
+  int64_t tail_width(size_t stream) const { return tails_.at(stream).dim(1); }
   int64_t conv_size() const { return conv_size_; }
   void advance(int64_t n) { length_ += n; }
 
@@ -171,6 +174,7 @@ bool is_device_memory(const Memory* m) {
 
 Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
                         Memory* const* memories) {
+  profile::Scope scope("cached attention");
   const int64_t D = H * hd;
   K3_CHECK(qkv.numel() == B * T * 3 * D, "attention: qkv ", qkv.describe(), " for B=", B, " T=", T, " width ", 3 * D);
   // Every cache must take the new tokens before any changes: a failure leaves the batch intact.
@@ -194,6 +198,7 @@ Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int6
 
 Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b, const LatentShape& s,
                         Memory* const* memories) {
+  profile::Scope scope("latent attention");
   const int64_t H = s.H, T = s.T, R = s.R, W = R + s.rope, qd = s.nope + s.rope, wrow = s.nope + s.v;
   const int64_t M = s.B * T;
   K3_CHECK(q.numel() == M * H * qd && rows.numel() == M * W && kv_b.numel() == H * wrow * R, "mla: q ", q.describe(),
@@ -208,45 +213,63 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
   Tensor att = dev_empty({M, H * s.v});
   Tensor qt = dev_empty({M, H, W}), ob = dev_empty({M, H, R});
   const float* wkv = kv_b.cuda_f32();  // [H·(nope+v), R]
-  // q̃ = [W_UKᵀ q_nope ; q_rope] per head, for all rows at once.
-  for (int64_t h = 0; h < H; ++h)
-    k3::cuda::gemm(k3::cuda::Op::N, k3::cuda::Op::N, M, R, s.nope, 1.0f, q.cuda_f32() + h * qd, H * qd,
-                   wkv + h * wrow * R, R, 0.0f, qt.cuda_f32() + h * W, H * W, device::Storage::F32);
+  // q̃ = [W_UKᵀ q_nope ; q_rope] per head (one batched call over the heads), for all rows at once.
+  k3::cuda::gemm_strided(k3::cuda::Op::N, k3::cuda::Op::N, M, R, s.nope, 1.0f, q.cuda_f32(), H * qd, qd, wkv, R,
+                         wrow * R, 0.0f, qt.cuda_f32(), H * W, W, H);
   k3::cuda::copy_blocks(q.cuda_f32() + s.nope, H * qd, qd, qt.cuda_f32() + R, H * W, W, M, H, s.rope);
-  std::vector<const void*> lats(static_cast<size_t>(s.B));
+  std::vector<void*> lats(static_cast<size_t>(s.B));
   std::vector<int64_t> p0s(static_cast<size_t>(s.B));
   int64_t longest = 0;
-  for (int64_t b = 0; b < s.B; ++b) {  // the new rows into each sequence's cache
+  for (int64_t b = 0; b < s.B; ++b) {
     auto* cache = device_memory<DeviceRows>(memories[b], "mla");
     p0s[size_t(b)] = cache->length();
-    cache->append(0, rows.cuda_f32() + b * T * W, W, T);
+    lats[size_t(b)] = cache->raw_mut(0);
     cache->advance(T);
-    lats[size_t(b)] = cache->raw(0);
     longest = std::max(longest, cache->length());
   }
   const device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(void*));
   const device::Buffer d_p0s = device::upload_new(p0s.data(), p0s.size() * 8);
-  k3::cuda::latent_attention(qt.cuda_f32(), d_lats.as<const void*>(), storage, d_p0s.as<int64_t>(), longest,
+  // The new rows into every sequence's cache, one launch.
+  k3::cuda::append_rows(rows.cuda_f32(), W, s.B, T, W, d_lats.as<void* const>(), d_p0s.as<int64_t>(), storage);
+  k3::cuda::latent_attention(qt.cuda_f32(), d_lats.as<const void* const>(), storage, d_p0s.as<int64_t>(), longest,
                              ob.cuda_f32(), s.B, T, H, W, R, s.scale);
-  for (int64_t h = 0; h < H; ++h)  // o_h = W_UV ō
-    k3::cuda::gemm(k3::cuda::Op::N, k3::cuda::Op::T, M, s.v, R, 1.0f, ob.cuda_f32() + h * R, H * R,
-                   wkv + (h * wrow + s.nope) * R, R, 0.0f, att.cuda_f32() + h * s.v, H * s.v, device::Storage::F32);
+  // o_h = W_UV ō, one batched call over the heads.
+  k3::cuda::gemm_strided(k3::cuda::Op::N, k3::cuda::Op::T, M, s.v, R, 1.0f, ob.cuda_f32(), H * R, R, wkv + s.nope * R, R,
+                         wrow * R, 0.0f, att.cuda_f32(), H * s.v, s.v, H);
   return att;
 }
 
-Tensor conv_with_tails(const Tensor& x, const Tensor& w, int64_t B, int64_t T, int64_t W, size_t stream,
-                       Memory* const* memories) {
-  const int64_t C = x.dim(-1);
-  Tensor y = dev_empty(x.shape());
-  std::vector<float*> tails(static_cast<size_t>(B));
-  K3_CHECK(w.numel() == C * W && W >= 1, "short_conv: weight ", w.describe(), " for ", C, " channels of width ", W);
-  for (int64_t b = 0; b < B; ++b) {  // a width-1 convolution keeps no tail
-    auto* st = device_memory<DeviceState>(memories[b], "short_conv");
-    tails[size_t(b)] = W > 1 ? st->tail(stream) : nullptr;
+std::vector<Tensor> convs_with_tails(const std::vector<Tensor>& xs, const std::vector<Tensor>& ws, int64_t B, int64_t T,
+                                     int64_t W, bool silu, Memory* const* memories) {
+  const int S = int(xs.size());
+  K3_CHECK(S >= 1 && S <= k3::cuda::kMaxStreams && ws.size() == xs.size(), "short_conv: ", S, " streams, ", ws.size(),
+           " weights");
+  k3::cuda::ConvStreams st;
+  st.count = S;
+  std::vector<Tensor> ys;
+  for (int s = 0; s < S; ++s) {
+    const int64_t C = xs[size_t(s)].dim(-1);
+    K3_CHECK(xs[size_t(s)].numel() == B * T * C && ws[size_t(s)].numel() == C * W && W >= 1, "short_conv: stream ", s,
+             " x ", xs[size_t(s)].describe(), " weight ", ws[size_t(s)].describe(), " for B=", B, " T=", T, " width ", W);
+    ys.push_back(dev_empty(xs[size_t(s)].shape()));
+    st.x[s] = xs[size_t(s)].cuda_f32();
+    st.w[s] = ws[size_t(s)].cuda_f32();
+    st.y[s] = ys.back().cuda_f32();
+    st.start[s + 1] = st.start[s] + C;
+  }
+  std::vector<float*> tails(static_cast<size_t>(W > 1 ? B * S : 0));  // a width-1 convolution keeps no tail
+  for (int64_t b = 0; W > 1 && b < B; ++b) {
+    auto* state = device_memory<DeviceState>(memories[b], "short_conv");
+    K3_CHECK(state->conv_size() == W, "short_conv: a state kept for width ", state->conv_size(), " given width ", W);
+    for (int s = 0; s < S; ++s) {
+      K3_CHECK(state->tail_width(size_t(s)) == st.start[s + 1] - st.start[s], "short_conv: stream ", s, "'s tail holds ",
+               state->tail_width(size_t(s)), " channels, not ", st.start[s + 1] - st.start[s]);
+      tails[size_t(b * S + s)] = state->tail(size_t(s));
+    }
   }
   const device::Buffer d_tails = device::upload_new(tails.data(), tails.size() * sizeof(float*));
-  k3::cuda::conv_with_tails(x.cuda_f32(), w.cuda_f32(), d_tails.as<float*>(), B, T, C, W, y.cuda_f32());
-  return y;
+  k3::cuda::convs_with_tails(st, d_tails.as<float*>(), B, T, W, silu);
+  return ys;
 }
 
 Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
@@ -260,36 +283,40 @@ Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, cons
                (opts.decay != linear::Decay::Scalar || g.numel() == rows * s.HV) &&
                (opts.decay != linear::Decay::PerChannel || g.numel() == rows * s.HV * s.K),
            "delta_rule: inputs do not fit B=", s.B, " T=", s.T, " H=", s.H, " HV=", s.HV, " K=", s.K, " V=", s.V);
-  // The sequences' states gathered into one [B, HV, K, V] array, one kernel over all of them,
-  // then scattered back.
   const int64_t SS = s.HV * s.K * s.V;
   std::vector<float*> states(static_cast<size_t>(s.B));
-  std::vector<int64_t> row0(static_cast<size_t>(s.B)), len(static_cast<size_t>(s.B), s.T);
-  for (int64_t b = 0; b < s.B; ++b) {
-    states[size_t(b)] = device_memory<DeviceState>(memories[b], "delta_rule")->state();
-    row0[size_t(b)] = b * s.T;
-  }
+  for (int64_t b = 0; b < s.B; ++b) states[size_t(b)] = device_memory<DeviceState>(memories[b], "delta_rule")->state();
   const device::Buffer d_states = device::upload_new(states.data(), states.size() * sizeof(float*));
-  const device::Buffer d_row0 = device::upload_new(row0.data(), row0.size() * 8);
-  const device::Buffer d_len = device::upload_new(len.data(), len.size() * 8);
-  Tensor S = dev_empty({s.B, SS});
-  k3::cuda::gather_blocks(d_states.as<const float*>(), s.B, SS, S.cuda_f32());
   Tensor o = dev_empty({s.B * s.T, s.HV * s.V});
   linear::cuda::DeviceArgs a = linear::cuda::fp32_args(opts, s.H, s.HV, s.K, s.V);
   a.N = s.B;
-  a.row0 = d_row0.as<int64_t>();
-  a.len = d_len.as<int64_t>();
   a.max_len = s.T;
   a.q = q.cuda_f32();
   a.k = k.cuda_f32();
   a.v = v.cuda_f32();
   if (opts.write == linear::Write::Delta) a.beta = beta.cuda_f32();
   if (opts.decay != linear::Decay::None) a.g = g.cuda_f32();
-  a.h0 = S.cuda_f32();
-  a.ht = S.cuda_f32();  // in place
   a.o = o.cuda_f32();
-  linear::cuda::forward(a);
-  k3::cuda::scatter_blocks(S.cuda_f32(), s.B, SS, d_states.as<float*>());
+  if (s.T == 1) {
+    // The decode step: one kernel reads and writes every sequence's state where it lives.
+    a.states = d_states.as<float* const>();
+    linear::cuda::forward(a);
+  } else {
+    // Longer continuations: the states gathered into one [B, HV, K, V] array for the chunked
+    // kernels, then scattered back.
+    std::vector<int64_t> row0(static_cast<size_t>(s.B)), len(static_cast<size_t>(s.B), s.T);
+    for (int64_t b = 0; b < s.B; ++b) row0[size_t(b)] = b * s.T;
+    const device::Buffer d_row0 = device::upload_new(row0.data(), row0.size() * 8);
+    const device::Buffer d_len = device::upload_new(len.data(), len.size() * 8);
+    Tensor S = dev_empty({s.B, SS});
+    k3::cuda::gather_blocks(d_states.as<const float*>(), s.B, SS, S.cuda_f32());
+    a.row0 = d_row0.as<int64_t>();
+    a.len = d_len.as<int64_t>();
+    a.h0 = S.cuda_f32();
+    a.ht = S.cuda_f32();  // in place
+    linear::cuda::forward(a);
+    k3::cuda::scatter_blocks(S.cuda_f32(), s.B, SS, d_states.as<float*>());
+  }
   for (int64_t b = 0; b < s.B; ++b) device_memory<DeviceState>(memories[b], "delta_rule")->advance(s.T);
   return o;
 }

@@ -14,34 +14,33 @@ using namespace device;
 constexpr int kThreads = 256;
 constexpr int kMaxConv = 16;
 
-// y[b, t, c] = Σ_i w[c, i] · [tail_b ; x_b][t + i, c] (tail_b holds the W − 1 rows before x_b).
-__global__ void conv_tail_kernel(const float* x, const float* w, const float* const* tails, int64_t T, int64_t C,
-                                 int64_t W, int64_t n, float* y) {
+// The short convolutions of up to kMaxStreams streams in one launch, a thread per (sequence,
+// stream, channel) walking the sequence's T tokens: y[b, t, c] = Σ_i w[c, i] · [tail ; x_b][t + i,
+// c] (the tail holds the W − 1 rows before x_b), optionally y ← y·σ(y); then the tail ← the last
+// W − 1 rows of [tail ; x_b]. The thread reads its tail column before it rewrites it, so nothing
+// waits on another thread.
+__global__ void convs_kernel(ConvStreams st, float* const* tails, int64_t B, int64_t T, int64_t W, bool silu) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const int64_t c = i % C, bt = i / C, b = bt / T, t = bt % T, P = W - 1;
-  const float* tail = tails[b];
-  float acc = 0.0f;
-  for (int64_t k = 0; k < W; ++k) {
-    const int64_t s = t - P + k;
-    acc += w[c * W + k] * (s >= 0 ? x[(bt - t + s) * C + c] : tail[(P + s) * C + c]);
+  const int64_t total = st.start[st.count];
+  if (i >= B * total) return;
+  const int64_t b = i / total, r = i % total;
+  int s = 0;
+  while (r >= st.start[s + 1]) ++s;
+  const int64_t C = st.start[s + 1] - st.start[s], c = r - st.start[s], P = W - 1;
+  const float* x = st.x[s] + b * T * C + c;
+  const float* w = st.w[s] + c * W;
+  float* y = st.y[s] + b * T * C + c;
+  float* tail = P > 0 ? tails[b * st.count + s] + c : nullptr;
+  float win[kMaxConv + 1];  // the W rows ending at token t
+  for (int64_t k = 0; k < P; ++k) win[k] = tail[k * C];
+  for (int64_t t = 0; t < T; ++t) {
+    win[P] = x[t * C];
+    float acc = 0.0f;
+    for (int64_t k = 0; k < W; ++k) acc += w[k] * win[k];
+    y[t * C] = silu ? acc / (1.0f + __expf(-acc)) : acc;
+    for (int64_t k = 0; k < P; ++k) win[k] = win[k + 1];
   }
-  y[i] = acc;
-}
-
-// tail_b ← the last W − 1 rows of [tail_b ; x_b], one thread per (sequence, channel).
-__global__ void tail_update_kernel(const float* x, float* const* tails, int64_t T, int64_t C, int64_t W, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const int64_t c = i % C, b = i / C, P = W - 1;
-  float* tail = tails[b];
-  const float* xb = x + b * T * C;
-  float rows[kMaxConv];
-  for (int64_t r = 0; r < P; ++r) {
-    const int64_t s = T - P + r;  // row of [tail ; x] counted from x's start
-    rows[r] = s >= 0 ? xb[s * C + c] : tail[(P + s) * C + c];
-  }
-  for (int64_t r = 0; r < P; ++r) tail[r * C + c] = rows[r];
+  for (int64_t k = 0; k < P; ++k) tail[k * C] = win[k];
 }
 
 // Absorbed MLA attention over B sequences' latent caches, split over the rows (flash-decoding),
@@ -935,15 +934,13 @@ void scatter_blocks(const float* src, int64_t B, int64_t n, float* const* dsts) 
   K3_CUDA_LAUNCHED();
 }
 
-void conv_with_tails(const float* x, const float* w, float* const* tails, int64_t B, int64_t T, int64_t C, int64_t W,
-                     float* y) {
-  if (!B || !T || !C) return;
-  if (W - 1 > kMaxConv) throw error("short_conv", "conv size ", W, " exceeds the CUDA kernel's ", kMaxConv + 1);
-  const int64_t n = B * T * C, m = B * C;
-  conv_tail_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(x, w, tails, T, C, W, n, y);
-  K3_CUDA_LAUNCHED();
-  if (W <= 1) return;
-  tail_update_kernel<<<blocks_for(m, kThreads), kThreads, 0, device::stream()>>>(x, tails, T, C, W, m);
+void convs_with_tails(const ConvStreams& streams, float* const* tails, int64_t B, int64_t T, int64_t W, bool silu) {
+  if (streams.count < 1 || streams.count > kMaxStreams)
+    throw error("short_conv", "one launch convolves 1 to ", kMaxStreams, " streams, got ", streams.count);
+  if (W < 1 || W - 1 > kMaxConv) throw error("short_conv", "conv size ", W, " outside the CUDA kernel's 1 to ", kMaxConv + 1);
+  const int64_t n = B * streams.start[streams.count];
+  if (!n || !T) return;
+  convs_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(streams, tails, B, T, W, silu);
   K3_CUDA_LAUNCHED();
 }
 
@@ -1031,6 +1028,28 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
 __global__ void rows_to_bf16_kernel(const float* src, int64_t ld, __nv_bfloat16* dst, int64_t w, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) dst[i] = __float2bfloat16(src[i / w * ld + i % w]);
+}
+
+__global__ void append_rows_kernel(const float* src, int64_t ld, int64_t T, int64_t w, void* const* dsts,
+                                   const int64_t* at, bool bf16, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t row = i / w, c = i % w, b = row / T, t = row % T;
+  const int64_t d = (at[b] + t) * w + c;
+  const float x = src[row * ld + c];
+  if (bf16)
+    static_cast<__nv_bfloat16*>(dsts[b])[d] = __float2bfloat16(x);
+  else
+    static_cast<float*>(dsts[b])[d] = x;
+}
+
+void append_rows(const float* src, int64_t ld, int64_t B, int64_t T, int64_t w, void* const* dsts, const int64_t* at,
+                 device::Storage storage) {
+  const int64_t n = B * T * w;
+  if (!n) return;
+  append_rows_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
+      src, ld, T, w, dsts, at, storage == device::Storage::BF16, n);
+  K3_CUDA_LAUNCHED();
 }
 
 void rows_to_bf16(const float* src, int64_t ld, void* dst, int64_t rows, int64_t w) {

@@ -16,11 +16,20 @@
 namespace k3 {
 
 namespace cuda {
-// Kernels (mixers_cuda.cu), device pointers. y[B·T, C] = the causal depthwise convolution of B
-// sequences x_b [T, C] each continuing its tail (tails: B device pointers to [W−1, C]); then
-// every tail ← the last W−1 rows of [tail ; x_b].
-void conv_with_tails(const float* x, const float* w, float* const* tails, int64_t B, int64_t T, int64_t C, int64_t W,
-                     float* y);
+// Kernels (mixers_cuda.cu), device pointers. For each of `count` streams s (channels start[s] to
+// start[s + 1]): y_s [B·T, C_s] = the causal depthwise convolution (w_s [C_s, W]) of B sequences
+// x_s,b [T, C_s], each continuing its tail (tails: B·count device pointers, tails[b·count + s] to
+// [W − 1, C_s]; unused when W = 1), then y ← y·σ(y) when `silu`; every tail ← the last W − 1 rows
+// of [tail ; x_s,b]. One launch for all streams.
+constexpr int kMaxStreams = 3;
+struct ConvStreams {
+  const float* x[kMaxStreams] = {};
+  const float* w[kMaxStreams] = {};
+  float* y[kMaxStreams] = {};
+  int64_t start[kMaxStreams + 1] = {};
+  int count = 0;
+};
+void convs_with_tails(const ConvStreams& streams, float* const* tails, int64_t B, int64_t T, int64_t W, bool silu);
 // Absorbed MLA attention over B sequences of T new tokens: for token t of sequence b (position
 // p0s[b] + t) and head h, softmax over latent rows s ≤ p0s[b] + t of scale·(qt[b, t, h] ·
 // lats[b][s]) (rows of width W), then ob[b, t, h] = Σ p_s lats[b][s, :R]. lats and p0s are device
@@ -29,6 +38,11 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
                       int64_t longest, float* ob, int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale);
 // dst [rows, w] bf16 (rounded to nearest even) ← src [rows, w] fp32 with leading dimension ld.
 void rows_to_bf16(const float* src, int64_t ld, void* dst, int64_t rows, int64_t w);
+// B sequences' T new rows each into their caches, one launch: row t of sequence b (src row b·T +
+// t, leading dimension ld, width w) goes to row at[b] + t of dsts[b] ([rows, w], fp32 or bf16 as
+// `storage`, bf16 rounded to nearest even). dsts and at are device arrays of B entries.
+void append_rows(const float* src, int64_t ld, int64_t B, int64_t T, int64_t w, void* const* dsts, const int64_t* at,
+                 device::Storage storage);
 // B blocks of n floats between separate allocations (device pointer arrays) and one
 // contiguous [B, n] array.
 void gather_blocks(const float* const* srcs, int64_t B, int64_t n, float* dst);
@@ -75,9 +89,10 @@ struct LatentShape {
 Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b, const LatentShape& s,
                         Memory* const* memories);
 
-// The delta layer's conv stream `stream` continuing each sequence's tail: x [B*T, C], w [C, W].
-Tensor conv_with_tails(const Tensor& x, const Tensor& w, int64_t B, int64_t T, int64_t W, size_t stream,
-                       Memory* const* memories);
+// The delta layer's conv streams (q, k, v: tails 0, 1, 2 of each sequence's state) continuing each
+// sequence's tails, in one launch: xs[s] [B*T, C_s], ws[s] [C_s, W]; silu applies y·σ(y).
+std::vector<Tensor> convs_with_tails(const std::vector<Tensor>& xs, const std::vector<Tensor>& ws, int64_t B, int64_t T,
+                                     int64_t W, bool silu, Memory* const* memories);
 // The delta rule continuing each sequence's state (and counting the tokens into its length).
 struct DeltaBatch {
   int64_t B, T, H, HV, K, V;

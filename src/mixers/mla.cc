@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
+#include "core/profile.h"
 #include "ops/ag_heads.h"
 #if defined(K3_HAS_CUDA)
 #include "mixers/mixers_cuda.h"
@@ -106,6 +108,7 @@ Var Mla::absorbed(const Var& x, const SeqBatch& batch) const {
 #endif
   const float* wkv = kv_b_proj_.weight->value.f32();  // [H*(nope+v), R]
   Tensor att = Tensor::empty({B * T, H * vd});
+  std::optional<profile::Scope> scope(std::in_place, "latent attention");  // the projections included
   for (int64_t b = 0; b < B; ++b) {
     auto* cache = static_cast<LatentCache*>(batch.memories[b]);
     const int64_t p0 = cache->length();
@@ -146,6 +149,7 @@ Var Mla::absorbed(const Var& x, const SeqBatch& batch) const {
         gemm(Trans::No, Trans::Yes, 1, vd, R, 1.0f, ob.data(), R, wuv, R, 0.0f, att.f32() + (b * T + t) * H * vd + h * vd, vd);
       }
   }
+  scope.reset();
   Var a = constant(std::move(att));
   if (o_.gate == OutputGate::Sigmoid) a = ag::mul(a, ag::sigmoid(g_proj_(x)));
   return o_proj_(a);

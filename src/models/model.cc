@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/device.h"
+#include "core/profile.h"
 #include "core/mxfp4.h"
 #include "ops/ag.h"
 #include "ops/ag_moe.h"
@@ -58,14 +59,17 @@ size_t Model::weight_bytes() const {
 void Model::logits(const TokenBatch& batch, float* out, Logits which) const {
   Var h = hidden(batch);  // [B*T, D]
   const int64_t D = h->value.dim(-1), V = vocab_size();
+  profile::Scope scope("lm head");
   if (h->value.device() == Device::CUDA) {
     if (which == Logits::Last && batch.T > 1) {
       std::vector<int64_t> last(static_cast<size_t>(batch.B));
       for (int64_t b = 0; b < batch.B; ++b) last[size_t(b)] = (b + 1) * batch.T - 1;
       h = ag::gather_rows(h, last);
     }
-    const Tensor lg = ag::linear(h, head_weight(), nullptr, WeightLayout::OutIn)->value.to_device(Device::CPU);
-    std::memcpy(out, lg.f32(), lg.nbytes());
+    // Straight into the caller's buffer (reused step after step: no fresh pages, no second copy).
+    const Tensor lg = ag::linear(h, head_weight(), nullptr, WeightLayout::OutIn)->value;
+    K3_CHECK(lg.dtype() == DType::F32, "logits: the head gave ", lg.describe());
+    device::download(out, lg.raw(), lg.nbytes());
     return;
   }
   if (which == Logits::Last && batch.T > 1) {

@@ -191,4 +191,22 @@ void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& probl
   for (const GemmProblem& p : ps) gemm(Op::N, Op::T, p.M, N, K, 1.0f, p.A, K, p.B, K, 0.0f, p.C, N, st);
 }
 
+void gemm_strided(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, int64_t sa,
+                  const float* B, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc, int64_t sc,
+                  int64_t count) {
+  if (M == 0 || N == 0 || count == 0) return;
+  device::require_cuda("gemm");
+  for (int64_t v : {M, N, K, lda, ldb, ldc, count})
+    if (v > INT32_MAX) throw error("gemm", "strided batch: size ", v, " exceeds the library's 32-bit sizes");
+  Grouped& g = grouped();
+  std::lock_guard<std::mutex> lock(g.mu);
+  lt_check(cublasSetStream(g.handle, device::stream()), "cublasSetStream");
+  // Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: the operands swap, the ops stay.
+  const auto op = [](Op o) { return o == Op::N ? CUBLAS_OP_N : CUBLAS_OP_T; };
+  lt_check(cublasGemmStridedBatchedEx(g.handle, op(tb), op(ta), int(N), int(M), int(K), &alpha, B, CUDA_R_32F, int(ldb),
+                                      sb, A, CUDA_R_32F, int(lda), sa, &beta, C, CUDA_R_32F, int(ldc), sc, int(count),
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+           "cublasGemmStridedBatchedEx");
+}
+
 }  // namespace k3::cuda

@@ -119,6 +119,12 @@ struct GemmProblem {
 };
 void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& problems, Storage st);
 
+// `count` fp32 GEMMs of one shape in one call (exact fp32 products): problem i is gemm() on
+// A + i·sa, B + i·sb, C + i·sc (strides in floats, row-major, leading dimensions as in gemm()).
+void gemm_strided(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, int64_t sa,
+                  const float* B, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc, int64_t sc,
+                  int64_t count);
+
 // Kernels of the differentiable ops' CUDA forms (ops/ag_cuda.cc; tensor_ops_cuda.cu), fp32 [rows,
 // columns] row-major unless said otherwise.
 enum class Unary : uint8_t { Scale, Sigmoid, Silu, Elu1 };  // s·x, σ(x), x·σ(x), elu(x) + 1

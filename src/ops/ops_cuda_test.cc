@@ -356,5 +356,29 @@ TEST(OpsCudaOnly, GemmAllTransposesF32AndBf16) {
       }
 }
 
+// Strided batches as MLA's absorption uses them: the heads' slices of interleaved rows (lda, ldc
+// wider than the problem), a stride between problems, every transpose; against the host gemm
+// on each problem.
+TEST(OpsCudaOnly, GemmStridedBatchesMatchOneGemmPerProblem) {
+  Rng rng(11);
+  const int64_t M = 37, N = 24, K = 19, count = 5;
+  for (cuda::Op ta : {cuda::Op::N, cuda::Op::T})
+    for (cuda::Op tb : {cuda::Op::N, cuda::Op::T}) {
+      // Problem i's A is [M, K] (or [K, M]) at column offset i·sa of rows lda wide; likewise B, C.
+      const int64_t ar = ta == cuda::Op::N ? M : K, ac = ta == cuda::Op::N ? K : M;
+      const int64_t br = tb == cuda::Op::N ? K : N, bc = tb == cuda::Op::N ? N : K;
+      const int64_t lda = count * ac + 3, ldb = bc + 2, sb = br * ldb, ldc = count * N + 1;
+      auto A = randv(rng, ar * lda), B = randv(rng, count * sb), C0 = randv(rng, M * ldc);
+      std::vector<float> C = C0;
+      for (int64_t i = 0; i < count; ++i)
+        gemm(ta == cuda::Op::T ? Trans::Yes : Trans::No, tb == cuda::Op::T ? Trans::Yes : Trans::No, M, N, K, 0.5f,
+             A.data() + i * ac, lda, B.data() + i * sb, ldb, 2.0f, C.data() + i * N, ldc);
+      Buffer gA = up(A, Storage::F32), gB = up(B, Storage::F32), gC = up(C0);
+      cuda::gemm_strided(ta, tb, M, N, K, 0.5f, gA.as<float>(), lda, ac, gB.as<float>(), ldb, sb, 2.0f, gC.as<float>(),
+                         ldc, N, count);
+      EXPECT_LE(rel(down(gC, M * ldc), C), 1e-6) << "ta " << int(ta) << " tb " << int(tb);
+    }
+}
+
 }  // namespace
 }  // namespace k3

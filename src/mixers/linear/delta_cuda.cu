@@ -49,6 +49,7 @@ struct Dev {
   void* o;                           // [B·T, HV, V] io dtype, or fp32 when o_f32
   int o_f32, do_f32;                 // o / d_o kept fp32 (the normaliser's intermediates)
   float* ht;                         // [N, HV, K, V] or null
+  float* const* states;              // decode: [N] per-sequence [HV, K, V], in place (h0, ht unused)
   // backward
   const void* d_o;                   // io dtype or null
   const float* dht;
@@ -454,14 +455,22 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_
   const int n = nh / p.HV, hv = nh % p.HV, h = hv / p.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, rg = warp * 4 + lane / 8;
   const int j = tile * 32 + 4 * (lane & 7);  // the first of this thread's 4 columns
-  const int64_t r = p.row0[n];                     // this sequence's token row
-  const int64_t soff = (int64_t(n) * p.HV + hv) * K * V + int64_t(rg) * V;  // + row offsets G·V·rr
-  const bool vec = (V & 3) == 0 && ((reinterpret_cast<uintptr_t>(p.h0) | reinterpret_cast<uintptr_t>(p.ht)) & 15) == 0;
+  const int64_t r = p.row0 ? p.row0[n] : n;  // this sequence's token row
+  // Where the state is read and written: one [N, HV, K, V] array each, or each sequence's own.
+  const float* src = p.h0;
+  float* dst = p.ht;
+  int64_t soff = (int64_t(n) * p.HV + hv) * K * V + int64_t(rg) * V;  // + row offsets G·V·rr
+  if (p.states) {
+    dst = p.states[n];
+    src = dst;
+    soff = int64_t(hv) * K * V + int64_t(rg) * V;
+  }
+  const bool vec = (V & 3) == 0 && ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
   float4 S[kDecodeRows];
 #pragma unroll
   for (int rr = 0; rr < kDecodeRows; ++rr) {
     const int i = rg + G * rr;
-    S[rr] = p.h0 && i < K ? load_cols(p.h0 + soff + G * V * rr, j, V, vec) : make_float4(0, 0, 0, 0);
+    S[rr] = src && i < K ? load_cols(src + soff + G * V * rr, j, V, vec) : make_float4(0, 0, 0, 0);
   }
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     sq[i] = to_f32(static_cast<const T*>(p.q)[(r * p.H + h) * K + i]) * p.scale;
@@ -503,7 +512,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_
       const float kk = vk[i], qq = vq[i];
       axpy4(S[rr], kk, d);
       axpy4(o, qq, S[rr]);
-      if (p.ht) store_cols(p.ht + soff + G * V * rr, j, V, vec, S[rr]);
+      if (dst) store_cols(dst + soff + G * V * rr, j, V, vec, S[rr]);
     }
   }
   o = column_sums<kDecodeWarps>(o, red_o, warp, lane);
@@ -532,6 +541,7 @@ Dev to_dev(const cuda::DeviceArgs& a) {
   d.row0 = a.row0, d.len = a.len;
   d.o_f32 = a.io != DType::BF16 || a.o_dtype != DType::BF16;
   d.q = a.q, d.k = a.k, d.v = a.v, d.beta = a.beta, d.g = a.g, d.h0 = a.h0, d.o = a.o, d.ht = a.ht;
+  d.states = a.states;
   return d;
 }
 
@@ -638,6 +648,8 @@ void check_supported(int64_t K, int64_t V) {
 
 void forward(const DeviceArgs& a) {
   using namespace detail;
+  if (a.states && (a.max_len != 1 || a.form != cuda::Form::Auto))
+    throw error("delta", "per-sequence states in place are for the decode step (max_len 1), got max_len ", a.max_len);
   if (a.form == cuda::Form::Chunked || (a.form == cuda::Form::Auto && a.max_len > 64))
     return cuda::chunked_forward(a);
   const Dev d = to_dev(a);

@@ -57,6 +57,9 @@ struct DeviceArgs {
   const float* h0 = nullptr;                // [N, HV, K, V] or null
   void* o = nullptr;                        // [rows, HV, V]
   float* ht = nullptr;                      // [N, HV, K, V] or null (may equal h0: in-place decode)
+  // Decode step only (max_len 1): N device pointers, each to one sequence's [HV, K, V] state,
+  // read and written in place (h0 and ht unused); with row0 null, sequence n's token is row n.
+  float* const* states = nullptr;
 };
 
 struct DeviceGrads {

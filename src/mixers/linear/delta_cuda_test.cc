@@ -311,8 +311,10 @@ INSTANTIATE_TEST_SUITE_P(Kernels, DeltaCudaChunked,
 // The decode step (one token per sequence: max_len 1 picks the decode kernel) through the device
 // API in each of its modes, against the CPU recurrent reference: the state updated in place,
 // written to a second buffer (h0 left as it was), not written (ht null), bf16 q/k/v/o, and a
-// state 4 bytes off 16-byte alignment (the kernel's scalar path); K = V = 128 (whole-line loads)
-// and K 64 / V 37 (the scalar path's shape).
+// state 4 bytes off 16-byte alignment (the kernel's scalar path), and each sequence's state in its
+// own allocation, read and written in place through a pointer array (the model's decode; token
+// rows implied by row0 null); K = V = 128 (whole-line loads) and K 64 / V 37 (the scalar path's
+// shape).
 TEST(DeltaCudaDecode, EveryModeMatchesCpu) {
   for (const Variant& var : kVariants) {
     if (var.normalize == Normalize::On) continue;  // the normaliser is the host wrapper's extra column
@@ -327,8 +329,8 @@ TEST(DeltaCudaDecode, EveryModeMatchesCpu) {
       const DeltaOutputs rref = delta_forward(rin, cpu, Impl::Recurrent);
       const std::vector<int64_t> r0 = {0, 1, 2, 3, 4}, ln = {1, 1, 1, 1, 1};
       device::Buffer row0 = device::upload_new(r0.data(), 40), len = device::upload_new(ln.data(), 40);
-      const char* modes[] = {"in place", "new buffer", "no ht", "bf16", "misaligned state"};
-      for (int mode = 0; mode < 5; ++mode) {
+      const char* modes[] = {"in place", "new buffer", "no ht", "bf16", "misaligned state", "per-sequence states"};
+      for (int mode = 0; mode < 6; ++mode) {
         const bool bf16 = mode == 3;
         const auto io = bf16 ? device::Storage::BF16 : device::Storage::F32;
         auto put = [](const Tensor& t, device::Storage st) {
@@ -350,6 +352,21 @@ TEST(DeltaCudaDecode, EveryModeMatchesCpu) {
         a.h0 = S.as<float>() + off;
         a.ht = mode == 1 ? S2.as<float>() : mode == 2 ? nullptr : S.as<float>() + off;
         a.o = o.get();
+        // Mode 5: the states in separate buffers, allocated last sequence first.
+        const int64_t SS = HV * K * V;
+        std::vector<device::Buffer> own(static_cast<size_t>(N));
+        std::vector<float*> ptrs(static_cast<size_t>(N));
+        device::Buffer d_ptrs;
+        if (mode == 5) {
+          for (int64_t n = N - 1; n >= 0; --n) {
+            own[size_t(n)] = device::upload_new(in.h0.f32() + n * SS, size_t(SS) * 4);
+            ptrs[size_t(n)] = own[size_t(n)].as<float>();
+          }
+          d_ptrs = device::upload_new(ptrs.data(), ptrs.size() * sizeof(float*));
+          a.states = d_ptrs.as<float* const>();
+          a.h0 = a.ht = nullptr;
+          a.row0 = a.len = nullptr;
+        }
         cuda::forward(a);
         const std::string label = std::string(var.name) + " K " + std::to_string(K) + " V " + std::to_string(V) + " " +
                                   modes[mode];
@@ -362,9 +379,11 @@ TEST(DeltaCudaDecode, EveryModeMatchesCpu) {
         device::download(state.data(), S.get(), state.size() * 4);
         Tensor ght = Tensor::empty(want.ht.shape());
         if (mode == 1) device::download(ght.f32(), S2.get(), size_t(n_state) * 4);
+        else if (mode == 5)
+          for (int64_t n = 0; n < N; ++n) device::download(ght.f32() + n * SS, own[size_t(n)].get(), size_t(SS) * 4);
         else std::copy(state.begin() + off, state.end(), ght.f32());
         if (mode != 2) expect_close(ght, want.ht, tol, label + " ht");
-        if (mode == 1 || mode == 2) {  // h0 read, never written
+        if (mode == 1 || mode == 2 || mode == 5) {  // h0 read, never written (mode 5: not even read)
           EXPECT_TRUE(std::equal(state.begin(), state.end(), host.begin())) << label << ": h0 changed";
         }
         if (mode == 4) {

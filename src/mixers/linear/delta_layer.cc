@@ -1,7 +1,9 @@
 #include "mixers/linear/delta_layer.h"
 
 #include <cstring>
+#include <optional>
 
+#include "core/profile.h"
 #include "ops/ag_conv.h"
 #if defined(K3_HAS_CUDA)
 #include "mixers/mixers_cuda.h"
@@ -157,11 +159,8 @@ linear::DeltaOptions DeltaLayer::core_options() const {
 Var DeltaLayer::conv(const Var& x, size_t stream, const Var& w, const SeqBatch& batch) const {
   if (!w) return x;
   if (!batch.memories) return ag::short_conv(x, w, batch.B, batch.T);
+  profile::Scope scope("short conv");
   const int64_t T = batch.T, C = x->value.dim(-1), W = o_.conv_size;
-#if defined(K3_HAS_CUDA)
-  if (x->value.device() == Device::CUDA)
-    return constant(gpu::conv_with_tails(x->value, w->value, batch.B, T, W, stream, batch.memories));
-#endif
   Tensor y = Tensor::empty(x->value.shape());
   for (int64_t b = 0; b < batch.B; ++b) {
     auto* mem = state_of(batch, b);
@@ -178,6 +177,7 @@ Var DeltaLayer::core(const Var& q, const Var& k, const Var& v, const Var& beta, 
   const linear::DeltaOptions c = core_options();
   const int64_t B = batch.B, T = batch.T;
   if (!batch.memories) return ag::delta_rule(q, k, v, beta, g, c, ag::DeltaShape{B, T, H_, HV_, K_, V_});
+  profile::Scope scope("state step");
   // Continue each sequence from its recurrent state (inference: no graph through the state).
 #if defined(K3_HAS_CUDA)
   if (q->value.device() == Device::CUDA)
@@ -226,10 +226,26 @@ Var DeltaLayer::core(const Var& q, const Var& k, const Var& v, const Var& beta, 
 Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   K3_CHECK(x->value.ndim() == 2 && x->value.dim(0) == batch.B * batch.T && x->value.dim(1) == o_.d_model,
            "delta layer: x ", x->value.describe(), " for B=", batch.B, " T=", batch.T, " d_model=", o_.d_model);
-  Var q = conv(q_proj_(x), 0, q_conv_, batch);
-  Var k = conv(k_proj_(x), 1, k_conv_, batch);
-  Var v = conv(v_proj_(x), 2, v_conv_, batch);
-  if (o_.silu) {
+  std::optional<profile::Scope> scope(std::in_place, "q k v");
+  Var q, k, v;
+  bool silu_done = false;
+#if defined(K3_HAS_CUDA)
+  if (batch.memories && q_conv_ && x->value.device() == Device::CUDA) {
+    // Decode on the device: the three streams' convolutions (and their SiLU) in one launch.
+    const std::vector<Tensor> xs = {q_proj_(x)->value, k_proj_(x)->value, v_proj_(x)->value};
+    profile::Scope conv_scope("short conv");
+    const std::vector<Tensor> ys = gpu::convs_with_tails(xs, {q_conv_->value, k_conv_->value, v_conv_->value}, batch.B,
+                                                         batch.T, o_.conv_size, o_.silu, batch.memories);
+    q = constant(ys[0]), k = constant(ys[1]), v = constant(ys[2]);
+    silu_done = o_.silu;
+  }
+#endif
+  if (!q) {
+    q = conv(q_proj_(x), 0, q_conv_, batch);
+    k = conv(k_proj_(x), 1, k_conv_, batch);
+    v = conv(v_proj_(x), 2, v_conv_, batch);
+  }
+  if (o_.silu && !silu_done) {
     q = ag::silu(q);
     k = ag::silu(k);
     v = ag::silu(v);
@@ -242,6 +258,7 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
     q = ag::l2norm(q, K_);
     k = ag::l2norm(k, K_);
   }
+  scope.emplace("gates");
   Var beta, g;
   if (o_.kind != DeltaKind::LinearAttention) {
     if (o_.use_beta) {
@@ -255,7 +272,9 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   else if (o_.kind == DeltaKind::Kda)
     g = ag::kda_gate(f_b_proj_(f_a_proj_(x)), A_log_, dt_bias_, HV_, K_, o_.gate_form, o_.gate_lower_bound);
 
+  scope.reset();
   Var o = core(q, k, v, beta, g, batch);  // [B*T, HV*V]
+  scope.emplace("output");
 
   Var gate;
   ag::NormGate act = ag::NormGate::None;
