@@ -9,7 +9,10 @@ Var GluMlp::activate(const Var& g, const Var& u) const {
   return opts.activation == GluActivation::SiTU ? ag::situ_glu(g, u, opts.situ) : ag::silu_glu(g, u);
 }
 
-Var GluMlp::forward(const Var& x) const { return down(activate(gate(x), up(x))); }  // [M, D]
+Var GluMlp::forward(const Var& x) const {  // [M, D]
+  const std::vector<Var> gu = apply_each({&gate, &up}, x);  // one grouped GEMM where it can be
+  return down(activate(gu[0], gu[1]));
+}
 
 void GluMlp::visit(const std::string& prefix, const ParamVisitor& v) const {
   gate.visit(join_name(prefix, opts.names.gate), v);

@@ -57,7 +57,11 @@ Mla::Mla(const MlaOptions& o) : o_(o) {
 }
 
 Var Mla::queries(const Var& x, const std::vector<int64_t>& pos) const {
-  Var q = o_.q_lora_rank ? q_b_proj_(q_a_norm_(q_a_proj_(x))) : q_proj_(x);
+  return queries_from(o_.q_lora_rank ? q_a_proj_(x) : q_proj_(x), pos);
+}
+
+Var Mla::queries_from(const Var& first, const std::vector<int64_t>& pos) const {
+  Var q = o_.q_lora_rank ? q_b_proj_(q_a_norm_(first)) : first;
   if (o_.position == MlaPosition::Rope) q = ag::rope(q, pos, o_.heads, o_.qk_nope_head_dim, rope_);
   return q;
 }
@@ -94,15 +98,19 @@ Var Mla::absorbed(const Var& x, const SeqBatch& batch) const {
     std::vector<int64_t> pos(static_cast<size_t>(B * T));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = batch.memories[b]->length() + t;
-    Var q = queries(x, pos);
-    Var kv = kv_a_proj_(x);
+    // x's projections (query, latent rows, output gate) in one grouped GEMM (apply_each).
+    std::vector<const Linear*> ls = {o_.q_lora_rank ? &q_a_proj_ : &q_proj_, &kv_a_proj_};
+    if (o_.gate == OutputGate::Sigmoid) ls.push_back(&g_proj_);
+    const std::vector<Var> px = apply_each(ls, x);
+    Var q = queries_from(px[0], pos);
+    Var kv = px[1];
     Var c = kv_a_norm_(ag::slice_last(kv, 0, R));
     Var k_rope = ag::slice_last(kv, R, R + rd);
     if (o_.position == MlaPosition::Rope) k_rope = ag::rope(k_rope, pos, 1, 0, rope_);
     Var rows = ag::concat_last({c, k_rope});
     Var a = constant(gpu::latent_attention(q->value, rows->value, kv_b_proj_.weight->value,
                                            gpu::LatentShape{B, T, H, nope, rd, vd, R, scale_}, batch.memories));
-    if (o_.gate == OutputGate::Sigmoid) a = ag::mul(a, ag::sigmoid(g_proj_(x)));
+    if (o_.gate == OutputGate::Sigmoid) a = ag::mul(a, ag::sigmoid(px[2]));
     return o_proj_(a);
   }
 #endif

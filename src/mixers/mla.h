@@ -60,6 +60,8 @@ class Mla final : public Mixer {
 
  private:
   Var queries(const Var& x, const std::vector<int64_t>& pos) const;  // [M, H*(nope+rope)]
+  // The same from x's first query projection (q_a_proj, or q_proj without a q LoRA) made already.
+  Var queries_from(const Var& first, const std::vector<int64_t>& pos) const;
   Var absorbed(const Var& x, const SeqBatch& batch) const;           // decode over the cache
 
   MlaOptions o_;

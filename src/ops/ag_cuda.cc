@@ -101,6 +101,34 @@ const float* in(const Var& x, const char* op) {
   return x->value.cuda_f32();
 }
 
+std::vector<Tensor> linears_no_grad(const Tensor& x, const std::vector<const Tensor*>& weights) {
+  K3_CHECK(!weights.empty() && x.device() == Device::CUDA && x.dtype() == DType::F32 && x.is_contiguous(),
+           "linear: grouped projections of ", x.describe());
+  const int64_t in_f = x.dim(-1), M = x.numel() / in_f;
+  const DType wt = weights[0]->dtype();
+  const device::Storage st = wt == DType::BF16 || g_bf16_gemms ? device::Storage::BF16 : device::Storage::F32;
+  std::vector<Tensor> ys;
+  std::vector<cuda::GemmProblem> ps;
+  const Operand xb(x.cuda_f32(), M * in_f, st);
+  std::vector<Operand> wbs;  // fp32 weights rounded for bf16 GEMMs, kept until the call
+  wbs.reserve(weights.size());
+  for (const Tensor* w : weights) {
+    K3_CHECK(w->device() == Device::CUDA && w->ndim() == 2 && w->dim(1) == in_f && w->dtype() == wt,
+             "linear: grouped weight ", w->describe(), " for ", in_f, " inputs of ", dtype_name(wt));
+    Shape ys_shape = x.shape();
+    ys_shape.back() = w->dim(0);
+    ys.push_back(empty(ys_shape));
+    const void* wp = w->raw();
+    if (wt == DType::F32) {
+      wbs.emplace_back(w->cuda_f32(), w->numel(), st);
+      wp = wbs.back().ptr;
+    }
+    ps.push_back({M, xb.ptr, wp, ys.back().cuda_f32(), w->dim(0)});
+  }
+  cuda::gemm_nt_grouped(0, in_f, ps, st);
+  return ys;
+}
+
 Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
   const Tensor& W = w->value;
   const int64_t in_f = layout == WeightLayout::OutIn ? W.dim(1) : W.dim(0);

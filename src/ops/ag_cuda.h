@@ -48,6 +48,8 @@ void flush(const Var& x, const Tensor& g);
 const float* in(const Var& x, const char* op);  // device pointer of a contiguous fp32 CUDA input
 
 Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout);
+// x · W_iᵀ for bias-free [out, in] weights of one dtype, in one grouped GEMM, no graph (inference).
+std::vector<Tensor> linears_no_grad(const Tensor& x, const std::vector<const Tensor*>& weights);
 Var add(const Var& a, const Var& b);
 Var mul(const Var& a, const Var& b);
 Var scale(const Var& a, float s);

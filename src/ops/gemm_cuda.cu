@@ -153,9 +153,11 @@ Grouped& grouped() {
 
 void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& problems, Storage st) {
   std::vector<GemmProblem> ps;
-  for (const GemmProblem& p : problems)
-    if (p.M > 0) ps.push_back(p);
-  if (ps.empty() || N == 0) return;
+  for (GemmProblem p : problems) {
+    if (p.N <= 0) p.N = N;
+    if (p.M > 0 && p.N > 0) ps.push_back(p);
+  }
+  if (ps.empty()) return;
   device::require_cuda("gemm");
   Grouped& g = grouped();
   std::lock_guard<std::mutex> lock(g.mu);
@@ -163,14 +165,14 @@ void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& probl
     const int G = int(ps.size());
     // Column-major view: C_iᵀ [N, M_i] = B_i [N, K] (stored as col-major [K, N], transposed) · A_iᵀ.
     const size_t g_n = static_cast<size_t>(G);
-    const int n_out = static_cast<int>(N), n_in = static_cast<int>(K);
+    const int n_in = static_cast<int>(K);
     std::vector<cublasOperation_t> ta(g_n, CUBLAS_OP_T), tb(g_n, CUBLAS_OP_N);
-    std::vector<int> m(g_n, n_out), n(g_n, 0), k(g_n, n_in), lda(g_n, n_in), ldb(g_n, n_in), ldc(g_n, n_out),
-        sizes(g_n, 1);
+    std::vector<int> m(g_n, 0), n(g_n, 0), k(g_n, n_in), lda(g_n, n_in), ldb(g_n, n_in), ldc(g_n, 0), sizes(g_n, 1);
     std::vector<float> alpha(g_n, 1.0f), beta(g_n, 0.0f);
     std::vector<const void*> ptrs(3 * g_n);
     for (int i = 0; i < G; ++i) {
       n[size_t(i)] = int(ps[size_t(i)].M);
+      m[size_t(i)] = ldc[size_t(i)] = int(ps[size_t(i)].N);
       ptrs[size_t(i)] = ps[size_t(i)].B;
       ptrs[size_t(G + i)] = ps[size_t(i)].A;
       ptrs[size_t(2 * G + i)] = ps[size_t(i)].C;
@@ -188,7 +190,7 @@ void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& probl
       lt_check(s, "cublasGemmGroupedBatchedEx");
     g.unsupported[int(st)] = true;  // this type combination: one GEMM per problem from now on
   }
-  for (const GemmProblem& p : ps) gemm(Op::N, Op::T, p.M, N, K, 1.0f, p.A, K, p.B, K, 0.0f, p.C, N, st);
+  for (const GemmProblem& p : ps) gemm(Op::N, Op::T, p.M, p.N, K, 1.0f, p.A, K, p.B, K, 0.0f, p.C, p.N, st);
 }
 
 void gemm_strided(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, int64_t sa,

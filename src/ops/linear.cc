@@ -1,5 +1,9 @@
 #include "ops/linear.h"
 
+#if defined(K3_HAS_CUDA)
+#include "ops/ag_cuda.h"
+#endif
+
 namespace k3 {
 
 Linear::Linear(int64_t in_features, int64_t out_features, Bias b, WeightLayout l)
@@ -11,6 +15,27 @@ Linear::Linear(int64_t in_features, int64_t out_features, Bias b, WeightLayout l
 void Linear::visit(const std::string& prefix, const ParamVisitor& v) const {
   v(join_name(prefix, "weight"), *weight, ParamKind::Weight);
   if (bias) v(join_name(prefix, "bias"), *bias, ParamKind::Bias);
+}
+
+std::vector<Var> apply_each(const std::vector<const Linear*>& ls, const Var& x) {
+#if defined(K3_HAS_CUDA)
+  bool grouped = ls.size() > 1 && x->value.device() == Device::CUDA && x->value.dtype() == DType::F32 &&
+                 x->value.is_contiguous() && !(recording() && needs_grad(x));
+  for (const Linear* l : ls)
+    grouped = grouped && !l->bias && l->layout == WeightLayout::OutIn && !(recording() && needs_grad(l->weight)) &&
+              l->weight->value.dtype() == ls[0]->weight->value.dtype() && l->weight->value.device() == Device::CUDA &&
+              l->weight->value.ndim() == 2 && l->weight->value.dim(1) == x->value.dim(-1);
+  if (grouped) {
+    std::vector<const Tensor*> ws;
+    for (const Linear* l : ls) ws.push_back(&l->weight->value);
+    std::vector<Var> out;
+    for (Tensor& y : ag::gpu::linears_no_grad(x->value, ws)) out.push_back(constant(std::move(y)));
+    return out;
+  }
+#endif
+  std::vector<Var> out;
+  for (const Linear* l : ls) out.push_back((*l)(x));
+  return out;
 }
 
 Norm::Norm(NormType t, int64_t d, float e) : type(t), dim(d), eps(e) {

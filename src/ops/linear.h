@@ -24,6 +24,11 @@ struct Linear {
 
 enum class NormType : uint8_t { LayerNorm, RMSNorm };
 
+// ls[i](x) for every i. On the device, with no gradient wanted of x or any weight and every weight
+// bias-free [out, in] of one dtype, one grouped GEMM (one launch instead of one per projection:
+// the decode step is bound by its launches); otherwise the linears one by one.
+std::vector<Var> apply_each(const std::vector<const Linear*>& ls, const Var& x);
+
 struct Norm {
   NormType type = NormType::LayerNorm;
   int64_t dim = 0;

@@ -111,11 +111,14 @@ void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void
 // C_i[M_i, N] = A_i[M_i, K] · B_iᵀ with B_i [N, K] (a Linear's [out, in] weight), contiguous rows.
 // A and B stored as `st`, C fp32. Falls back to one gemm() per problem where the library lacks the
 // type combination. Problems with M_i = 0 are skipped.
+// A problem's N, when set (> 0), replaces the call's: one call can then project one input through
+// weights of different widths.
 struct GemmProblem {
   int64_t M;
   const void* A;
   const void* B;
   float* C;
+  int64_t N = 0;
 };
 void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& problems, Storage st);
 

@@ -15,6 +15,7 @@
 #include "ops/embedding.h"
 #include "ops/gates.h"
 #include "ops/gemm.h"
+#include "ops/linear.h"
 #include "ops/norm.h"
 #include "ops/ops_cuda.h"
 #include "ops/rope.h"
@@ -377,6 +378,59 @@ TEST(OpsCudaOnly, GemmStridedBatchesMatchOneGemmPerProblem) {
       cuda::gemm_strided(ta, tb, M, N, K, 0.5f, gA.as<float>(), lda, ac, gB.as<float>(), ldb, sb, 2.0f, gC.as<float>(),
                          ldc, N, count);
       EXPECT_LE(rel(down(gC, M * ldc), C), 1e-6) << "ta " << int(ta) << " tb " << int(tb);
+    }
+}
+
+// apply_each: projections of one input in one grouped GEMM (fp32 and bf16 weights, widths that
+// differ) against the host GEMM; with a bias among them, or recording a graph that wants the
+// weights' gradients, it takes the linears one by one, and the results are the same.
+TEST(OpsCudaOnly, GroupedProjectionsMatchTheHostGemm) {
+  Rng rng(13);
+  const int64_t M = 9, D = 40;
+  const std::vector<int64_t> outs = {24, 7, 40, 1};
+  for (DType wt : {DType::F32, DType::BF16})
+    for (int variant = 0; variant < 3; ++variant) {  // grouped, one with a bias, recording
+      std::vector<Linear> ls;
+      std::vector<std::vector<float>> host_w;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        ls.emplace_back(D, outs[i], variant == 1 && i == 2 ? Bias::Present : Bias::None);
+        auto w = randv(rng, outs[i] * D);
+        if (wt == DType::BF16) w = bf16_round(w);
+        host_w.push_back(w);
+        Tensor t = Tensor::empty({outs[i], D});
+        std::copy(w.begin(), w.end(), t.f32());
+        ls.back().weight->value = (wt == DType::BF16 ? t.to(DType::BF16) : t).to_device(Device::CUDA);
+        if (ls.back().bias) {
+          Tensor b = Tensor::empty({outs[i]});
+          for (int64_t j = 0; j < outs[i]; ++j) b.f32()[j] = 0.25f * float(j);
+          ls.back().bias->value = b.to_device(Device::CUDA);
+        }
+      }
+      auto xh = randv(rng, M * D);
+      if (wt == DType::BF16) xh = bf16_round(xh);  // the bf16 GEMM rounds x: keep the reference exact
+      Tensor xt = Tensor::empty({M, D});
+      std::copy(xh.begin(), xh.end(), xt.f32());
+      const Var x = constant(xt.to_device(Device::CUDA));
+      std::vector<const Linear*> lp;
+      for (const Linear& l : ls) lp.push_back(&l);
+      std::optional<Recording> rec;
+      if (variant == 2) rec.emplace();
+      const std::vector<Var> ys = apply_each(lp, x);
+      ASSERT_EQ(ys.size(), outs.size());
+      for (size_t i = 0; i < outs.size(); ++i) {
+        std::vector<float> want(size_t(M * outs[i]));
+        gemm(Trans::No, Trans::Yes, M, outs[i], D, 1.0f, xh.data(), D, host_w[i].data(), D, 0.0f, want.data(), outs[i]);
+        if (ls[i].bias)
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t j = 0; j < outs[i]; ++j) want[size_t(m * outs[i] + j)] += 0.25f * float(j);
+        const Tensor got = ys[i]->value.to_device(Device::CPU);
+        ASSERT_EQ(got.numel(), M * outs[i]);
+        EXPECT_LE(rel(std::vector<float>(got.f32(), got.f32() + got.numel()), want), 1e-5)
+            << "projection " << i << " bf16 " << (wt == DType::BF16) << " variant " << variant;
+        if (variant == 2) {
+          EXPECT_TRUE(ys[i]->requires_grad) << "recording: the graph is kept";
+        }
+      }
     }
 }
 

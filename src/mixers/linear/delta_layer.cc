@@ -226,13 +226,33 @@ Var DeltaLayer::core(const Var& q, const Var& k, const Var& v, const Var& beta, 
 Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   K3_CHECK(x->value.ndim() == 2 && x->value.dim(0) == batch.B * batch.T && x->value.dim(1) == o_.d_model,
            "delta layer: x ", x->value.describe(), " for B=", batch.B, " T=", batch.T, " d_model=", o_.d_model);
-  std::optional<profile::Scope> scope(std::in_place, "q k v");
+  std::optional<profile::Scope> scope(std::in_place, "projections");
+  // Decoding (memories): every projection of x at once, one grouped GEMM on the device
+  // (apply_each); otherwise each where it is used.
+  enum Proj { kQ, kK, kV, kBeta, kDecay, kGate, kProjs };
+  std::vector<Var> px(kProjs);
+  if (batch.memories) {
+    std::vector<const Linear*> ls = {&q_proj_, &k_proj_, &v_proj_};
+    std::vector<Proj> which = {kQ, kK, kV};
+    auto want = [&](const Linear& l, Proj p) {
+      if (l.weight) ls.push_back(&l), which.push_back(p);
+    };
+    if (o_.kind != DeltaKind::LinearAttention && o_.use_beta) want(b_proj_, kBeta);
+    if (o_.kind == DeltaKind::GatedDeltaNet) want(a_proj_, kDecay);
+    if (o_.kind == DeltaKind::Kda) want(f_a_proj_, kDecay);
+    if (o_.output_gate == DeltaOutputGate::KimiLowRank) want(g_a_proj_, kGate);
+    if (o_.output_gate == DeltaOutputGate::FullRank || o_.output_gate == DeltaOutputGate::Swish) want(g_proj_, kGate);
+    std::vector<Var> ys = apply_each(ls, x);
+    for (size_t i = 0; i < ys.size(); ++i) px[which[i]] = std::move(ys[i]);
+  }
+  auto proj = [&](Proj p, const Linear& l) { return px[p] ? px[p] : l(x); };
+  scope.emplace("q k v");
   Var q, k, v;
   bool silu_done = false;
 #if defined(K3_HAS_CUDA)
   if (batch.memories && q_conv_ && x->value.device() == Device::CUDA) {
     // Decode on the device: the three streams' convolutions (and their SiLU) in one launch.
-    const std::vector<Tensor> xs = {q_proj_(x)->value, k_proj_(x)->value, v_proj_(x)->value};
+    const std::vector<Tensor> xs = {proj(kQ, q_proj_)->value, proj(kK, k_proj_)->value, proj(kV, v_proj_)->value};
     profile::Scope conv_scope("short conv");
     const std::vector<Tensor> ys = gpu::convs_with_tails(xs, {q_conv_->value, k_conv_->value, v_conv_->value}, batch.B,
                                                          batch.T, o_.conv_size, o_.silu, batch.memories);
@@ -241,9 +261,9 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   }
 #endif
   if (!q) {
-    q = conv(q_proj_(x), 0, q_conv_, batch);
-    k = conv(k_proj_(x), 1, k_conv_, batch);
-    v = conv(v_proj_(x), 2, v_conv_, batch);
+    q = conv(proj(kQ, q_proj_), 0, q_conv_, batch);
+    k = conv(proj(kK, k_proj_), 1, k_conv_, batch);
+    v = conv(proj(kV, v_proj_), 2, v_conv_, batch);
   }
   if (o_.silu && !silu_done) {
     q = ag::silu(q);
@@ -262,15 +282,15 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   Var beta, g;
   if (o_.kind != DeltaKind::LinearAttention) {
     if (o_.use_beta) {
-      beta = ag::sigmoid(b_proj_(x));
+      beta = ag::sigmoid(proj(kBeta, b_proj_));
     } else {
       beta = constant(Tensor::full({x->value.dim(0), HV_}, 1.0f));
     }
   }
   if (o_.kind == DeltaKind::GatedDeltaNet)
-    g = ag::kda_gate(a_proj_(x), A_log_, dt_bias_, HV_, 1, KdaGateForm::Softplus);
+    g = ag::kda_gate(proj(kDecay, a_proj_), A_log_, dt_bias_, HV_, 1, KdaGateForm::Softplus);
   else if (o_.kind == DeltaKind::Kda)
-    g = ag::kda_gate(f_b_proj_(f_a_proj_(x)), A_log_, dt_bias_, HV_, K_, o_.gate_form, o_.gate_lower_bound);
+    g = ag::kda_gate(f_b_proj_(proj(kDecay, f_a_proj_)), A_log_, dt_bias_, HV_, K_, o_.gate_form, o_.gate_lower_bound);
 
   scope.reset();
   Var o = core(q, k, v, beta, g, batch);  // [B*T, HV*V]
@@ -280,9 +300,9 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   ag::NormGate act = ag::NormGate::None;
   switch (o_.output_gate) {
     case DeltaOutputGate::None: break;
-    case DeltaOutputGate::KimiLowRank: gate = g_b_proj_(g_a_proj_(x)); act = ag::NormGate::Sigmoid; break;
-    case DeltaOutputGate::FullRank: gate = g_proj_(x); act = ag::NormGate::Sigmoid; break;
-    case DeltaOutputGate::Swish: gate = g_proj_(x); act = ag::NormGate::Swish; break;
+    case DeltaOutputGate::KimiLowRank: gate = g_b_proj_(proj(kGate, g_a_proj_)); act = ag::NormGate::Sigmoid; break;
+    case DeltaOutputGate::FullRank: gate = proj(kGate, g_proj_); act = ag::NormGate::Sigmoid; break;
+    case DeltaOutputGate::Swish: gate = proj(kGate, g_proj_); act = ag::NormGate::Swish; break;
   }
   if (o_.output_norm) {
     o = ag::gated_rmsnorm(o, gate, o_norm_, V_, o_.norm_eps, act);
