@@ -142,10 +142,40 @@ Var MoE::forward(const Var& x) const {
   std::optional<profile::Scope> scope(std::in_place, "router");
   Var logits = router(x);  // [M, E]
   Var scores = opts.score == ScoreFunction::Sigmoid ? ag::sigmoid(logits) : ag::softmax_last(logits);  // [M, E]
+  const Tensor offset = opts.combine == CombineWeights::Biased && router_bias ? router_bias->value : Tensor();
+#if defined(K3_HAS_CUDA)
+  if (X.device() == Device::CUDA && !recording() && fixed_.empty() && runs_dense(M)) {
+    // Every expert on every row, the ids kept on the device (kDenseRows).
+    device::Buffer ids = gpu::select_experts_on_device(scores->value, router_bias ? router_bias->value : Tensor(), K,
+                                                       opts.n_group, opts.topk_group);
+    Tensor w, dense;
+    gpu::dense_weights(scores->value, ids, offset, K, opts.renormalize == Renormalize::Yes, opts.renorm_eps,
+                       opts.routed_scaling, w, dense);
+    scope.emplace("routed experts");
+    Var xr = opts.latent_dim > 0 ? latent_down(x) : x;
+    Var r = constant(gpu::moe_dense(xr->value, dense, experts));
+    if (opts.latent_dim > 0) {
+      if (latent_norm) r = (*latent_norm)(r);
+      r = latent_up(r);
+    }
+    scope.emplace("shared experts");
+    if (shared) r = ag::add(r, shared->forward(x));
+    scope.reset();
+    std::fill(rows_processed_.begin(), rows_processed_.end(), M);
+    last_ = Routing{};
+    last_.tokens = M;
+    last_.top_k = K;
+    last_weights_ = std::move(w);
+    weights_pending_ = true;
+    last_ids_ = std::move(ids);
+    ids_pending_ = true;
+    last_scores_ = scores;
+    return r;
+  }
+#endif
   // Selection runs where the scores are; the ids come to the host, which builds the dispatch lists.
   std::vector<int64_t> idx = route(scores->value);  // [M·K]
 
-  const Tensor offset = opts.combine == CombineWeights::Biased && router_bias ? router_bias->value : Tensor();
   Var w = ag::gather_cols(scores, idx, K, offset);  // [M, K]
   if (opts.renormalize == Renormalize::Yes) w = ag::normalize_sum_last(w, opts.renorm_eps);
   if (opts.routed_scaling != 1.0f) w = ag::scale(w, opts.routed_scaling);
@@ -186,6 +216,7 @@ Var MoE::forward(const Var& x) const {
   last_.top_k = K;
   last_weights_ = w->value;
   weights_pending_ = true;
+  ids_pending_ = false;
   last_.load.assign(static_cast<size_t>(E), 0);
   for (int64_t e : idx) ++last_.load[size_t(e)];
   if (recording())
@@ -195,7 +226,23 @@ Var MoE::forward(const Var& x) const {
   return r;
 }
 
+bool MoE::runs_dense(int64_t M) const {
+  const int64_t E = opts.n_experts;
+  if (experts.empty() || M * E > kDenseRows) return false;
+  double expert_bytes = 0;
+  for (const Linear* l : {&experts[0].gate, &experts[0].up, &experts[0].down}) expert_bytes += double(l->weight->value.nbytes());
+  return double(std::max<int64_t>(E - M * opts.top_k, 0)) * expert_bytes <= kDenseExtraBytes;
+}
+
 const Routing& MoE::last_routing() const {
+  if (ids_pending_) {
+    last_.indices.assign(size_t(last_.tokens * last_.top_k), 0);
+    device::download(last_.indices.data(), last_ids_.get(), last_.indices.size() * sizeof(int64_t));
+    last_ids_ = device::Buffer();
+    ids_pending_ = false;
+    last_.load.assign(static_cast<size_t>(opts.n_experts), 0);
+    for (int64_t e : last_.indices) ++last_.load[size_t(e)];
+  }
   if (weights_pending_) {
     const Tensor wh = last_weights_.to_device(Device::CPU);
     last_.weights.assign(wh.f32(), wh.f32() + wh.numel());
@@ -228,6 +275,7 @@ void MoE::apply_bias_update(float gamma, const std::vector<int64_t>& load) {
 
 Var MoE::balance_loss(int64_t seq_len, float alpha) const {
   if (!last_scores_) throw error("moe", "balance_loss needs a forward first");
+  last_routing();  // the ids, where the last forward kept them on the device
   return ag::seq_balance_loss(last_scores_, last_.indices, opts.top_k, seq_len, alpha);
 }
 

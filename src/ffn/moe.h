@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "ffn/glu.h"
 #include "ops/ag_moe.h"
 
@@ -99,8 +100,18 @@ class MoE final : public Ffn {
   // The combine weights are copied to the host here, on first ask, not in forward: on CUDA that
   // copy would be one more device sync per MoE layer on the decode path.
   const Routing& last_routing() const;
-  // Rows each expert's GLU actually processed in the last forward [E] (= last_routing().load).
+  // Rows each expert's GLU actually processed in the last forward [E]: last_routing().load, or M
+  // for every expert where the decode ran every expert on every row (below).
   const std::vector<int64_t>& rows_processed() const { return rows_processed_; }
+
+  // On CUDA without a graph, batches of M tokens with M · E ≤ kDenseRows run every expert on every
+  // row and keep what the routing weights pick: no ids come back to the host, so the step queues
+  // on without waiting for the device (the small-batch decode). Only where the weights of the
+  // experts no row picked (at most E − M·K of them) total ≤ kDenseExtraBytes: reading them costs
+  // about what the wait would.
+  static constexpr int64_t kDenseRows = 4096;
+  static constexpr double kDenseExtraBytes = 64.0 * (1 << 20);
+  bool runs_dense(int64_t M) const;
 
   // Forces the selected experts (indices [M·K], for finite-difference tests); the combine weights
   // are still computed from the router, so gradients reach it.
@@ -135,6 +146,8 @@ class MoE final : public Ffn {
   mutable Routing last_;
   mutable Tensor last_weights_;  // [M, K] on the model's device until last_routing() asks
   mutable bool weights_pending_ = false;
+  mutable device::Buffer last_ids_;  // [M·K] int64 on the device (the dense form) until last_routing() asks
+  mutable bool ids_pending_ = false;
   mutable Var last_scores_;
   mutable std::vector<int64_t> rows_processed_, acc_load_;
 };

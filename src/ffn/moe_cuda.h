@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "core/device.h"
 #include "core/tensor.h"
 #include "ffn/glu.h"
 #include "ops/ag_moe.h"
@@ -23,5 +24,19 @@ Tensor moe_routed(const Tensor& xr, const ag::Dispatch& d, const Tensor& w, cons
 // [M·K] expert ids, in the host function's order, computed on the GPU (moe_route_cuda.cu).
 std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, int64_t K, int64_t n_group,
                                     int64_t topk_group);
+
+// The decode's sync-free form, for small batches (every expert would run anyway): the ids stay on
+// the device, every expert runs on every row, and the routing weights pick what each row keeps.
+// select_experts_on_device: the [M·K] ids (int64) as select_experts computes them, not downloaded.
+device::Buffer select_experts_on_device(const Tensor& scores, const Tensor& bias, int64_t K, int64_t n_group,
+                                        int64_t topk_group);
+// w [M, K] = scores at the ids (+ offset[id] when defined), renormalised over k (÷ (Σ + eps)) when
+// renorm, times scaling; dense [M, E] holds them in their experts' columns, zeros elsewhere.
+void dense_weights(const Tensor& scores, const device::Buffer& idx, const Tensor& offset, int64_t K, bool renorm,
+                   float eps, float scaling, Tensor& w, Tensor& dense);
+// out[m, :] = Σ_e dense[m, e] · y[e, m, :] (y [E, M, C] on the device).
+void dense_combine(const float* y, const Tensor& dense, int64_t C, float* out);
+// Every expert on every row of xr [M, width], combined by dense [M, E]: [M, width].
+Tensor moe_dense(const Tensor& xr, const Tensor& dense, const std::vector<GluMlp>& experts);
 
 }  // namespace k3::gpu

@@ -1,6 +1,8 @@
 // The MoE on CUDA (routed experts in one pass, moe_cuda.h) against the CPU MoE: plain SiLU and
-// latent SiTU configurations, fp32 and bf16 expert weights, with many tokens per expert (prefill)
-// and one token (decode), and experts that receive no token. The device's expert selection
+// latent SiTU configurations (the latter combining biased weights), fp32 and bf16 expert weights,
+// with many tokens per expert (prefill) and one token (decode), experts that receive no token,
+// and both device forms: every expert on every row with the ids kept on the device (M · E ≤
+// MoE::kDenseRows) and the routed rows only. The device's expert selection
 // against the host's select_experts on scores made to break it (ties, NaN, −inf, groups).
 #include "ffn/moe.h"
 
@@ -40,6 +42,7 @@ MoeOptions options(bool latent) {
     o.latent_norm = LatentNorm::RMSNorm;
     o.activation = GluActivation::SiTU;
     o.situ = SituOptions{4.0f, 25.0f};
+    o.combine = CombineWeights::Biased;
   }
   return o;
 }
@@ -50,7 +53,7 @@ TEST(MoeCuda, RoutedExpertsInOnePassMatchTheCpu) {
   if (device::cuda_device_count() == 0) GTEST_FAIL() << "no CUDA device";
   for (bool latent : {false, true})
     for (DType wt : {DType::F32, DType::BF16})
-      for (int64_t M : {int64_t(1), int64_t(3), int64_t(70)}) {
+      for (int64_t M : {int64_t(1), int64_t(3), int64_t(70), int64_t(600)}) {
         SCOPED_TRACE(testing::Message() << "latent " << latent << " bf16 " << (wt == DType::BF16) << " M " << M);
         MoE m(options(latent));
         Rng rng(11 + uint64_t(M));
@@ -67,6 +70,7 @@ TEST(MoeCuda, RoutedExpertsInOnePassMatchTheCpu) {
         const Tensor ref = m.forward(constant(x))->value;
         const std::vector<int64_t> ref_idx = m.last_routing().indices;
         const std::vector<float> ref_w = m.last_routing().weights;
+        const std::vector<int64_t> ref_load = m.last_routing().load;
 
         m.visit("", [&](const std::string& name, Node& p, ParamKind) {
           p.value = (wt == DType::BF16 && routed_weight(name) ? p.value.to(DType::BF16) : p.value).to_device(Device::CUDA);
@@ -77,7 +81,13 @@ TEST(MoeCuda, RoutedExpertsInOnePassMatchTheCpu) {
         for (size_t i = 0; i < ref_w.size(); ++i) EXPECT_NEAR(m.last_routing().weights[i], ref_w[i], 1e-5);
         // bf16: the device also rounds the routed rows and the GLU output to bf16 for the GEMMs.
         EXPECT_LT(rel(got, ref), wt == DType::F32 ? 1e-5 : 1e-2);
-        EXPECT_EQ(m.rows_processed(), m.last_routing().load);
+        EXPECT_EQ(m.last_routing().load, ref_load);
+        const bool dense = m.runs_dense(M);
+        EXPECT_EQ(dense, M * m.opts.n_experts <= MoE::kDenseRows) << "these experts are small";
+        if (dense)  // every expert ran on every row
+          EXPECT_EQ(m.rows_processed(), std::vector<int64_t>(size_t(m.opts.n_experts), M));
+        else
+          EXPECT_EQ(m.rows_processed(), m.last_routing().load);
       }
 }
 

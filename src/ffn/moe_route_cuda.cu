@@ -102,14 +102,83 @@ std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, in
            "moe: cannot pick ", K, " of ", E, " experts in ", topk_group, " of ", n_group, " groups on the device");
   std::vector<int64_t> out(size_t(M * K));
   if (M == 0) return out;
-  device::Buffer d_out(out.size() * sizeof(int64_t));
+  const device::Buffer d_out = select_experts_on_device(scores, bias, K, n_group, topk_group);
+  device::download(out.data(), d_out.get(), out.size() * sizeof(int64_t));
+  return out;
+}
+
+device::Buffer select_experts_on_device(const Tensor& scores, const Tensor& bias, int64_t K, int64_t n_group,
+                                        int64_t topk_group) {
+  const int64_t M = scores.dim(0), E = scores.dim(1);
+  device::Buffer d_out(size_t(M * K) * sizeof(int64_t));
+  if (M == 0) return d_out;
   const size_t smem = size_t(E) * (sizeof(float) + 1);
   select_kernel<<<unsigned(M), kThreads, smem, device::stream()>>>(scores.cuda_f32(), bias.defined() ? bias.cuda_f32() : nullptr,
                                                                    int(E), int(K), int(n_group), int(topk_group),
                                                                    d_out.as<int64_t>());
   K3_CUDA_LAUNCHED();
-  device::download(out.data(), d_out.get(), out.size() * sizeof(int64_t));
-  return out;
+  return d_out;
+}
+
+namespace {
+// One thread per token: w[m, k] = scores[m, idx] (+ offset[idx]), renormalised over k (÷ (Σ + eps),
+// in k order as the host sums) and scaled; dense[m, :] zero but for the chosen columns.
+__global__ void dense_weights_kernel(const float* scores, const int64_t* idx, const float* offset, int64_t M, int E,
+                                     int K, bool renorm, float eps, float scaling, float* w, float* dense) {
+  const int64_t m = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (m >= M) return;
+  float sum = 0.0f;
+  for (int k = 0; k < K; ++k) {
+    const int64_t e = idx[m * K + k];
+    const float x = scores[m * E + e] + (offset ? offset[e] : 0.0f);
+    w[m * K + k] = x;
+    sum += x;
+  }
+  const float den = sum + eps;
+  for (int e = 0; e < E; ++e) dense[m * E + e] = 0.0f;
+  for (int k = 0; k < K; ++k) {
+    float x = w[m * K + k];
+    if (renorm) x = x / den;
+    if (scaling != 1.0f) x = x * scaling;
+    w[m * K + k] = x;
+    dense[m * E + idx[m * K + k]] += x;
+  }
+}
+
+// out[m, c] = Σ_e dense[m, e] · y[e, m, c], skipping zero weights.
+__global__ void dense_combine_kernel(const float* y, const float* dense, int64_t M, int E, int64_t C, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M * C) return;
+  const int64_t m = i / C, c = i % C;
+  float acc = 0.0f;
+  for (int e = 0; e < E; ++e) {
+    const float we = dense[m * E + e];
+    if (we != 0.0f) acc += we * y[(int64_t(e) * M + m) * C + c];
+  }
+  out[i] = acc;
+}
+}  // namespace
+
+void dense_weights(const Tensor& scores, const device::Buffer& idx, const Tensor& offset, int64_t K, bool renorm,
+                   float eps, float scaling, Tensor& w, Tensor& dense) {
+  const int64_t M = scores.dim(0), E = scores.dim(1);
+  K3_CHECK(!offset.defined() || (offset.device() == Device::CUDA && offset.numel() == E), "moe: combine offset ",
+           offset.describe(), " for ", E, " experts");
+  w = Tensor::empty_on(Device::CUDA, {M, K});
+  dense = Tensor::empty_on(Device::CUDA, {M, E});
+  if (M == 0) return;
+  dense_weights_kernel<<<unsigned((M + kThreads - 1) / kThreads), kThreads, 0, device::stream()>>>(
+      scores.cuda_f32(), idx.as<int64_t>(), offset.defined() ? offset.cuda_f32() : nullptr, M, int(E), int(K), renorm,
+      eps, scaling, w.cuda_f32(), dense.cuda_f32());
+  K3_CUDA_LAUNCHED();
+}
+
+void dense_combine(const float* y, const Tensor& dense, int64_t C, float* out) {
+  const int64_t M = dense.dim(0), E = dense.dim(1), n = M * C;
+  if (!n) return;
+  dense_combine_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, device::stream()>>>(
+      y, dense.cuda_f32(), M, int(E), C, out);
+  K3_CUDA_LAUNCHED();
 }
 
 }  // namespace k3::gpu

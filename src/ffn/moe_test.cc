@@ -352,3 +352,25 @@ TEST(MoE, RejectsBadOptionsAndInputs) {
 }
 
 }  // namespace k3
+
+namespace k3 {
+namespace {
+
+// Which batches run every expert on every row on CUDA (MoE::runs_dense): the extra weights read
+// (experts no row can have picked) against MoE::kDenseExtraBytes, and M · E against kDenseRows.
+TEST(MoE, DenseDecodeOnlyWhereTheExtraWeightsAreFew) {
+  MoeOptions small;  // k3-small's MoE: 16 experts of 3 · 384 · 256 fp32 weights (1.1 MiB each)
+  small.d_model = 384, small.n_experts = 16, small.top_k = 2, small.expert_hidden = 256;
+  const MoE s(small);
+  EXPECT_TRUE(s.runs_dense(1));    // 14 unpicked experts: 16 MiB
+  EXPECT_TRUE(s.runs_dense(256));  // 4096 rows
+  EXPECT_FALSE(s.runs_dense(257));
+  MoeOptions big = small;  // 896 experts of 3 · 7168 · 2048 fp32 weights (168 MiB each)
+  big.d_model = 7168, big.n_experts = 896, big.top_k = 8, big.expert_hidden = 2048;
+  const MoE b(big);
+  EXPECT_FALSE(b.runs_dense(1));
+  EXPECT_FALSE(b.runs_dense(4));
+}
+
+}  // namespace
+}  // namespace k3
