@@ -216,7 +216,10 @@ void register_bench(CLI::App& app) {
                   human_bytes(per_token).c_str(), human_bytes(fixed).c_str());
       std::printf("%8s %12s %14s %12s %10s\n", "context", "tok/s", "roofline tok/s", "of roofline", "ms/step");
       for (int64_t c : ctxs) {
-        const int64_t all_steps = profile_steps || profile_host ? 2 * steps : steps;  // the profiled steps follow the timed ones
+        // Three warm-up steps (the allocator's cache, GEMM plans and clocks settle), then the timed
+        // ones, then the profiled ones.
+        constexpr int64_t kWarmup = 3;
+        const int64_t all_steps = kWarmup - 1 + (profile_steps || profile_host ? 2 * steps : steps);
         if (c + all_steps > model->max_positions()) {
           std::printf("%8lld %12s   (beyond the model's %lld positions)\n", (long long)c, "-", (long long)model->max_positions());
           tps[k].push_back(0);
@@ -247,7 +250,7 @@ void register_bench(CLI::App& app) {
           }
           model->logits(TokenBatch{next.data(), batch, 1, cp.data()}, logits.data(), Logits::Last);
         };
-        step();  // warm-up
+        for (int64_t s = 0; s < kWarmup; ++s) step();
         auto t = clock_type::now();
         for (int64_t s = 1; s < steps; ++s) step();
         const double sec = seconds_since(t) / double(steps - 1);  // logits come back each step: synchronised
