@@ -10,6 +10,7 @@ namespace k3::profile {
 namespace {
 struct State {
   bool on = false, sync = false;
+  uint64_t generation = 0;  // bumped by reset(): scopes opened before it record nothing
   std::vector<Entry> entries;
   std::map<std::string, size_t> index;
   std::vector<size_t> stack;  // open scopes, innermost last
@@ -34,6 +35,7 @@ void reset() {
   s.entries.clear();
   s.index.clear();
   s.stack.clear();
+  ++s.generation;
 }
 
 std::vector<Entry> entries() { return state().entries; }
@@ -46,23 +48,29 @@ void Scope::begin(std::string_view name) {
     it = s.index.emplace(path, s.entries.size()).first;
     s.entries.push_back({path, int(s.stack.size()), 0.0, 0});
   }
+  if (s.sync) device::synchronize();  // may throw: nothing is open yet
   index_ = it->second;
+  generation_ = s.generation;
   s.stack.push_back(index_);
   open_ = true;
-  if (s.sync) device::synchronize();
   t0_ = now();
 }
 
 void Scope::end() {
   State& s = state();
-  if (s.sync) device::synchronize();
-  const double dt = now() - t0_;
-  if (index_ < s.entries.size()) {  // a reset() inside the scope drops it
-    s.entries[index_].seconds += dt;
-    s.entries[index_].calls += 1;
-  }
-  if (!s.stack.empty() && s.stack.back() == index_) s.stack.pop_back();
   open_ = false;
+  if (generation_ != s.generation) return;  // a reset() inside the scope dropped it
+  if (s.sync) {
+    // A destructor must not throw: a device fault here resurfaces at the next device call.
+    try {
+      device::synchronize();
+    } catch (...) {
+    }
+  }
+  const double dt = now() - t0_;
+  s.entries[index_].seconds += dt;
+  s.entries[index_].calls += 1;
+  if (!s.stack.empty() && s.stack.back() == index_) s.stack.pop_back();
 }
 
 std::string format_table(double per, double total, const char* unit) {

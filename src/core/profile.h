@@ -32,7 +32,7 @@ class Scope {
     if (enabled()) begin(name);
   }
   ~Scope() {
-    if (open_) end();
+    if (open_) end();  // never throws
   }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
@@ -42,6 +42,7 @@ class Scope {
   void end();
   bool open_ = false;
   size_t index_ = 0;
+  uint64_t generation_ = 0;
   double t0_ = 0;
 };
 

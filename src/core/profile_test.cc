@@ -54,5 +54,21 @@ TEST(Profile, NestedScopesSumIntoTheirPaths) {
   EXPECT_TRUE(profile::entries().empty());
 }
 
+TEST(Profile, AResetInsideAScopeDropsIt) {
+  profile::reset();
+  profile::enable(false);
+  {
+    profile::Scope outer("outer");
+    profile::reset();
+    profile::Scope inner("inner");  // a root now: outer no longer exists
+  }
+  profile::disable();
+  const auto es = profile::entries();
+  ASSERT_EQ(es.size(), 1u);
+  EXPECT_EQ(es[0].path, "inner");
+  EXPECT_EQ(es[0].depth, 0);
+  EXPECT_EQ(es[0].calls, 1);
+}
+
 }  // namespace
 }  // namespace k3

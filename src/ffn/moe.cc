@@ -217,6 +217,7 @@ Var MoE::forward(const Var& x) const {
   last_weights_ = w->value;
   weights_pending_ = true;
   ids_pending_ = false;
+  last_ids_ = device::Buffer();
   last_.load.assign(static_cast<size_t>(E), 0);
   for (int64_t e : idx) ++last_.load[size_t(e)];
   if (recording())

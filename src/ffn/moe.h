@@ -107,8 +107,9 @@ class MoE final : public Ffn {
   // On CUDA without a graph, batches of M tokens with M · E ≤ kDenseRows run every expert on every
   // row and keep what the routing weights pick: no ids come back to the host, so the step queues
   // on without waiting for the device (the small-batch decode). Only where the weights of the
-  // experts no row picked (at most E − M·K of them) total ≤ kDenseExtraBytes: reading them costs
-  // about what the wait would.
+  // experts no row can have picked (at least E − M·K of them) total ≤ kDenseExtraBytes: reading
+  // them costs about what the wait would. (At M·K ≥ E the expert work grows E/K-fold instead;
+  // kDenseRows bounds it.)
   static constexpr int64_t kDenseRows = 4096;
   static constexpr double kDenseExtraBytes = 64.0 * (1 << 20);
   bool runs_dense(int64_t M) const;

@@ -91,6 +91,14 @@ __global__ void __launch_bounds__(kThreads) select_kernel(const float* scores, c
 
 std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, int64_t K, int64_t n_group,
                                     int64_t topk_group) {
+  const device::Buffer d_out = select_experts_on_device(scores, bias, K, n_group, topk_group);
+  std::vector<int64_t> out(size_t(scores.dim(0) * K));
+  device::download(out.data(), d_out.get(), out.size() * sizeof(int64_t));
+  return out;
+}
+
+device::Buffer select_experts_on_device(const Tensor& scores, const Tensor& bias, int64_t K, int64_t n_group,
+                                        int64_t topk_group) {
   K3_CHECK(scores.device() == Device::CUDA && scores.ndim() == 2 && scores.is_contiguous() &&
                scores.dtype() == DType::F32,
            "moe: routing scores ", scores.describe(), " are not a contiguous fp32 [tokens, experts] device tensor");
@@ -100,16 +108,6 @@ std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, in
   K3_CHECK(K >= 1 && n_group >= 1 && E % n_group == 0 && n_group <= 64 && topk_group >= 1 && topk_group <= n_group &&
                K <= (n_group > 1 && topk_group < n_group ? topk_group * (E / n_group) : E),
            "moe: cannot pick ", K, " of ", E, " experts in ", topk_group, " of ", n_group, " groups on the device");
-  std::vector<int64_t> out(size_t(M * K));
-  if (M == 0) return out;
-  const device::Buffer d_out = select_experts_on_device(scores, bias, K, n_group, topk_group);
-  device::download(out.data(), d_out.get(), out.size() * sizeof(int64_t));
-  return out;
-}
-
-device::Buffer select_experts_on_device(const Tensor& scores, const Tensor& bias, int64_t K, int64_t n_group,
-                                        int64_t topk_group) {
-  const int64_t M = scores.dim(0), E = scores.dim(1);
   device::Buffer d_out(size_t(M * K) * sizeof(int64_t));
   if (M == 0) return d_out;
   const size_t smem = size_t(E) * (sizeof(float) + 1);
@@ -161,7 +159,12 @@ __global__ void dense_combine_kernel(const float* y, const float* dense, int64_t
 
 void dense_weights(const Tensor& scores, const device::Buffer& idx, const Tensor& offset, int64_t K, bool renorm,
                    float eps, float scaling, Tensor& w, Tensor& dense) {
+  K3_CHECK(scores.device() == Device::CUDA && scores.ndim() == 2 && scores.is_contiguous() &&
+               scores.dtype() == DType::F32,
+           "moe: routing scores ", scores.describe(), " are not a contiguous fp32 [tokens, experts] device tensor");
   const int64_t M = scores.dim(0), E = scores.dim(1);
+  K3_CHECK(K >= 1 && K <= E && idx.bytes() >= size_t(M * K) * sizeof(int64_t), "moe: ", idx.bytes(),
+           " bytes of expert ids for ", M, " tokens x top-", K);
   K3_CHECK(!offset.defined() || (offset.device() == Device::CUDA && offset.numel() == E), "moe: combine offset ",
            offset.describe(), " for ", E, " experts");
   w = Tensor::empty_on(Device::CUDA, {M, K});

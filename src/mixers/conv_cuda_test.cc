@@ -1,5 +1,6 @@
 // The decode's short convolutions on the device (cuda::convs_with_tails: every stream of a delta
-// layer in one launch, continuing each sequence's tail) against the definition computed here in
+// layer in one launch, continuing each sequence's tail; longer continuations in two) against the
+// definition computed here in
 // double precision: y[t, c] = Σ_i w[c, i] · [tail ; x][t + i, c], SiLU when asked, and the tail
 // left as the last W − 1 rows of [tail ; x].
 #include <gtest/gtest.h>
@@ -26,7 +27,7 @@ TEST(ConvCuda, StreamsInOneLaunchMatchTheDefinition) {
   const std::vector<int64_t> Cs = {5, 33, 3};
   const int64_t B = 3;
   for (int64_t W : {1, 2, 4})
-    for (int64_t T : {1, 6})
+    for (int64_t T : {1, 6, 40})  // 40: the two-launch form of longer continuations
       for (bool silu : {false, true}) {
         const int S = int(Cs.size()), P = int(W - 1);
         std::vector<std::vector<float>> x(Cs.size()), w(Cs.size()), tail(Cs.size() * B);

@@ -224,15 +224,16 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
     auto* cache = device_memory<DeviceRows>(memories[b], "mla");
     p0s[size_t(b)] = cache->length();
     lats[size_t(b)] = cache->raw_mut(0);
-    cache->advance(T);
-    longest = std::max(longest, cache->length());
+    longest = std::max(longest, cache->length() + T);
   }
   const device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(void*));
   const device::Buffer d_p0s = device::upload_new(p0s.data(), p0s.size() * 8);
-  // The new rows into every sequence's cache, one launch.
+  // The new rows into every sequence's cache, one launch; the lengths move only once the
+  // attention over them is queued (a refused shape leaves every cache as it was).
   k3::cuda::append_rows(rows.cuda_f32(), W, s.B, T, W, d_lats.as<void* const>(), d_p0s.as<int64_t>(), storage);
   k3::cuda::latent_attention(qt.cuda_f32(), d_lats.as<const void* const>(), storage, d_p0s.as<int64_t>(), longest,
                              ob.cuda_f32(), s.B, T, H, W, R, s.scale);
+  for (int64_t b = 0; b < s.B; ++b) device_memory<DeviceRows>(memories[b], "mla")->advance(T);
   // o_h = W_UV ō, one batched call over the heads.
   k3::cuda::gemm_strided(k3::cuda::Op::N, k3::cuda::Op::T, M, s.v, R, 1.0f, ob.cuda_f32(), H * R, R, wkv + s.nope * R, R,
                          wrow * R, 0.0f, att.cuda_f32(), H * s.v, s.v, H);

@@ -193,6 +193,12 @@ void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& probl
   for (const GemmProblem& p : ps) gemm(Op::N, Op::T, p.M, p.N, K, 1.0f, p.A, K, p.B, K, 0.0f, p.C, p.N, st);
 }
 
+bool gemm_grouped_available(Storage st) {
+  Grouped& g = grouped();
+  std::lock_guard<std::mutex> lock(g.mu);
+  return !g.unsupported[int(st)];
+}
+
 void gemm_strided(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, int64_t sa,
                   const float* B, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc, int64_t sc,
                   int64_t count) {

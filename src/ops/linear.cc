@@ -23,7 +23,9 @@ std::vector<Var> apply_each(const std::vector<const Linear*>& ls, const Var& x) 
                  x->value.is_contiguous() && !(recording() && needs_grad(x));
   for (const Linear* l : ls)
     grouped = grouped && !l->bias && l->layout == WeightLayout::OutIn && !(recording() && needs_grad(l->weight)) &&
-              l->weight->value.dtype() == ls[0]->weight->value.dtype() && l->weight->value.device() == Device::CUDA &&
+              l->weight->value.dtype() == ls[0]->weight->value.dtype() &&
+              (l->weight->value.dtype() == DType::F32 || l->weight->value.dtype() == DType::BF16) &&
+              l->weight->value.device() == Device::CUDA &&
               l->weight->value.ndim() == 2 && l->weight->value.dim(1) == x->value.dim(-1);
   if (grouped) {
     std::vector<const Tensor*> ws;

@@ -121,6 +121,9 @@ struct GemmProblem {
   int64_t N = 0;
 };
 void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& problems, Storage st);
+// False once the library has refused a grouped call of this storage (then every call takes the
+// one-GEMM-per-problem fallback).
+bool gemm_grouped_available(Storage st);
 
 // `count` fp32 GEMMs of one shape in one call (exact fp32 products): problem i is gemm() on
 // A + i·sa, B + i·sb, C + i·sc (strides in floats, row-major, leading dimensions as in gemm()).
