@@ -136,43 +136,59 @@ Var MoE::forward(const Var& x) const {
   const Tensor& X = x->value;
   if (X.ndim() != 2 || X.dim(1) != opts.d_model)
     throw error("moe", "input ", X.describe(), " is not [tokens, ", opts.d_model, "]");
-  const int64_t M = X.dim(0), E = opts.n_experts, K = opts.top_k;
+  const int64_t M = X.dim(0);
 
   // Router in fp32 on the full-width x (§8.1 step 1, §8.2 step 1).
   std::optional<profile::Scope> scope(std::in_place, "router");
   Var logits = router(x);  // [M, E]
   Var scores = opts.score == ScoreFunction::Sigmoid ? ag::sigmoid(logits) : ag::softmax_last(logits);  // [M, E]
   const Tensor offset = opts.combine == CombineWeights::Biased && router_bias ? router_bias->value : Tensor();
+  Var r;  // [M, ℓ] or [M, D]
 #if defined(K3_HAS_CUDA)
-  if (X.device() == Device::CUDA && !recording() && fixed_.empty() && runs_dense(M)) {
-    // Every expert on every row, the ids kept on the device (kDenseRows).
-    device::Buffer ids = gpu::select_experts_on_device(scores->value, router_bias ? router_bias->value : Tensor(), K,
-                                                       opts.n_group, opts.topk_group);
-    Tensor w, dense;
-    gpu::dense_weights(scores->value, ids, offset, K, opts.renormalize == Renormalize::Yes, opts.renorm_eps,
-                       opts.routed_scaling, w, dense);
-    scope.emplace("routed experts");
-    Var xr = opts.latent_dim > 0 ? latent_down(x) : x;
-    Var r = constant(gpu::moe_dense(xr->value, dense, experts));
-    if (opts.latent_dim > 0) {
-      if (latent_norm) r = (*latent_norm)(r);
-      r = latent_up(r);
-    }
-    scope.emplace("shared experts");
-    if (shared) r = ag::add(r, shared->forward(x));
-    scope.reset();
-    std::fill(rows_processed_.begin(), rows_processed_.end(), M);
-    last_ = Routing{};
-    last_.tokens = M;
-    last_.top_k = K;
-    last_weights_ = std::move(w);
-    weights_pending_ = true;
-    last_ids_ = std::move(ids);
-    ids_pending_ = true;
-    last_scores_ = scores;
-    return r;
-  }
+  if (X.device() == Device::CUDA && !recording() && fixed_.empty() && runs_dense(M))
+    r = routed_dense(x, scores, offset, scope);
 #endif
+  if (!r) r = routed_rows(x, scores, offset, scope);
+  if (opts.latent_dim > 0) {
+    if (latent_norm) r = (*latent_norm)(r);
+    r = latent_up(r);  // [M, D]
+  }
+  scope.emplace("shared experts");
+  if (shared) r = ag::add(r, shared->forward(x));  // shared experts on the full x
+  scope.reset();
+  last_scores_ = scores;
+  return r;
+}
+
+#if defined(K3_HAS_CUDA)
+Var MoE::routed_dense(const Var& x, const Var& scores, const Tensor& offset,
+                      std::optional<profile::Scope>& scope) const {
+  const int64_t M = x->value.dim(0), K = opts.top_k;
+  // Every expert on every row, the ids kept on the device (kDenseRows).
+  device::Buffer ids = gpu::select_experts_on_device(scores->value, router_bias ? router_bias->value : Tensor(), K,
+                                                     opts.n_group, opts.topk_group);
+  Tensor w, dense;
+  gpu::dense_weights(scores->value, ids, offset, K, opts.renormalize == Renormalize::Yes, opts.renorm_eps,
+                     opts.routed_scaling, w, dense);
+  scope.emplace("routed experts");
+  Var xr = opts.latent_dim > 0 ? latent_down(x) : x;
+  Var r = constant(gpu::moe_dense(xr->value, dense, experts));
+  // Bookkeeping: the ids and weights come to the host when last_routing() asks.
+  std::fill(rows_processed_.begin(), rows_processed_.end(), M);
+  last_ = Routing{};
+  last_.tokens = M;
+  last_.top_k = K;
+  last_weights_ = std::move(w);
+  weights_pending_ = true;
+  last_ids_ = std::move(ids);
+  ids_pending_ = true;
+  return r;
+}
+#endif
+
+Var MoE::routed_rows(const Var& x, const Var& scores, const Tensor& offset,
+                     std::optional<profile::Scope>& scope) const {
+  const int64_t M = x->value.dim(0), E = opts.n_experts, K = opts.top_k;
   // Selection runs where the scores are; the ids come to the host, which builds the dispatch lists.
   std::vector<int64_t> idx = route(scores->value);  // [M·K]
 
@@ -203,13 +219,6 @@ Var MoE::forward(const Var& x) const {
       ys.push_back(experts[size_t(d.experts[size_t(j)])].forward(ag::gather_rows(xr, d.rows_of(j))));  // [n_e, width]
     r = ag::weighted_combine(ys, d, w, M);  // [M, width]
   }
-  if (opts.latent_dim > 0) {
-    if (latent_norm) r = (*latent_norm)(r);
-    r = latent_up(r);  // [M, D]
-  }
-  scope.emplace("shared experts");
-  if (shared) r = ag::add(r, shared->forward(x));  // shared experts on the full x
-  scope.reset();
 
   // Bookkeeping for inspection and balancing.
   last_.tokens = M;
@@ -223,7 +232,6 @@ Var MoE::forward(const Var& x) const {
   if (recording())
     for (int64_t e = 0; e < E; ++e) acc_load_[size_t(e)] += last_.load[size_t(e)];
   last_.indices = std::move(idx);
-  last_scores_ = scores;
   return r;
 }
 

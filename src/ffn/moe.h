@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/profile.h"
 #include "ffn/glu.h"
 #include "ops/ag_moe.h"
 
@@ -142,6 +143,11 @@ class MoE final : public Ffn {
 
  private:
   std::vector<int64_t> route(const Tensor& scores) const;
+  // The routed experts' output [M, ℓ or D] (before the latent up-projection), with the last
+  // forward's bookkeeping: every expert on every row (CUDA, runs_dense), or each expert on its
+  // rows. `scope` is the forward's profile scope, moved on to "routed experts".
+  Var routed_dense(const Var& x, const Var& scores, const Tensor& offset, std::optional<profile::Scope>& scope) const;
+  Var routed_rows(const Var& x, const Var& scores, const Tensor& offset, std::optional<profile::Scope>& scope) const;
 
   std::vector<int64_t> fixed_;
   mutable Routing last_;

@@ -29,6 +29,51 @@ std::pair<int64_t, device::Storage> check_experts(const std::vector<GluMlp>& exp
 SituOptions activation_of(const GluMlp& e) {
   return e.opts.activation == GluActivation::SiTU ? e.opts.situ : SituOptions::silu();
 }
+
+// One expert's share of a grouped pass: n rows of x from in_row, its GLU output to rows from out_row.
+struct ExpertRows {
+  int64_t expert, n, in_row, out_row;
+};
+
+// y [rows_out, W] fp32 ← each job's expert (gate, up, the GLU, down) on its rows of x [rows_in, W]:
+// the operands in the GEMMs' storage, every gate and up GEMM in one grouped call, one activation
+// over every row, every down GEMM in another.
+device::Buffer run_experts(const std::vector<GluMlp>& experts, const std::vector<ExpertRows>& jobs, const float* x,
+                           int64_t rows_in, int64_t rows_out, int64_t W, int64_t H, device::Storage st) {
+  const size_t esz = st == device::Storage::BF16 ? 2 : 4;
+  device::Buffer xb, gb(size_t(rows_out * H) * 4), ub(size_t(rows_out * H) * 4), ab(size_t(rows_out * H) * 4), abb,
+      yb(size_t(rows_out * W) * 4);
+  const void* xop = x;
+  if (st == device::Storage::BF16) {
+    xb = device::Buffer(size_t(rows_in * W) * 2);
+    cuda::cast(x, xb.get(), rows_in * W, st);
+    xop = xb.get();
+  }
+  auto row = [](const void* base, int64_t r, int64_t width, size_t bytes) {
+    return static_cast<const char*>(base) + size_t(r * width) * bytes;
+  };
+  std::vector<cuda::GemmProblem> gate_up, down;
+  for (const ExpertRows& j : jobs) {
+    const GluMlp& e = experts[size_t(j.expert)];
+    gate_up.push_back({j.n, row(xop, j.in_row, W, esz), e.gate.weight->value.raw(), gb.as<float>() + j.out_row * H});
+    gate_up.push_back({j.n, row(xop, j.in_row, W, esz), e.up.weight->value.raw(), ub.as<float>() + j.out_row * H});
+  }
+  cuda::gemm_nt_grouped(H, W, gate_up, st);
+  const SituOptions so = activation_of(experts[size_t(jobs.at(0).expert)]);
+  cuda::situ_glu_forward(gb.get(), ub.get(), ab.get(), rows_out * H, so.beta.value_or(0.0f), so.beta_lin.value_or(0.0f),
+                         device::Storage::F32);
+  const void* aop = ab.get();
+  if (st == device::Storage::BF16) {
+    abb = device::Buffer(size_t(rows_out * H) * 2);
+    cuda::cast(ab.as<float>(), abb.get(), rows_out * H, st);
+    aop = abb.get();
+  }
+  for (const ExpertRows& j : jobs)
+    down.push_back({j.n, row(aop, j.out_row, H, esz), experts[size_t(j.expert)].down.weight->value.raw(),
+                    yb.as<float>() + j.out_row * W});
+  cuda::gemm_nt_grouped(W, H, down, st);
+  return yb;
+}
 }  // namespace
 
 Tensor moe_routed(const Tensor& xr, const ag::Dispatch& d, const Tensor& w, const std::vector<GluMlp>& experts,
@@ -43,45 +88,17 @@ Tensor moe_routed(const Tensor& xr, const ag::Dispatch& d, const Tensor& w, cons
   if (out.numel()) device::zero(out.raw(), out.nbytes());
   if (N == 0) return out;
   const auto [H, st] = check_experts(experts, d.experts, W);
-  const size_t esz = st == device::Storage::BF16 ? 2 : 4;
-  // Routed rows in dispatch order, in the GEMM operand type.
+  // Routed rows in dispatch order; expert j's are rows offsets[j] to offsets[j + 1].
   const device::Buffer d_rows = device::upload_new(d.rows.data(), d.rows.size() * 8);
   const device::Buffer d_slots = device::upload_new(d.slots.data(), d.slots.size() * 8);
-  device::Buffer xp(size_t(N * W) * 4), xpb, gb(size_t(N * H) * 4), ub(size_t(N * H) * 4), ab(size_t(N * H) * 4), abb,
-      yb(size_t(N * W) * 4);
+  device::Buffer xp(size_t(N * W) * 4);
   cuda::gather_rows(xr.cuda_f32(), d_rows.as<int64_t>(), N, W, xp.as<float>());
-  const void* xop = xp.get();
-  if (st == device::Storage::BF16) {
-    xpb = device::Buffer(size_t(N * W) * 2);
-    cuda::cast(xp.as<float>(), xpb.get(), N * W, st);
-    xop = xpb.get();
-  }
-  auto row = [](const void* base, int64_t r, int64_t width, size_t bytes) {
-    return static_cast<const char*>(base) + size_t(r * width) * bytes;
-  };
-  std::vector<cuda::GemmProblem> gate_up, down;
+  std::vector<ExpertRows> jobs;
   for (int64_t j = 0; j < d.active(); ++j) {
-    const GluMlp& x = experts[size_t(d.experts[size_t(j)])];
-    const int64_t p0 = d.offsets[size_t(j)], n = d.offsets[size_t(j + 1)] - p0;
-    gate_up.push_back({n, row(xop, p0, W, esz), x.gate.weight->value.raw(), gb.as<float>() + p0 * H});
-    gate_up.push_back({n, row(xop, p0, W, esz), x.up.weight->value.raw(), ub.as<float>() + p0 * H});
+    const int64_t p0 = d.offsets[size_t(j)];
+    jobs.push_back({d.experts[size_t(j)], d.offsets[size_t(j + 1)] - p0, p0, p0});
   }
-  cuda::gemm_nt_grouped(H, W, gate_up, st);
-  const SituOptions so = activation_of(experts[size_t(d.experts[0])]);
-  cuda::situ_glu_forward(gb.get(), ub.get(), ab.get(), N * H, so.beta.value_or(0.0f), so.beta_lin.value_or(0.0f),
-                         device::Storage::F32);
-  const void* aop = ab.get();
-  if (st == device::Storage::BF16) {
-    abb = device::Buffer(size_t(N * H) * 2);
-    cuda::cast(ab.as<float>(), abb.get(), N * H, st);
-    aop = abb.get();
-  }
-  for (int64_t j = 0; j < d.active(); ++j) {
-    const GluMlp& x = experts[size_t(d.experts[size_t(j)])];
-    const int64_t p0 = d.offsets[size_t(j)], n = d.offsets[size_t(j + 1)] - p0;
-    down.push_back({n, row(aop, p0, H, esz), x.down.weight->value.raw(), yb.as<float>() + p0 * W});
-  }
-  cuda::gemm_nt_grouped(W, H, down, st);
+  const device::Buffer yb = run_experts(experts, jobs, xp.as<float>(), N, N, W, H, st);
   cuda::scatter_weighted(yb.as<float>(), d_rows.as<int64_t>(), d_slots.as<int64_t>(), w.cuda_f32(), N, W,
                          out.cuda_f32());
   return out;
@@ -97,35 +114,10 @@ Tensor moe_dense(const Tensor& xr, const Tensor& dense, const std::vector<GluMlp
   std::vector<int64_t> all(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) all[size_t(e)] = e;
   const auto [H, st] = check_experts(experts, all, W);
-  const size_t esz = st == device::Storage::BF16 ? 2 : 4;
-  // Every expert's rows are all M rows: gate and up [E, M, H], the GLU, down [E, M, W].
-  const void* xop = xr.raw();
-  device::Buffer xb, gb(size_t(E * M * H) * 4), ub(size_t(E * M * H) * 4), ab(size_t(E * M * H) * 4), abb,
-      yb(size_t(E * M * W) * 4);
-  if (st == device::Storage::BF16) {
-    xb = device::Buffer(size_t(M * W) * 2);
-    cuda::cast(xr.cuda_f32(), xb.get(), M * W, st);
-    xop = xb.get();
-  }
-  std::vector<cuda::GemmProblem> gate_up, down;
-  for (int64_t e = 0; e < E; ++e) {
-    gate_up.push_back({M, xop, experts[size_t(e)].gate.weight->value.raw(), gb.as<float>() + e * M * H});
-    gate_up.push_back({M, xop, experts[size_t(e)].up.weight->value.raw(), ub.as<float>() + e * M * H});
-  }
-  cuda::gemm_nt_grouped(H, W, gate_up, st);
-  const SituOptions so = activation_of(experts[0]);
-  cuda::situ_glu_forward(gb.get(), ub.get(), ab.get(), E * M * H, so.beta.value_or(0.0f), so.beta_lin.value_or(0.0f),
-                         device::Storage::F32);
-  const void* aop = ab.get();
-  if (st == device::Storage::BF16) {
-    abb = device::Buffer(size_t(E * M * H) * 2);
-    cuda::cast(ab.as<float>(), abb.get(), E * M * H, st);
-    aop = abb.get();
-  }
-  for (int64_t e = 0; e < E; ++e)
-    down.push_back({M, static_cast<const char*>(aop) + size_t(e * M * H) * esz,
-                    experts[size_t(e)].down.weight->value.raw(), yb.as<float>() + e * M * W});
-  cuda::gemm_nt_grouped(W, H, down, st);
+  // Every expert's rows are all M rows: its outputs are rows e·M to (e + 1)·M of [E·M, W].
+  std::vector<ExpertRows> jobs;
+  for (int64_t e = 0; e < E; ++e) jobs.push_back({e, M, 0, e * M});
+  const device::Buffer yb = run_experts(experts, jobs, xr.cuda_f32(), M, E * M, W, H, st);
   dense_combine(yb.as<float>(), dense, W, out.cuda_f32());
   return out;
 }

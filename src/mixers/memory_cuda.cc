@@ -67,14 +67,12 @@ class DeviceRows : public Memory {
     if (length_ + n > max_)
       throw error(std::string(memory_kind_name(kind_)), "context of ", length_ + n, " tokens exceeds the limit of ", max_);
   }
-  // Appends n rows to array i from device rows src (leading dimension ld); call advance after.
+  // Appends n rows to fp32 array i from device rows src (leading dimension ld); call advance
+  // after. (Latent caches, fp32 or bf16, take every sequence's rows at once: cuda::append_rows.)
   void append(size_t i, const float* src, int64_t ld, int64_t n) {
     Tensor& a = arrays_[i];
     const int64_t w = a.dim(1);
-    if (storage_ == device::Storage::BF16)
-      k3::cuda::rows_to_bf16(src, ld, static_cast<uint16_t*>(a.raw()) + length_ * w, n, w);
-    else
-      k3::cuda::copy_blocks(src, ld, 0, a.cuda_f32() + length_ * w, w, 0, n, 1, w);
+    k3::cuda::copy_blocks(src, ld, 0, a.cuda_f32() + length_ * w, w, 0, n, 1, w);
   }
   void advance(int64_t n) { length_ += n; }
   device::Storage storage() const { return storage_; }
@@ -205,10 +203,17 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
            " rows ", rows.describe(), " kv_b ", kv_b.describe(), " do not fit B=", s.B, " T=", T, " H=", H);
   const device::Storage storage =
       s.B ? device_memory<DeviceRows>(memories[0], "mla")->storage() : device::Storage::F32;
+  std::vector<DeviceRows*> caches(static_cast<size_t>(s.B));
+  std::vector<void*> lats(static_cast<size_t>(s.B));
+  std::vector<int64_t> p0s(static_cast<size_t>(s.B));
+  int64_t longest = 0;
   for (int64_t b = 0; b < s.B; ++b) {  // all or none
-    auto* cache = device_memory<DeviceRows>(memories[b], "mla");
+    DeviceRows* cache = caches[size_t(b)] = device_memory<DeviceRows>(memories[b], "mla");
     cache->reserve(T);
     K3_CHECK(cache->storage() == storage, "mla: a batch mixes fp32 and bf16 latent caches");
+    p0s[size_t(b)] = cache->length();
+    lats[size_t(b)] = cache->raw_mut(0);
+    longest = std::max(longest, cache->length() + T);
   }
   Tensor att = dev_empty({M, H * s.v});
   Tensor qt = dev_empty({M, H, W}), ob = dev_empty({M, H, R});
@@ -217,15 +222,6 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
   k3::cuda::gemm_strided(k3::cuda::Op::N, k3::cuda::Op::N, M, R, s.nope, 1.0f, q.cuda_f32(), H * qd, qd, wkv, R,
                          wrow * R, 0.0f, qt.cuda_f32(), H * W, W, H);
   k3::cuda::copy_blocks(q.cuda_f32() + s.nope, H * qd, qd, qt.cuda_f32() + R, H * W, W, M, H, s.rope);
-  std::vector<void*> lats(static_cast<size_t>(s.B));
-  std::vector<int64_t> p0s(static_cast<size_t>(s.B));
-  int64_t longest = 0;
-  for (int64_t b = 0; b < s.B; ++b) {
-    auto* cache = device_memory<DeviceRows>(memories[b], "mla");
-    p0s[size_t(b)] = cache->length();
-    lats[size_t(b)] = cache->raw_mut(0);
-    longest = std::max(longest, cache->length() + T);
-  }
   const device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(void*));
   const device::Buffer d_p0s = device::upload_new(p0s.data(), p0s.size() * 8);
   // The new rows into every sequence's cache, one launch; the lengths move only once the
@@ -233,7 +229,7 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
   k3::cuda::append_rows(rows.cuda_f32(), W, s.B, T, W, d_lats.as<void* const>(), d_p0s.as<int64_t>(), storage);
   k3::cuda::latent_attention(qt.cuda_f32(), d_lats.as<const void* const>(), storage, d_p0s.as<int64_t>(), longest,
                              ob.cuda_f32(), s.B, T, H, W, R, s.scale);
-  for (int64_t b = 0; b < s.B; ++b) device_memory<DeviceRows>(memories[b], "mla")->advance(T);
+  for (DeviceRows* cache : caches) cache->advance(T);
   // o_h = W_UV ō, one batched call over the heads.
   k3::cuda::gemm_strided(k3::cuda::Op::N, k3::cuda::Op::T, M, s.v, R, 1.0f, ob.cuda_f32(), H * R, R, wkv + s.nope * R, R,
                          wrow * R, 0.0f, att.cuda_f32(), H * s.v, s.v, H);

@@ -1074,11 +1074,6 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   K3_CUDA_LAUNCHED();
 }
 
-__global__ void rows_to_bf16_kernel(const float* src, int64_t ld, __nv_bfloat16* dst, int64_t w, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = __float2bfloat16(src[i / w * ld + i % w]);
-}
-
 __global__ void append_rows_kernel(const float* src, int64_t ld, int64_t T, int64_t w, void* const* dsts,
                                    const int64_t* at, bool bf16, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -1098,14 +1093,6 @@ void append_rows(const float* src, int64_t ld, int64_t B, int64_t T, int64_t w, 
   if (!n) return;
   append_rows_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
       src, ld, T, w, dsts, at, storage == device::Storage::BF16, n);
-  K3_CUDA_LAUNCHED();
-}
-
-void rows_to_bf16(const float* src, int64_t ld, void* dst, int64_t rows, int64_t w) {
-  const int64_t n = rows * w;
-  if (!n) return;
-  rows_to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
-      src, ld, static_cast<__nv_bfloat16*>(dst), w, n);
   K3_CUDA_LAUNCHED();
 }
 

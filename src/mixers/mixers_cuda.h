@@ -36,8 +36,6 @@ void convs_with_tails(const ConvStreams& streams, float* const* tails, int64_t B
 // arrays of B entries; the rows are fp32 or bf16 (`storage`); longest = max p0s + T.
 void latent_attention(const float* qt, const void* const* lats, device::Storage storage, const int64_t* p0s,
                       int64_t longest, float* ob, int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale);
-// dst [rows, w] bf16 (rounded to nearest even) ← src [rows, w] fp32 with leading dimension ld.
-void rows_to_bf16(const float* src, int64_t ld, void* dst, int64_t rows, int64_t w);
 // B sequences' T new rows each into their caches, one launch: row t of sequence b (src row b·T +
 // t, leading dimension ld, width w) goes to row at[b] + t of dsts[b] ([rows, w], fp32 or bf16 as
 // `storage`, bf16 rounded to nearest even). dsts and at are device arrays of B entries.
