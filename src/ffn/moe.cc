@@ -136,7 +136,6 @@ Var MoE::forward(const Var& x) const {
   const Tensor& X = x->value;
   if (X.ndim() != 2 || X.dim(1) != opts.d_model)
     throw error("moe", "input ", X.describe(), " is not [tokens, ", opts.d_model, "]");
-  const int64_t M = X.dim(0);
 
   // Router in fp32 on the full-width x (§8.1 step 1, §8.2 step 1).
   std::optional<profile::Scope> scope(std::in_place, "router");
@@ -145,7 +144,7 @@ Var MoE::forward(const Var& x) const {
   const Tensor offset = opts.combine == CombineWeights::Biased && router_bias ? router_bias->value : Tensor();
   Var r;  // [M, ℓ] or [M, D]
 #if defined(K3_HAS_CUDA)
-  if (X.device() == Device::CUDA && !recording() && fixed_.empty() && runs_dense(M))
+  if (X.device() == Device::CUDA && !recording() && fixed_.empty() && runs_dense(X.dim(0)))
     r = routed_dense(x, scores, offset, scope);
 #endif
   if (!r) r = routed_rows(x, scores, offset, scope);
