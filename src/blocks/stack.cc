@@ -1,5 +1,7 @@
 #include "blocks/stack.h"
 
+#include <cmath>
+
 #include "ffn/moe.h"
 #include "ops/ag.h"
 
@@ -40,6 +42,16 @@ int64_t BlockStack::idle_expert_params() const {
   int64_t n = 0;
   for (const auto& b : blocks_)
     if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) n += moe->total_params() - moe->active_params();
+  return n;
+}
+
+double BlockStack::idle_expert_params(int64_t tokens) const {
+  double n = 0;
+  for (const auto& b : blocks_)
+    if (auto* moe = dynamic_cast<const MoE*>(&b.ffn())) {
+      const double E = double(moe->opts.n_experts), k = double(moe->opts.top_k);
+      n += double(moe->experts.front().active_params()) * E * std::pow(1.0 - k / E, double(tokens));
+    }
   return n;
 }
 

@@ -38,6 +38,8 @@ class BlockStack {
   Context new_context(int64_t max_tokens) const;
   // Parameters of routed experts not used per token (total − active over MoE layers).
   int64_t idle_expert_params() const;
+  // The same expected for a step of `tokens` tokens under uniform routing (Model::idle_expert_params).
+  double idle_expert_params(int64_t tokens) const;
   // Moves every MoE router's selection bias toward balanced load (DeepSeek-V3's
   // auxiliary-loss-free balancing).
   void balance_experts(float gamma) const;

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -24,6 +25,7 @@ namespace k3::cli {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+constexpr int64_t kMaxDecodeBatch = 4096;
 
 double seconds_since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
@@ -168,9 +170,16 @@ void register_bench(CLI::App& app) {
   static RuntimeOptions rt;
   static std::string cache_dtype = "f32";
   static bool profile_steps = false, profile_host = false;
-  dec->add_option("--batch", batch, "Sequences decoded together, each at the context (tok/s counts all)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+  static double memory_mb = 0;
+  auto* batch_opt = dec->add_option("--batch", batch, "Sequences decoded together, each at the context (tok/s counts all)")
+                        ->capture_default_str()
+                        ->check(CLI::Range(int64_t(1), kMaxDecodeBatch));
+  dec->add_option("--memory-mb", memory_mb,
+                  "Instead of --batch: a budget for the sequences' memories (KV/latent caches, states, conv tails); "
+                  "each model decodes as many sequences as fit at each context (at most 4096), so --versus compares "
+                  "throughput at equal memory, where a smaller memory buys a larger batch")
+      ->check(CLI::PositiveNumber)
+      ->excludes(batch_opt);
   dec->add_option("--preset", preset, "Model preset (random weights at the real shape)")->capture_default_str();
   dec->add_option("--versus", versus, "A second preset to time at the same contexts (e.g. --preset k3-small-attn --versus k3-small)");
   dec->add_option("--context", contexts, "Comma-separated context lengths")->capture_default_str();
@@ -196,32 +205,53 @@ void register_bench(CLI::App& app) {
     std::vector<std::string> names = {preset};
     if (!versus.empty()) names.push_back(versus);
     std::vector<std::vector<double>> tps(names.size()), roofs(names.size());
+    std::vector<std::vector<int64_t>> batches(names.size());
+    const bool budget = memory_mb > 0;
+    const double budget_bytes = memory_mb * 1048576.0;
+    if (budget) std::printf("memory budget: %s for the sequences' memories; batch = the sequences that fit\n",
+                            human_bytes(budget_bytes).c_str());
     for (size_t k = 0; k < names.size(); ++k) {
       auto model = build_model(preset_config(names[k]), names[k]);
       model->init_random(1);
       if (gpu) move_to(*model, Device::CUDA);  // weights and the contexts' memories on the device
       const int64_t V = model->vocab_size();
-      // Bytes a decode step must read: every weight except position-table rows not used.
-      double weight_bytes = 0;
+      // Bytes a decode step of n sequences must read: every weight but the embedding tables (n rows
+      // of them) and the routed experts no sequence picked (expected under uniform routing).
+      double all_weight_bytes = 0, all_params = 0;
       model->visit([&](const std::string& name, Node& p, ParamKind) {
-        if (name != "wpe.weight") weight_bytes += double(p.value.nbytes());
+        if (name != "wpe.weight") all_weight_bytes += double(p.value.nbytes()), all_params += double(p.value.numel());
       });
+      const double active = double(model->active_params()), idle1 = model->idle_expert_params(1);
+      auto step_weight_bytes = [&](int64_t n) {
+        return all_weight_bytes * std::min(1.0, (active + idle1 - model->idle_expert_params(n)) / all_params);
+      };
+      const double weight_bytes = step_weight_bytes(1);
       double per_token = 0, fixed = 0;
       for (const auto& lm : model->memory_layers()) {
         per_token += lm.spec.per_token_bytes;
         fixed += lm.spec.fixed_bytes;
       }
-      std::printf("\n%s: %s params, %s of fp32 weights per token; memory %s/context token + %s fixed\n", names[k].c_str(),
+      std::printf("\n%s: %s params, %s of weights read for one token; memory %s/context token + %s fixed\n", names[k].c_str(),
                   with_commas(model->total_params()).c_str(), human_bytes(weight_bytes).c_str(),
                   human_bytes(per_token).c_str(), human_bytes(fixed).c_str());
-      std::printf("%8s %12s %14s %12s %10s\n", "context", "tok/s", "roofline tok/s", "of roofline", "ms/step");
+      std::printf("%8s %7s %12s %14s %12s %10s\n", "context", "batch", "tok/s", "roofline tok/s", "of roofline", "ms/step");
       for (int64_t c : ctxs) {
         // Three warm-up steps (the allocator's cache, GEMM plans and clocks settle), then the timed
         // ones, then the profiled ones.
         constexpr int64_t kWarmup = 3;
         const int64_t all_steps = kWarmup - 1 + (profile_steps || profile_host ? 2 * steps : steps);
-        if (c + all_steps > model->max_positions()) {
-          std::printf("%8lld %12s   (beyond the model's %lld positions)\n", (long long)c, "-", (long long)model->max_positions());
+        // A sequence's memories once the run has decoded all its steps.
+        const double seq_bytes = fixed + per_token * double(c + all_steps);
+        const int64_t nb =
+            budget ? std::min<int64_t>(kMaxDecodeBatch, int64_t(std::floor(budget_bytes / seq_bytes))) : batch;
+        batches[k].push_back(nb);
+        if (c + all_steps > model->max_positions() || nb < 1) {
+          if (c + all_steps > model->max_positions())
+            std::printf("%8lld %7s %12s   (beyond the model's %lld positions)\n", (long long)c, "-", "-",
+                        (long long)model->max_positions());
+          else
+            std::printf("%8lld %7s %12s   (one sequence needs %s, over the budget)\n", (long long)c, "0", "-",
+                        human_bytes(seq_bytes).c_str());
           tps[k].push_back(0);
           roofs[k].push_back(0);
           continue;
@@ -230,36 +260,36 @@ void register_bench(CLI::App& app) {
         // real prefill leaves behind), then `steps` tokens are decoded.
         std::vector<Context> cx;
         std::vector<Context*> cp;
-        for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t b = 0; b < nb; ++b) {
           cx.push_back(model->new_context(c + all_steps));
           for (auto& m : cx.back().layers) m->extend_zeros(c);
           cx.back().position = c;
         }
         for (auto& x : cx) cp.push_back(&x);
-        std::vector<float> logits(static_cast<size_t>(batch * V));
-        std::vector<int64_t> next(static_cast<size_t>(batch), 1);
+        std::vector<float> logits(static_cast<size_t>(nb * V));
+        std::vector<int64_t> next(static_cast<size_t>(nb), 1);
         auto step = [&] {
           {
             profile::Scope pick("greedy pick");
-            parallel_for(batch, 4, [&](int64_t b0, int64_t b1) {  // greedy: the next tokens depend on these logits
+            parallel_for(nb, 4, [&](int64_t b0, int64_t b1) {  // greedy: the next tokens depend on these logits
               for (int64_t b = b0; b < b1; ++b) {
                 const float* row = logits.data() + b * V;
                 next[size_t(b)] = int64_t(std::max_element(row, row + V) - row);
               }
             });
           }
-          model->logits(TokenBatch{next.data(), batch, 1, cp.data()}, logits.data(), Logits::Last);
+          model->logits(TokenBatch{next.data(), nb, 1, cp.data()}, logits.data(), Logits::Last);
         };
         for (int64_t s = 0; s < kWarmup; ++s) step();
         auto t = clock_type::now();
         for (int64_t s = 1; s < steps; ++s) step();
         const double sec = seconds_since(t) / double(steps - 1);  // logits come back each step: synchronised
         // State read + written, KV read, per sequence; tokens per second over the batch.
-        const double roof = double(batch) * bw / (weight_bytes + double(batch) * (fixed * 2 + per_token * double(c)));
-        const double tok_s = double(batch) / sec;
+        const double roof = double(nb) * bw / (step_weight_bytes(nb) + double(nb) * (fixed * 2 + per_token * double(c)));
+        const double tok_s = double(nb) / sec;
         tps[k].push_back(tok_s);
         roofs[k].push_back(roof);
-        std::printf("%8lld %12.1f %14.1f %11.0f%% %10.2f\n", (long long)c, tok_s, roof, 100.0 * tok_s / roof, sec * 1e3);
+        std::printf("%8lld %7lld %12.1f %14.1f %11.0f%% %10.2f\n", (long long)c, (long long)nb, tok_s, roof, 100.0 * tok_s / roof, sec * 1e3);
         if (profile_steps || profile_host) {
           const bool drain = gpu && !profile_host;
           profile::reset();
@@ -286,15 +316,19 @@ void register_bench(CLI::App& app) {
       }
     }
     if (names.size() == 2) {
-      // The roofline ratio bounds the speed-up at this batch: both models read their weights and
-      // memories at the same rate, so no kernel work moves the measured ratio past it.
-      std::printf("\n%8s %14s %18s\n", "context", ("speed-up " + names[1] + " / " + names[0]).c_str(),
-                  "roofline ratio");
+      // The roofline ratio bounds the speed-up: both models read their weights and memories at the
+      // same rate, so no kernel work moves the measured ratio past it. Under a memory budget each
+      // model runs the batch that fits, and the ratio counts that too.
+      std::printf("\n%8s %16s %14s %18s\n", "context", budget ? "batches" : "batch",
+                  ("speed-up " + names[1] + " / " + names[0]).c_str(), "roofline ratio");
       for (size_t i = 0; i < ctxs.size(); ++i)
-        if (tps[0][i] > 0 && tps[1][i] > 0)
-          std::printf("%8lld %13.2fx %17.2fx\n", (long long)ctxs[i], tps[1][i] / tps[0][i], roofs[1][i] / roofs[0][i]);
+        if (tps[0][i] > 0 && tps[1][i] > 0) {
+          const std::string b = std::to_string(batches[0][i]) + (budget ? " / " + std::to_string(batches[1][i]) : "");
+          std::printf("%8lld %16s %13.2fx %17.2fx\n", (long long)ctxs[i], b.c_str(), tps[1][i] / tps[0][i],
+                      roofs[1][i] / roofs[0][i]);
+        }
     }
-    std::printf("\nroofline = %s / (weight bytes + state bytes read and written + KV bytes at the context)\n",
+    std::printf("\nroofline = %s / (weight bytes the step reads, routed experts as uniform routing picks them, + state bytes read and written + KV bytes at the context)\n",
                 gpu ? "device copy rate" : "read bandwidth");
   });
 }

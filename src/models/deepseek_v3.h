@@ -76,6 +76,7 @@ class DeepseekV3Model final : public Model {
   Var head_weight() const override { return lm_head_; }
   void init_random(uint64_t seed) override;
   int64_t active_params() const override;
+  double idle_expert_params(int64_t tokens) const override { return blocks_.idle_expert_params(tokens); }
   void after_step() const override;
   Var aux_loss(int64_t seq_len, float alpha) const override { return blocks_.balance_loss(seq_len, alpha); }
 

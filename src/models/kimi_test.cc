@@ -2,6 +2,7 @@
 // builds (storage-less), and with the published figures of spec §11.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "models/registry.h"
@@ -33,6 +34,19 @@ TEST(KimiReport, AnalyticCountEqualsTheBuiltModules) {
     EXPECT_EQ(m->total_params(), r.total_params) << p;
     EXPECT_EQ(m->active_params(), r.active_params) << p;
   }
+}
+
+// The routed experts a decode step leaves unread, expected under uniform routing (what `bench
+// decode`'s roofline takes off the weights): E − k experts' worth per MoE layer for one token,
+// all E for none, E·(1 − k/E)^n for n. kimi-k3's published shape: 896 experts, top 16, 92 MoE
+// layers (the first of 93 is dense), experts of 3 · 3584 · 3072 parameters in the latent (spec §11).
+TEST(KimiReport, IdleExpertsOfADecodeStep) {
+  auto m = build_model(preset_config("kimi-k3"), "kimi-k3");
+  const double expert = 3.0 * 3584 * 3072, layers = 92, E = 896, k = 16;
+  EXPECT_NEAR(m->idle_expert_params(0), layers * E * expert, 1e-9 * layers * E * expert);
+  EXPECT_NEAR(m->idle_expert_params(1), layers * (E - k) * expert, 1e-9 * layers * E * expert);
+  EXPECT_NEAR(m->idle_expert_params(64), layers * E * std::pow(1 - k / E, 64) * expert, 1e-9 * layers * E * expert);
+  EXPECT_EQ(build_model(preset_config("gpt2-tiny"), "gpt2-tiny")->idle_expert_params(8), 0.0);
 }
 
 TEST(KimiReport, FixtureModelCountsMatchTheirCheckpoints) {

@@ -45,6 +45,12 @@ class Model {
   virtual void init_random(uint64_t seed) = 0;
   // Parameters touched per token. Default: all but embedding lookups.
   virtual int64_t active_params() const;
+  // Routed-expert parameters a step of `tokens` tokens leaves unread, expected under uniform
+  // routing: E · (1 − k/E)^tokens experts' worth per MoE layer (E − k of them for one token).
+  virtual double idle_expert_params(int64_t tokens) const {
+    (void)tokens;
+    return 0;
+  }
   // Called after each optimizer step (MoE routers update their balancing bias here).
   virtual void after_step() const {}
   // The name a parameter has in a saved HF checkpoint (GPT-2 adds "transformer.").
