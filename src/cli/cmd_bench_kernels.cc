@@ -303,6 +303,20 @@ void run_kernels(const KernelArgs& args) {
                  fmt("%.0f%% of copy", 100.0 * bytes / (oms * 1e-3) / copy_bw), "-"},
                 oms);
         da.ht = S.as<float>();
+        // The step from the layer's raw activations (what a KDA layer's decode hands the kernel):
+        // q and k normalised, β from its logits and the decays from K3's lower-bound gate inside.
+        device::Buffer A_log = random_values(rng, H, -1, 1, device::Storage::F32);
+        device::Buffer dt_bias = random_values(rng, H * K, -1, 1, device::Storage::F32);
+        linear::cuda::DeviceArgs fa = da;
+        fa.prologue.l2norm = fa.prologue.beta_logit = true;
+        fa.prologue.gate = linear::cuda::GateInput::LowerBound;
+        fa.prologue.A_log = A_log.as<float>(), fa.prologue.dt_bias = dt_bias.as<float>();
+        const double fms = median_ms(args.reps, [&] { linear::cuda::forward(fa); });
+        rep.add(key + "_fused_ms",
+                {"kda step N" + std::to_string(N) + " from raw activations (norms, gates fused)",
+                 fmt2("%.3f ms %.0f GB/s", fms, bytes / (fms * 1e-3) / 1e9),
+                 fmt("%.0f%% of copy", 100.0 * bytes / (fms * 1e-3) / copy_bw), "-"},
+                fms);
       }
       // The same step as a decode loop: 32 steps captured in one CUDA graph, per-step time.
       constexpr int kSteps = 32;

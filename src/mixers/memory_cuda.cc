@@ -270,7 +270,8 @@ std::vector<Tensor> convs_with_tails(const std::vector<Tensor>& xs, const std::v
 }
 
 Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
-                         const linear::DeltaOptions& opts, const DeltaBatch& s, Memory* const* memories) {
+                         const linear::DeltaOptions& opts, const DeltaBatch& s, Memory* const* memories,
+                         const DecodeActivations* act) {
   if (opts.normalize == linear::Normalize::On)
     throw error("delta_rule", "the normalised linear attention has no CUDA decode yet");
   linear::cuda::check_supported(s.K, s.V);
@@ -294,6 +295,22 @@ Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, cons
   if (opts.write == linear::Write::Delta) a.beta = beta.cuda_f32();
   if (opts.decay != linear::Decay::None) a.g = g.cuda_f32();
   a.o = o.cuda_f32();
+  if (act) {
+    K3_CHECK(s.T == 1, "delta_rule: the fused activations are for the decode step (T = 1), got T = ", s.T);
+    linear::cuda::DecodePrologue& pr = a.prologue;
+    pr.l2norm = act->l2norm;
+    pr.beta_logit = act->beta_logit && opts.write == linear::Write::Delta;
+    if (act->gate_raw && opts.decay != linear::Decay::None) {
+      const int64_t per_head = opts.decay == linear::Decay::PerChannel ? s.K : 1;
+      K3_CHECK(act->A_log.numel() >= s.HV && act->dt_bias.numel() == s.HV * per_head, "delta_rule: gate parameters A_log ",
+               act->A_log.describe(), " and dt_bias ", act->dt_bias.describe(), " for ", s.HV, " heads of ", per_head,
+               " channels");
+      pr.gate = act->form == GateForm::Softplus ? linear::cuda::GateInput::Softplus : linear::cuda::GateInput::LowerBound;
+      pr.A_log = act->A_log.cuda_f32();
+      pr.dt_bias = act->dt_bias.cuda_f32();
+      pr.lower_bound = act->lower_bound;
+    }
+  }
   if (s.T == 1) {
     // The decode step: one kernel reads and writes every sequence's state where it lives.
     a.states = d_states.as<float* const>();

@@ -95,8 +95,22 @@ std::vector<Tensor> convs_with_tails(const std::vector<Tensor>& xs, const std::v
 struct DeltaBatch {
   int64_t B, T, H, HV, K, V;
 };
+// A delta layer's activations done inside the decode step (T = 1), so that the step is one launch:
+// q and k normalised over K (l2norm, eps 1e-6), β = σ(beta) (beta holds its logits), and, with
+// `gate_raw`, g computed from the gate's pre-activations by the KDA gate form (`lower_bound`
+// for LowerBound) with A_log [≥ HV] and dt_bias [HV·K] (per channel) or [HV] (scalar decay).
+enum class GateForm : uint8_t { Softplus, LowerBound };
+struct DecodeActivations {
+  bool l2norm = false;
+  bool beta_logit = false;
+  bool gate_raw = false;
+  GateForm form = GateForm::Softplus;
+  float lower_bound = -5.0f;
+  Tensor A_log, dt_bias;
+};
 Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
-                         const linear::DeltaOptions& opts, const DeltaBatch& s, Memory* const* memories);
+                         const linear::DeltaOptions& opts, const DeltaBatch& s, Memory* const* memories,
+                         const DecodeActivations* act = nullptr);
 
 }  // namespace gpu
 }  // namespace k3

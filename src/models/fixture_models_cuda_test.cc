@@ -81,21 +81,10 @@ TEST_P(FixtureModelCuda, DecodeOverDeviceMemoriesEqualsPrefill) {
 TEST_P(FixtureModelCuda, BatchedDecodeOfUnequalSequencesMatchesTheCpu) {
   auto model = load_model(fixture_model(GetParam()));
   const int64_t V = model->vocab_size();
-  const std::vector<int64_t> a = {5, 9, 2, 31, 7, 7, 40}, b = {3, 8, 1, 12};
   std::vector<std::vector<float>> got[2];
-  for (int pass = 0; pass < 2; ++pass) {
-    if (pass == 1) move_to(*model, Device::CUDA);
-    Context ca = model->new_context(16), cb = model->new_context(16);
-    std::vector<float> out(static_cast<size_t>(2 * V));
-    model->forward(a.data(), int64_t(a.size()), &ca, out.data(), Logits::Last);
-    model->forward(b.data(), int64_t(b.size()), &cb, out.data(), Logits::Last);
-    Context* both[2] = {&ca, &cb};
-    for (int64_t step = 0; step < 3; ++step) {
-      const int64_t ids[2] = {11 + step, 17 + step};
-      model->logits(TokenBatch{ids, 2, 1, both}, out.data(), Logits::Last);
-      got[pass].push_back(out);
-    }
-  }
+  got[0] = testing::unequal_batched_decode(*model, 3);
+  move_to(*model, Device::CUDA);
+  got[1] = testing::unequal_batched_decode(*model, 3);
   for (size_t i = 0; i < got[0].size(); ++i)
     EXPECT_LT(rel_l2(got[1][i].data(), got[0][i].data(), 2 * V), 1e-4) << "step " << i;
 }

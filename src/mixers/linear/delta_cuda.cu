@@ -50,6 +50,10 @@ struct Dev {
   int o_f32, do_f32;                 // o / d_o kept fp32 (the normaliser's intermediates)
   float* ht;                         // [N, HV, K, V] or null
   float* const* states;              // decode: [N] per-sequence [HV, K, V], in place (h0, ht unused)
+  // decode: q, k normalised over K; β = σ(beta); g from the gate's pre-activations (DecodePrologue)
+  int l2norm, beta_logit, gate;  // gate: 0 log-decays, 1 softplus form, 2 lower-bound form
+  float l2_eps, lower_bound;
+  const float *A_log, *dt_bias;
   // backward
   const void* d_o;                   // io dtype or null
   const float* dht;
@@ -443,11 +447,64 @@ __device__ __forceinline__ float4 column_sums(float4 x, float4 (*red)[8], int wa
   return t;
 }
 
-template <class T>
+// σ(x) and the KDA gate forms of ops/gates.h on one pre-activation x (dt_bias at index `c`).
+__device__ __forceinline__ float sigmoid_of(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + __expf(-x));
+  const float e = __expf(x);
+  return e / (1.0f + e);
+}
+__device__ __forceinline__ float gate_of(const Dev& p, float x, int hv, int64_t c) {
+  const float a = __expf(p.A_log[hv]), u = x + p.dt_bias[c];
+  if (p.gate == 1) return -a * (fmaxf(u, 0.0f) + log1pf(__expf(-fabsf(u))));  // −a · softplus(u)
+  return p.lower_bound * sigmoid_of(a * u);
+}
+
+// Stages q (scaled), k and the decay multipliers a = exp(g) of token r, head h / value head hv in
+// shared memory. Fused: from the layer's raw activations (Dev::l2norm, gate), q and k normalised.
+template <class T, bool Fused>
+__device__ __forceinline__ void stage_decode(const Dev& p, int64_t r, int h, int hv, float* sq, float* sk, float* sa,
+                                             int warp, int lane) {
+  const int K = p.K;
+  float nq = 0.0f, nk = 0.0f;  // ‖q‖², ‖k‖²
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    const float qi = to_f32(static_cast<const T*>(p.q)[(r * p.H + h) * K + i]);
+    const float ki = to_f32(static_cast<const T*>(p.k)[(r * p.H + h) * K + i]);
+    sq[i] = qi * p.scale;
+    sk[i] = ki;
+    float a = 1.0f;
+    if (p.decay) {
+      const int64_t gi = p.decay == 1 ? r * p.HV + hv : (r * p.HV + hv) * K + i;
+      a = __expf(Fused && p.gate ? gate_of(p, p.g[gi], hv, p.decay == 1 ? hv : hv * K + i) : p.g[gi]);
+    }
+    sa[i] = a;
+    if (Fused) nq += qi * qi, nk += ki * ki;
+  }
+  if (Fused && threadIdx.x == 0) {  // β's logit through σ, into sa[kKMax] (the plain kernel reads β itself)
+    const float b = p.delta_write ? p.beta[r * p.HV + hv] : 1.0f;
+    sa[kKMax] = p.delta_write && p.beta_logit ? sigmoid_of(b) : b;
+  }
+  if (Fused && p.l2norm) {  // q/‖q‖, k/‖k‖ in place: each thread rescales the elements it staged
+    __shared__ float2 norms[kDecodeWarps];
+    nq = warp_sum(nq), nk = warp_sum(nk);
+    if (lane == 0) norms[warp] = make_float2(nq, nk);
+    __syncthreads();
+    nq = nk = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) nq += norms[w].x, nk += norms[w].y;
+    const float rq = rsqrtf(nq + p.l2_eps), rk = rsqrtf(nk + p.l2_eps);
+    for (int i = threadIdx.x; i < K; i += blockDim.x) sq[i] *= rq, sk[i] *= rk;
+  }
+  __syncthreads();
+}
+
+// Fused (the layer's activations in the kernel): staged before the state is loaded, whose 32
+// registers would otherwise be live through the gate's arithmetic and spill; plain: the state's
+// loads are issued first, so that they are in flight while q, k and the decays are staged.
+template <class T, bool Fused>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_kernel(Dev p) {
   constexpr int G = kDecodeWarps * 4;  // row groups
   const int K = p.K, V = p.V;
-  __shared__ float sq[kKMax], sk[kKMax], sa[kKMax];
+  __shared__ float sq[kKMax], sk[kKMax], sa[kKMax + 1];
   __shared__ float4 red_u[kDecodeWarps][8], red_o[kDecodeWarps][8];
   // A head's column tiles are consecutive blocks, so the blocks running at one time read whole
   // stretches of the state (each tile alone touches a quarter of every 512-byte row).
@@ -466,18 +523,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_
     soff = int64_t(hv) * K * V + int64_t(rg) * V;
   }
   const bool vec = (V & 3) == 0 && ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
+  if (Fused) stage_decode<T, true>(p, r, h, hv, sq, sk, sa, warp, lane);
   float4 S[kDecodeRows];
 #pragma unroll
   for (int rr = 0; rr < kDecodeRows; ++rr) {
     const int i = rg + G * rr;
     S[rr] = src && i < K ? load_cols(src + soff + G * V * rr, j, V, vec) : make_float4(0, 0, 0, 0);
   }
-  for (int i = threadIdx.x; i < K; i += blockDim.x) {
-    sq[i] = to_f32(static_cast<const T*>(p.q)[(r * p.H + h) * K + i]) * p.scale;
-    sk[i] = to_f32(static_cast<const T*>(p.k)[(r * p.H + h) * K + i]);
-    sa[i] = p.decay == 1 ? __expf(p.g[r * p.HV + hv]) : p.decay == 2 ? __expf(p.g[(r * p.HV + hv) * K + i]) : 1.0f;
-  }
-  __syncthreads();
+  if (!Fused) stage_decode<T, false>(p, r, h, hv, sq, sk, sa, warp, lane);
   // Volatile reads keep q, k and a in shared memory: hoisted into registers ahead of their use
   // they would take as many registers as S and halve the blocks in flight.
   const volatile float* vq = sq;
@@ -497,7 +550,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_
   float4 d;  // the write's value: β (v − u) for the delta rule, v for the additive one
   {
     const T* vr = static_cast<const T*>(p.v) + (r * p.HV + hv) * V;
-    const float beta = p.delta_write ? p.beta[r * p.HV + hv] : 1.0f;
+    const float beta = Fused ? sa[kKMax] : p.delta_write ? p.beta[r * p.HV + hv] : 1.0f;
     float vj[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) vj[e] = j + e < V ? to_f32(vr[j + e]) : 0.0f;
@@ -542,6 +595,9 @@ Dev to_dev(const cuda::DeviceArgs& a) {
   d.o_f32 = a.io != DType::BF16 || a.o_dtype != DType::BF16;
   d.q = a.q, d.k = a.k, d.v = a.v, d.beta = a.beta, d.g = a.g, d.h0 = a.h0, d.o = a.o, d.ht = a.ht;
   d.states = a.states;
+  const cuda::DecodePrologue& pr = a.prologue;
+  d.l2norm = pr.l2norm, d.beta_logit = pr.beta_logit, d.gate = int(pr.gate);
+  d.l2_eps = pr.l2_eps, d.lower_bound = pr.lower_bound, d.A_log = pr.A_log, d.dt_bias = pr.dt_bias;
   return d;
 }
 
@@ -650,6 +706,10 @@ void forward(const DeviceArgs& a) {
   using namespace detail;
   if (a.states && (a.max_len != 1 || a.form != cuda::Form::Auto))
     throw error("delta", "per-sequence states in place are for the decode step (max_len 1), got max_len ", a.max_len);
+  if (a.prologue.active() && (a.max_len != 1 || a.form != cuda::Form::Auto))
+    throw error("delta", "the fused activations are for the decode step (max_len 1), got max_len ", a.max_len);
+  if (a.prologue.gate != cuda::GateInput::LogDecay && (a.decay == Decay::None || !a.prologue.A_log || !a.prologue.dt_bias))
+    throw error("delta", "gate pre-activations need a decay and the gate's A_log and dt_bias");
   if (a.form == cuda::Form::Chunked || (a.form == cuda::Form::Auto && a.max_len > 64))
     return cuda::chunked_forward(a);
   const Dev d = to_dev(a);
@@ -658,10 +718,10 @@ void forward(const DeviceArgs& a) {
     if (!nblocks) return;
     if (nblocks > INT32_MAX) throw error("delta", "the decode step takes at most 2^31 - 1 blocks, got ", nblocks);
     const unsigned blocks = unsigned(nblocks);
-    if (a.io == DType::BF16)
-      decode_kernel<__nv_bfloat16><<<blocks, kDecodeWarps * 32, 0, device::stream()>>>(d);
-    else
-      decode_kernel<float><<<blocks, kDecodeWarps * 32, 0, device::stream()>>>(d);
+    const bool fused = a.prologue.active();
+    auto* kernel = a.io == DType::BF16 ? (fused ? decode_kernel<__nv_bfloat16, true> : decode_kernel<__nv_bfloat16, false>)
+                                       : (fused ? decode_kernel<float, true> : decode_kernel<float, false>);
+    kernel<<<blocks, kDecodeWarps * 32, 0, device::stream()>>>(d);
     K3_CUDA_LAUNCHED();
     return;
   }

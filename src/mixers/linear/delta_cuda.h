@@ -37,6 +37,23 @@ struct ForwardScratch {
   int64_t reused = 0;                 // backwards that skipped their recompute through it
 };
 
+// What the decode kernel computes from a layer's raw activations: q/‖q‖ and k/‖k‖ over K (eps
+// inside the root, as ag::l2norm), β = σ(beta), and g from the gate's pre-activations (beta and g
+// then hold those) by the KDA gate forms (ops/gates.h): Softplus g = −exp(A_log[hv]) ·
+// softplus(x + dt_bias), LowerBound g = lb · σ(exp(A_log[hv]) · (x + dt_bias)); dt_bias [HV, K]
+// per channel, [HV] for a scalar decay.
+enum class GateInput : uint8_t { LogDecay, Softplus, LowerBound };
+struct DecodePrologue {
+  bool l2norm = false;
+  float l2_eps = 1e-6f;
+  bool beta_logit = false;
+  GateInput gate = GateInput::LogDecay;
+  const float* A_log = nullptr;    // [≥ HV]
+  const float* dt_bias = nullptr;  // [HV, K] or [HV]
+  float lower_bound = -5.0f;
+  bool active() const { return l2norm || beta_logit || gate != GateInput::LogDecay; }
+};
+
 struct DeviceArgs {
   Form form = Form::Auto;
   int64_t N = 0, H = 0, HV = 0, K = 0, V = 0;
@@ -60,6 +77,9 @@ struct DeviceArgs {
   // Decode step only (max_len 1): N device pointers, each to one sequence's [HV, K, V] state,
   // read and written in place (h0 and ht unused); with row0 null, sequence n's token is row n.
   float* const* states = nullptr;
+  // Decode step only: the layer's activations in the kernel, so that a delta layer's step is one
+  // launch after its projections and convolutions. Off by default (q, k, β and g as given).
+  DecodePrologue prologue;
 };
 
 struct DeviceGrads {

@@ -24,6 +24,7 @@
 #include "ops/ag.h"
 #include "ops/ag_cuda_testing.h"
 #include "ops/ag_norms.h"
+#include "ops/gates.h"
 
 namespace k3::linear {
 namespace {
@@ -392,6 +393,88 @@ TEST(DeltaCudaDecode, EveryModeMatchesCpu) {
       }
     }
   }
+}
+
+// The decode step with the layer's activations fused (DecodePrologue: what a delta layer's decode
+// hands the kernel) against the CPU recurrence on inputs activated on the host by the reference
+// definitions: q/‖q‖ and k/‖k‖ in double precision (eps 1e-6 inside the root), β = σ(logit), and
+// g by ops/gates.h's softplus and lower-bound gate forms (the fixture-tested CPU gates). DeltaNet,
+// Gated DeltaNet (scalar softplus gate, dt_bias per head) and KDA in both gate forms; grouped
+// value heads; K = V = 128 and K 64 / V 37; each sequence's state in its own buffer, in place.
+TEST(DeltaCudaDecode, FusedActivationsMatchCpu) {
+  struct Case {
+    Variant var;
+    cuda::GateInput gate;
+  };
+  const Case cases[] = {{kVariants[2], cuda::GateInput::LogDecay},
+                        {kVariants[3], cuda::GateInput::Softplus},
+                        {kVariants[4], cuda::GateInput::Softplus},
+                        {kVariants[4], cuda::GateInput::LowerBound}};
+  for (const Case& c : cases) {
+    for (const auto& [K, V] : {std::pair<int64_t, int64_t>{128, 128}, {64, 37}}) {
+      const int64_t N = 5, H = 2, HV = 4, SS = HV * K * V;
+      Rng rng(77);
+      DeltaInputs in = random_inputs(c.var, 1, N, H, HV, K, V, N, 41);
+      in.cu_seqlens = {0, 1, 2, 3, 4, 5};
+      // Raw activations: q and k of any norm, β's logits, the gate's pre-activations.
+      const Tensor q_raw = testing::randn(rng, {1, N, H, K}, 2.0f), k_raw = testing::randn(rng, {1, N, H, K}, 0.5f);
+      const Tensor beta_logit = testing::randn(rng, {1, N, HV}, 2.0f);
+      const int64_t gk = c.var.decay == Decay::PerChannel ? K : 1;
+      const Tensor gate_x = testing::randn(rng, {1, N, HV, gk}, 2.0f);
+      const Tensor A_log = testing::uniform(rng, {HV}, -1.0f, 1.0f), dt_bias = testing::randn(rng, {HV * gk}, 0.5f);
+      auto l2 = [&](const Tensor& x) {
+        Tensor y = Tensor::empty(x.shape());
+        for (int64_t r = 0; r < x.numel() / K; ++r) {
+          double ss = 0;
+          for (int64_t i = 0; i < K; ++i) ss += double(x.f32()[r * K + i]) * x.f32()[r * K + i];
+          for (int64_t i = 0; i < K; ++i) y.f32()[r * K + i] = float(x.f32()[r * K + i] / std::sqrt(ss + 1e-6));
+        }
+        return y;
+      };
+      in.q = l2(q_raw), in.k = l2(k_raw);
+      for (int64_t i = 0; i < in.beta.numel(); ++i) in.beta.f32()[i] = float(1.0 / (1.0 + std::exp(-double(beta_logit.f32()[i]))));
+      if (c.gate == cuda::GateInput::Softplus)
+        gate_softplus_forward(gate_x.f32(), A_log.f32(), dt_bias.f32(), in.g.f32(), GateShape{N, HV, gk});
+      if (c.gate == cuda::GateInput::LowerBound)
+        gate_lowerbound_forward(gate_x.f32(), A_log.f32(), dt_bias.f32(), -5.0f, in.g.f32(), GateShape{N, HV, gk});
+      const DeltaOutputs ref = delta_forward(in, testing::options(c.var), Impl::Recurrent);
+
+      auto put = [](const Tensor& t) { return device::upload_values(t.f32(), t.numel(), device::Storage::F32); };
+      device::Buffer q = put(q_raw), k = put(k_raw), v = put(in.v), beta = put(beta_logit);
+      device::Buffer g = c.gate == cuda::GateInput::LogDecay ? device::Buffer() : put(gate_x);
+      device::Buffer dA = put(A_log), dbias = put(dt_bias), o(size_t(N * HV * V) * 4);
+      std::vector<device::Buffer> own;
+      std::vector<float*> ptrs;
+      for (int64_t n = 0; n < N; ++n) {
+        own.push_back(device::upload_new(in.h0.f32() + n * SS, size_t(SS) * 4));
+        ptrs.push_back(own.back().as<float>());
+      }
+      device::Buffer d_ptrs = device::upload_new(ptrs.data(), ptrs.size() * sizeof(float*));
+      cuda::DeviceArgs a;
+      a.N = N, a.H = H, a.HV = HV, a.K = K, a.V = V, a.write = c.var.write, a.decay = c.var.decay;
+      a.io = DType::F32, a.o_dtype = DType::F32, a.max_len = 1;
+      a.q = q.get(), a.k = k.get(), a.v = v.get(), a.beta = beta.as<float>(), a.g = g.as<float>(), a.o = o.get();
+      a.states = d_ptrs.as<float* const>();
+      a.prologue.l2norm = true;
+      a.prologue.beta_logit = true;
+      a.prologue.gate = c.gate;
+      a.prologue.A_log = dA.as<float>(), a.prologue.dt_bias = dbias.as<float>(), a.prologue.lower_bound = -5.0f;
+      cuda::forward(a);
+      const std::string label = std::string(c.var.name) + (c.gate == cuda::GateInput::LowerBound ? " lower-bound" : "") +
+                                " K " + std::to_string(K) + " V " + std::to_string(V) + " fused activations";
+      Tensor go = Tensor::empty(ref.o.shape());
+      device::download_values(go.f32(), o, go.numel(), device::Storage::F32);
+      expect_close(go, ref.o, 1e-4, label + " o");
+      Tensor ght = Tensor::empty(ref.ht.shape());
+      for (int64_t n = 0; n < N; ++n) device::download(ght.f32() + n * SS, own[size_t(n)].get(), size_t(SS) * 4);
+      expect_close(ght, ref.ht, 1e-4, label + " ht");
+    }
+  }
+  // The activations belong to the decode step: a longer problem refuses them.
+  cuda::DeviceArgs a;
+  a.N = 1, a.H = a.HV = 1, a.K = a.V = 16, a.max_len = 2;
+  a.prologue.l2norm = true;
+  EXPECT_THROW(cuda::forward(a), Error);
 }
 
 // The differentiable op (ag::delta_rule, what models train through) on the device against the

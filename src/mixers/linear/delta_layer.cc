@@ -265,35 +265,67 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
     k = conv(proj(kK, k_proj_), 1, k_conv_, batch);
     v = conv(proj(kV, v_proj_), 2, v_conv_, batch);
   }
-  if (o_.silu && !silu_done) {
-    q = ag::silu(q);
-    k = ag::silu(k);
-    v = ag::silu(v);
-  }
-  if (o_.feature_map == FeatureMap::Elu1) {
-    q = ag::elu1(q);
-    k = ag::elu1(k);
-  }
-  if (o_.qk_l2norm) {
-    q = ag::l2norm(q, K_);
-    k = ag::l2norm(k, K_);
-  }
-  scope.emplace("gates");
-  Var beta, g;
-  if (o_.kind != DeltaKind::LinearAttention) {
-    if (o_.use_beta) {
-      beta = ag::sigmoid(proj(kBeta, b_proj_));
-    } else {
-      beta = constant(Tensor::full({x->value.dim(0), HV_}, 1.0f));
+  Var o;
+#if defined(K3_HAS_CUDA)
+  // The decode step on the device: q/k normalisation, β's sigmoid and the decay gate inside the
+  // state step's kernel, one launch where there were five.
+  if (batch.memories && batch.T == 1 && x->value.device() == Device::CUDA && (silu_done || !o_.silu) &&
+      o_.feature_map != FeatureMap::Elu1 && !o_.normalize &&
+      (o_.kind == DeltaKind::LinearAttention || o_.use_beta)) {
+    scope.emplace("gates");
+    gpu::DecodeActivations act;
+    act.l2norm = o_.qk_l2norm;
+    Var beta, g;
+    if (o_.kind != DeltaKind::LinearAttention) {
+      beta = proj(kBeta, b_proj_);
+      act.beta_logit = true;
     }
+    if (o_.kind == DeltaKind::GatedDeltaNet || o_.kind == DeltaKind::Kda) {
+      g = o_.kind == DeltaKind::Kda ? f_b_proj_(proj(kDecay, f_a_proj_)) : proj(kDecay, a_proj_);
+      act.gate_raw = true;
+      const bool lb = o_.kind == DeltaKind::Kda && o_.gate_form == KdaGateForm::LowerBound;
+      act.form = lb ? gpu::GateForm::LowerBound : gpu::GateForm::Softplus;
+      act.lower_bound = o_.gate_lower_bound;
+      act.A_log = A_log_->value;
+      act.dt_bias = dt_bias_->value;
+    }
+    scope.emplace("state step");
+    o = constant(gpu::delta_with_states(q->value, k->value, v->value, beta ? beta->value : Tensor(),
+                                        g ? g->value : Tensor(), core_options(),
+                                        gpu::DeltaBatch{batch.B, batch.T, H_, HV_, K_, V_}, batch.memories, &act));
   }
-  if (o_.kind == DeltaKind::GatedDeltaNet)
-    g = ag::kda_gate(proj(kDecay, a_proj_), A_log_, dt_bias_, HV_, 1, KdaGateForm::Softplus);
-  else if (o_.kind == DeltaKind::Kda)
-    g = ag::kda_gate(f_b_proj_(proj(kDecay, f_a_proj_)), A_log_, dt_bias_, HV_, K_, o_.gate_form, o_.gate_lower_bound);
+#endif
+  if (!o) {
+    if (o_.silu && !silu_done) {
+      q = ag::silu(q);
+      k = ag::silu(k);
+      v = ag::silu(v);
+    }
+    if (o_.feature_map == FeatureMap::Elu1) {
+      q = ag::elu1(q);
+      k = ag::elu1(k);
+    }
+    if (o_.qk_l2norm) {
+      q = ag::l2norm(q, K_);
+      k = ag::l2norm(k, K_);
+    }
+    scope.emplace("gates");
+    Var beta, g;
+    if (o_.kind != DeltaKind::LinearAttention) {
+      if (o_.use_beta) {
+        beta = ag::sigmoid(proj(kBeta, b_proj_));
+      } else {
+        beta = constant(Tensor::full({x->value.dim(0), HV_}, 1.0f));
+      }
+    }
+    if (o_.kind == DeltaKind::GatedDeltaNet)
+      g = ag::kda_gate(proj(kDecay, a_proj_), A_log_, dt_bias_, HV_, 1, KdaGateForm::Softplus);
+    else if (o_.kind == DeltaKind::Kda)
+      g = ag::kda_gate(f_b_proj_(proj(kDecay, f_a_proj_)), A_log_, dt_bias_, HV_, K_, o_.gate_form, o_.gate_lower_bound);
 
-  scope.reset();
-  Var o = core(q, k, v, beta, g, batch);  // [B*T, HV*V]
+    scope.reset();
+    o = core(q, k, v, beta, g, batch);  // [B*T, HV*V]
+  }
   scope.emplace("output");
 
   Var gate;
