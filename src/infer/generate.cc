@@ -21,14 +21,24 @@ std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, 
   std::vector<float> logits(static_cast<size_t>(V));
   std::vector<int64_t> ids = prompt;
   auto t0 = clock::now();
-  model.forward(prompt.data(), int64_t(prompt.size()), &ctx, logits.data(), Logits::Last);
+  // Greedy decoding takes the model's own pick (on the device only the id comes back).
+  const bool greedy = sampler.greedy();
+  Context* ctxs[1] = {&ctx};
+  int64_t picked = 0;
+  auto step_on = [&](const int64_t* in, int64_t T) {
+    if (greedy)
+      model.greedy(TokenBatch{in, 1, T, ctxs}, &picked);
+    else
+      model.forward(in, T, &ctx, logits.data(), Logits::Last);
+  };
+  step_on(prompt.data(), int64_t(prompt.size()));
   auto t1 = clock::now();
   for (int64_t step = 0; step < opts.max_new_tokens; ++step) {
-    int64_t next = sampler.sample(logits.data(), V, ids);
+    const int64_t next = greedy ? picked : sampler.sample(logits.data(), V, ids);
     ids.push_back(next);
     if (on_token) on_token(next);
     if (opts.stop_at_eos == StopAtEos::Yes && model.eos_token_id && next == *model.eos_token_id) break;
-    if (step + 1 < opts.max_new_tokens) model.forward(&next, 1, &ctx, logits.data(), Logits::Last);
+    if (step + 1 < opts.max_new_tokens) step_on(&next, 1);
   }
   auto t2 = clock::now();
   if (stats) {

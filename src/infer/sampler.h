@@ -23,6 +23,9 @@ class Sampler {
   explicit Sampler(const SamplingOptions& o) : o_(o), rng_(o.seed) { o.validate(); }
   // logits [V] (modified in place); history = tokens so far (for the repetition penalty).
   int64_t sample(float* logits, int64_t V, const std::vector<int64_t>& history);
+  // True when sample() is the plain argmax (temperature 0, no repetition penalty): the caller may
+  // then take Model::greedy's pick instead, which on the device brings back ids, not logits.
+  bool greedy() const { return o_.temperature == 0.0f && o_.repetition_penalty == 1.0f; }
 
  private:
   SamplingOptions o_;

@@ -1,16 +1,22 @@
 #include "models/model.h"
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <set>
 
 #include "core/device.h"
+#include "core/parallel.h"
 #include "core/profile.h"
 #include "core/mxfp4.h"
 #include "ops/ag.h"
 #include "ops/ag_moe.h"
+#if defined(K3_HAS_CUDA)
+#include "ops/ops_cuda.h"
+#endif
 
 namespace k3 {
 
@@ -56,19 +62,27 @@ size_t Model::weight_bytes() const {
   return n;
 }
 
+namespace {
+// The device logits of the hidden rows h [B·T, D] (the last row of each sequence for Last).
+Tensor device_logits(Var h, const TokenBatch& batch, Logits which, const Var& head) {
+  if (which == Logits::Last && batch.T > 1) {
+    std::vector<int64_t> last(static_cast<size_t>(batch.B));
+    for (int64_t b = 0; b < batch.B; ++b) last[size_t(b)] = (b + 1) * batch.T - 1;
+    h = ag::gather_rows(h, last);
+  }
+  Tensor lg = ag::linear(h, head, nullptr, WeightLayout::OutIn)->value;
+  K3_CHECK(lg.dtype() == DType::F32, "logits: the head gave ", lg.describe());
+  return lg;
+}
+}  // namespace
+
 void Model::logits(const TokenBatch& batch, float* out, Logits which) const {
   Var h = hidden(batch);  // [B*T, D]
   const int64_t D = h->value.dim(-1), V = vocab_size();
   profile::Scope scope("lm head");
   if (h->value.device() == Device::CUDA) {
-    if (which == Logits::Last && batch.T > 1) {
-      std::vector<int64_t> last(static_cast<size_t>(batch.B));
-      for (int64_t b = 0; b < batch.B; ++b) last[size_t(b)] = (b + 1) * batch.T - 1;
-      h = ag::gather_rows(h, last);
-    }
     // Straight into the caller's buffer (reused step after step: no fresh pages, no second copy).
-    const Tensor lg = ag::linear(h, head_weight(), nullptr, WeightLayout::OutIn)->value;
-    K3_CHECK(lg.dtype() == DType::F32, "logits: the head gave ", lg.describe());
+    const Tensor lg = device_logits(h, batch, which, head_weight());
     device::download(out, lg.raw(), lg.nbytes());
     return;
   }
@@ -80,6 +94,31 @@ void Model::logits(const TokenBatch& batch, float* out, Logits which) const {
   }
   const int64_t rows = h->value.numel() / D;
   linear_forward(h->value.f32(), rows, D, V, head_weight()->value, WeightLayout::OutIn, nullptr, out);
+}
+
+void Model::greedy(const TokenBatch& batch, int64_t* next) const {
+  const int64_t V = vocab_size();
+#if defined(K3_HAS_CUDA)
+  if (head_weight()->value.device() == Device::CUDA) {
+    Var h = hidden(batch);
+    std::optional<profile::Scope> scope(std::in_place, "lm head");
+    const Tensor lg = device_logits(h, batch, Logits::Last, head_weight());
+    scope.emplace("greedy pick");
+    device::Buffer ids(size_t(batch.B) * sizeof(int64_t));
+    cuda::argmax_rows(lg.cuda_f32(), batch.B, V, ids.as<int64_t>());
+    device::download(next, ids.get(), size_t(batch.B) * sizeof(int64_t));
+    return;
+  }
+#endif
+  std::vector<float> out(static_cast<size_t>(batch.B * V));
+  logits(batch, out.data(), Logits::Last);
+  profile::Scope scope("greedy pick");
+  parallel_for(batch.B, 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* row = out.data() + b * V;
+      next[b] = int64_t(std::max_element(row, row + V) - row);
+    }
+  });
 }
 
 void Model::forward(const int64_t* ids, int64_t T, Context* ctx, float* out, Logits which) const {

@@ -58,6 +58,10 @@ class Model {
 
   // logits [B, T, V] (All) or [B, V] (Last) into `out`.
   void logits(const TokenBatch& batch, float* out, Logits which) const;
+  // Greedy decoding: next[b] = the id of sequence b's largest last-position logit (the first of
+  // equal ones, as std::max_element). On the device the pick runs there and only the B ids come
+  // back, not B·V logits.
+  void greedy(const TokenBatch& batch, int64_t* next) const;
   // One sequence (ids [T]) continuing ctx (or from scratch if null); convenience for decode.
   void forward(const int64_t* ids, int64_t T, Context* ctx, float* out, Logits which) const;
   // Mean next-token cross-entropy of batch against targets [B*T] (target < 0: ignored),

@@ -149,6 +149,9 @@ void scatter_weighted(const float* ys, const int64_t* rows, const int64_t* slots
 // y[m, k] = s[m, idx[m·K + k]] (+ offset[idx], when non-null).
 void gather_cols(const float* s, const int64_t* idx, const float* offset, int64_t M, int64_t E, int64_t K, float* y);
 void softmax_rows(const float* x, float* y, int64_t M, int64_t N);
+// idx[m] = the first column of row m of x [M, N] holding the row's largest value (NaNs never win;
+// a row of NaNs gives 0): greedy decoding on the device, as std::max_element / torch.argmax.
+void argmax_rows(const float* x, int64_t M, int64_t N, int64_t* idx);
 void normalize_sum_rows(const float* x, float* y, int64_t M, int64_t N, float eps);  // y = x / (Σ x + eps)
 // Causal depthwise convolution (ops/ag_conv.h) of B sequences of T rows, zero left padding.
 void short_conv(const float* x, const float* w, int64_t B, int64_t T, int64_t C, int64_t W, float* y);

@@ -289,6 +289,37 @@ TEST(OpsCudaOnly, BiasGradSumsEveryRow) {
   }
 }
 
+// Greedy picks on the device against std::max_element (the first of the largest) over rows with
+// ties, −∞, NaNs (never picked) and one value; vocabularies of 1, 50 and Kimi's 163,840.
+TEST(OpsCudaOnly, ArgmaxRowsPicksTheFirstLargest) {
+  Rng rng(8);
+  for (const auto& [M, N] : {std::pair<int64_t, int64_t>{5, 1}, {70, 50}, {64, 163840}}) {
+    auto x = randv(rng, M * N);
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = x.data() + m * N;
+      if (m % 3 == 1 && N > 4) row[N - 2] = row[3] = 9.0f;  // a tie: the earlier wins
+      if (m % 3 == 2) std::fill(row, row + N, -INFINITY), row[N - 1] = -1.0f;
+      if (m % 5 == 4 && N > 4) row[0] = NAN;  // never the pick
+    }
+    std::vector<int64_t> want(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; ++m) {
+      const float* row = x.data() + m * N;
+      int64_t best = -1;
+      for (int64_t i = 0; i < N; ++i)
+        if (row[i] == row[i] && (best < 0 || row[i] > row[best])) best = i;
+      want[size_t(m)] = best < 0 ? 0 : best;
+      if (m % 5 != 4 || N <= 4) {
+        EXPECT_EQ(want[size_t(m)], std::max_element(row, row + N) - row) << m;
+      }
+    }
+    Buffer gx = up(x), gi(size_t(M) * sizeof(int64_t));
+    cuda::argmax_rows(gx.as<float>(), M, N, gi.as<int64_t>());
+    std::vector<int64_t> got(static_cast<size_t>(M));
+    device::download(got.data(), gi.get(), got.size() * sizeof(int64_t));
+    EXPECT_EQ(got, want) << M << " x " << N;
+  }
+}
+
 TEST(OpsCudaOnly, CrossEntropyMatchesClosedForm) {
   Rng rng(5);
   const int64_t M = 19, V = 5000;

@@ -86,6 +86,41 @@ __global__ void softmax_rows_kernel(const float* x, float* y, int64_t N) {
   for (int64_t j = threadIdx.x; j < N; j += blockDim.x) o[j] = expf(r[j] - mx) / z;
 }
 
+// (value, column) pairs: the larger value wins, then the smaller column; column N is "none yet".
+struct ArgMax {
+  float v;
+  int64_t i;
+};
+__device__ __forceinline__ ArgMax better(ArgMax a, ArgMax b, int64_t N) {
+  if (b.i == N) return a;
+  if (a.i == N) return b;
+  if (a.v != b.v) return a.v > b.v ? a : b;
+  return a.i < b.i ? a : b;
+}
+__global__ void argmax_rows_kernel(const float* x, int64_t N, int64_t* idx) {
+  __shared__ ArgMax scratch[32];
+  const float* r = x + int64_t(blockIdx.x) * N;
+  ArgMax best{-INFINITY, N};
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {  // a thread's columns rise: strict > keeps the first
+    const float v = r[j];
+    if (v == v && (best.i == N || v > best.v)) best = {v, j};
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    const ArgMax other{__shfl_xor_sync(0xffffffffu, best.v, o), __shfl_xor_sync(0xffffffffu, best.i, o)};
+    best = better(best, other, N);
+  }
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = best;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    best = threadIdx.x < (blockDim.x >> 5) ? scratch[threadIdx.x] : ArgMax{-INFINITY, N};
+    for (int o = 16; o > 0; o /= 2) {
+      const ArgMax other{__shfl_xor_sync(0xffffffffu, best.v, o), __shfl_xor_sync(0xffffffffu, best.i, o)};
+      best = better(best, other, N);
+    }
+    if (threadIdx.x == 0) idx[blockIdx.x] = best.i == N ? 0 : best.i;
+  }
+}
+
 __global__ void normalize_sum_kernel(const float* x, float* y, int64_t N, float eps) {
   __shared__ float scratch[32];
   const float* r = x + int64_t(blockIdx.x) * N;
@@ -177,6 +212,13 @@ void gather_cols(const float* s, const int64_t* idx, const float* offset, int64_
 void softmax_rows(const float* x, float* y, int64_t M, int64_t N) {
   if (!M || !N) return;
   softmax_rows_kernel<<<unsigned(M), threads_for(N), 0, device::stream()>>>(x, y, N);
+  K3_CUDA_LAUNCHED();
+}
+
+void argmax_rows(const float* x, int64_t M, int64_t N, int64_t* idx) {
+  if (!M) return;
+  if (M > INT32_MAX) throw error("argmax", M, " rows exceed the grid");
+  argmax_rows_kernel<<<unsigned(M), 512, 0, device::stream()>>>(x, N, idx);
   K3_CUDA_LAUNCHED();
 }
 

@@ -247,10 +247,14 @@ void Scheduler::sample(Job& j, float* logits) {
   std::vector<float> raw;
   if (j.params_.logprobs >= 0) raw.assign(logits, logits + V_);  // the sampler edits logits in place
   const int64_t next = j.sampler_->sample(logits, V_, j.history_);
+  accept(j, next, raw.empty() ? TokenLogprob{} : token_logprob(raw.data(), V_, next, j.params_.logprobs));
+}
+
+void Scheduler::accept(Job& j, int64_t next, const TokenLogprob& lp) {
   j.history_.push_back(next);
   j.generated_++;
   j.next_ = next;
-  j.emit(next, raw.empty() ? TokenLogprob{} : token_logprob(raw.data(), V_, next, j.params_.logprobs));
+  j.emit(next, lp);
   if (j.params_.stop_at_eos && model_.eos_token_id && next == *model_.eos_token_id) retire(j, Finish::Eos);
   else if (j.generated_ >= j.params_.max_tokens) retire(j, Finish::Length);
 }
@@ -286,15 +290,29 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
     ids[size_t(b)] = active[size_t(b)]->next_;
     ctxs[size_t(b)] = &active[size_t(b)]->ctx_;
   }
-  std::vector<float> logits(static_cast<size_t>(B * V_));
-  model_.logits(TokenBatch{ids.data(), B, 1, ctxs.data()}, logits.data(), Logits::Last);
+  // A batch of greedy requests without logprobs takes the model's picks: on the device the step
+  // brings back B ids instead of B·V logits.
+  const bool greedy = std::all_of(active.begin(), active.end(), [](const std::shared_ptr<Job>& j) {
+    return j->sampler_->greedy() && j->params_.logprobs < 0;
+  });
+  std::vector<float> logits(static_cast<size_t>(greedy ? 0 : B * V_));
+  std::vector<int64_t> picks(static_cast<size_t>(B));
+  if (greedy)
+    model_.greedy(TokenBatch{ids.data(), B, 1, ctxs.data()}, picks.data());
+  else
+    model_.logits(TokenBatch{ids.data(), B, 1, ctxs.data()}, logits.data(), Logits::Last);
   {
     std::lock_guard<std::mutex> lock(mu_);
     m_.decode_steps++;
     m_.decode_rows += B;
   }
   count_tokens(B);
-  for (int64_t b = 0; b < B; ++b) sample(*active[size_t(b)], logits.data() + b * V_);
+  for (int64_t b = 0; b < B; ++b) {
+    if (greedy)
+      accept(*active[size_t(b)], picks[size_t(b)], TokenLogprob{});
+    else
+      sample(*active[size_t(b)], logits.data() + b * V_);
+  }
 }
 
 void Scheduler::loop() {

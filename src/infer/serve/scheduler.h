@@ -158,6 +158,7 @@ class Scheduler {
   void decode(std::vector<std::shared_ptr<Job>>& active);
   bool check_stop(Job& j);  // cancelled / timed out -> finished
   void sample(Job& j, float* logits);  // draws, emits and records the next token
+  void accept(Job& j, int64_t next, const TokenLogprob& lp);  // emits and records a drawn token
   void retire(Job& j, Finish f, const std::string& err = {});
   void count_tokens(int64_t n);
 
