@@ -6,6 +6,7 @@
 #include "core/profile.h"
 #include "ops/ag_conv.h"
 #if defined(K3_HAS_CUDA)
+#include "mixers/linear/delta_cuda.h"
 #include "mixers/mixers_cuda.h"
 #endif
 
@@ -251,7 +252,10 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   bool silu_done = false;
 #if defined(K3_HAS_CUDA)
   if (batch.memories && q_conv_ && x->value.device() == Device::CUDA) {
-    // Decode on the device: the three streams' convolutions (and their SiLU) in one launch.
+    // Decode on the device: the three streams' convolutions (and their SiLU) in one launch. The
+    // state step's kernels must take the heads before the tails move on, or a refused shape would
+    // leave the tails a token ahead of the state.
+    linear::cuda::check_supported(K_, V_);
     const std::vector<Tensor> xs = {proj(kQ, q_proj_)->value, proj(kK, k_proj_)->value, proj(kV, v_proj_)->value};
     profile::Scope conv_scope("short conv");
     const std::vector<Tensor> ys = gpu::convs_with_tails(xs, {q_conv_->value, k_conv_->value, v_conv_->value}, batch.B,
