@@ -138,7 +138,6 @@ void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void
 namespace {
 struct Grouped {
   cublasHandle_t handle = nullptr;
-  bool unsupported[2] = {false, false};  // per Storage: the library refused the type combination
   std::mutex mu;
 };
 Grouped& grouped() {
@@ -151,52 +150,108 @@ Grouped& grouped() {
 }
 }  // namespace
 
+namespace {
+// Grouped C_i [M_i, N_i] = A_i [M_i, K] · B_i [N_i, K]ᵀ for the decode step's small M (a few
+// hundred rows at most): a block per 64 × 64 tile of one problem, K in steps of 32 through shared
+// memory with the next step's operands prefetched into registers, each thread 4 × 4 outputs in
+// fp32 (operands widened from bf16 when stored so). cuBLAS's grouped GEMM ran these shapes as a
+// SIMT kernel of 128 × 128 tiles with unaligned loads, 67 µs per call where this reads each
+// weight once.
+constexpr int kGT = 64, kGK = 32, kGThreads = 256;
+constexpr int64_t kGroupedMaxM = 256;  // larger M: one library GEMM per problem
+struct GroupedTile {
+  const void* A;
+  const void* B;
+  float* C;
+  int M, N, n_tiles, tile0;
+};
+template <typename T>
+__global__ void __launch_bounds__(kGThreads) grouped_nt_kernel(const GroupedTile* ps, int G, int K) {
+  int lo = 0, hi = G - 1;  // the last problem whose first tile is at or before this block
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (ps[mid].tile0 <= int(blockIdx.x)) lo = mid;
+    else hi = mid - 1;
+  }
+  const GroupedTile P = ps[lo];
+  const int t = int(blockIdx.x) - P.tile0, m0 = t / P.n_tiles * kGT, n0 = t % P.n_tiles * kGT;
+  const T* A = static_cast<const T*>(P.A);
+  const T* B = static_cast<const T*>(P.B);
+  __shared__ float As[kGK][kGT + 1], Bs[kGK][kGT + 1];  // [k][row of A or B]
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+  constexpr int kPer = kGT * kGK / kGThreads;  // operand elements each thread stages per step
+  float ra[kPer], rb[kPer];
+  auto fetch = [&](int k0) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = int(threadIdx.x) + kGThreads * i, r = e / kGK, k = k0 + e % kGK;
+      ra[i] = m0 + r < P.M && k < K ? device::to_f32(A[int64_t(m0 + r) * K + k]) : 0.0f;
+      rb[i] = n0 + r < P.N && k < K ? device::to_f32(B[int64_t(n0 + r) * K + k]) : 0.0f;
+    }
+  };
+  float acc[4][4] = {};
+  fetch(0);
+  for (int k0 = 0; k0 < K; k0 += kGK) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = int(threadIdx.x) + kGThreads * i;
+      As[e % kGK][e / kGK] = ra[i];
+      Bs[e % kGK][e / kGK] = rb[i];
+    }
+    __syncthreads();
+    if (k0 + kGK < K) fetch(k0 + kGK);  // in flight while this step's products run
+#pragma unroll 8
+    for (int kk = 0; kk < kGK; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i], b[i] = Bs[kk][tx + 16 * i];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+      if (m < P.M && n < P.N) P.C[int64_t(m) * P.N + n] = acc[i][j];
+    }
+}
+}  // namespace
+
 void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& problems, Storage st) {
   std::vector<GemmProblem> ps;
+  int64_t max_m = 0;
   for (GemmProblem p : problems) {
     if (p.N <= 0) p.N = N;
-    if (p.M > 0 && p.N > 0) ps.push_back(p);
+    if (p.M > 0 && p.N > 0) ps.push_back(p), max_m = std::max(max_m, p.M);
   }
   if (ps.empty()) return;
   device::require_cuda("gemm");
-  Grouped& g = grouped();
-  std::lock_guard<std::mutex> lock(g.mu);
-  if (!g.unsupported[int(st)]) {
-    const int G = int(ps.size());
-    // Column-major view: C_iᵀ [N, M_i] = B_i [N, K] (stored as col-major [K, N], transposed) · A_iᵀ.
-    const size_t g_n = static_cast<size_t>(G);
-    const int n_in = static_cast<int>(K);
-    std::vector<cublasOperation_t> ta(g_n, CUBLAS_OP_T), tb(g_n, CUBLAS_OP_N);
-    std::vector<int> m(g_n, 0), n(g_n, 0), k(g_n, n_in), lda(g_n, n_in), ldb(g_n, n_in), ldc(g_n, 0), sizes(g_n, 1);
-    std::vector<float> alpha(g_n, 1.0f), beta(g_n, 0.0f);
-    std::vector<const void*> ptrs(3 * g_n);
-    for (int i = 0; i < G; ++i) {
-      n[size_t(i)] = int(ps[size_t(i)].M);
-      m[size_t(i)] = ldc[size_t(i)] = int(ps[size_t(i)].N);
-      ptrs[size_t(i)] = ps[size_t(i)].B;
-      ptrs[size_t(G + i)] = ps[size_t(i)].A;
-      ptrs[size_t(2 * G + i)] = ps[size_t(i)].C;
-    }
-    const device::Buffer d_ptrs = device::upload_new(ptrs.data(), ptrs.size() * sizeof(void*));
-    const auto* dp = d_ptrs.as<const void*>();
-    const cudaDataType_t in = st == Storage::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    lt_check(cublasSetStream(g.handle, device::stream()), "cublasSetStream");
-    const cublasStatus_t s = cublasGemmGroupedBatchedEx(
-        g.handle, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), dp, in, lda.data(), dp + G, in,
-        ldb.data(), beta.data(), const_cast<void* const*>(dp + 2 * G), CUDA_R_32F, ldc.data(), G, sizes.data(),
-        CUBLAS_COMPUTE_32F);
-    if (s == CUBLAS_STATUS_SUCCESS) return;
-    if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE)
-      lt_check(s, "cublasGemmGroupedBatchedEx");
-    g.unsupported[int(st)] = true;  // this type combination: one GEMM per problem from now on
+  if (max_m > kGroupedMaxM || K > INT32_MAX) {
+    for (const GemmProblem& p : ps) gemm(Op::N, Op::T, p.M, p.N, K, 1.0f, p.A, K, p.B, K, 0.0f, p.C, p.N, st);
+    return;
   }
-  for (const GemmProblem& p : ps) gemm(Op::N, Op::T, p.M, p.N, K, 1.0f, p.A, K, p.B, K, 0.0f, p.C, p.N, st);
-}
-
-bool gemm_grouped_available(Storage st) {
-  Grouped& g = grouped();
-  std::lock_guard<std::mutex> lock(g.mu);
-  return !g.unsupported[int(st)];
+  std::vector<GroupedTile> tiles;
+  int64_t total = 0;
+  for (const GemmProblem& p : ps) {
+    if (p.N > INT32_MAX) throw error("gemm", "grouped: N = ", p.N, " exceeds 32-bit sizes");
+    const int mt = int((p.M + kGT - 1) / kGT), nt = int((p.N + kGT - 1) / kGT);
+    tiles.push_back({p.A, p.B, p.C, int(p.M), int(p.N), nt, int(total)});
+    total += int64_t(mt) * nt;
+    if (total > INT32_MAX) throw error("gemm", "grouped: ", total, " tiles exceed the grid");
+  }
+  const device::Buffer d = device::upload_new(tiles.data(), tiles.size() * sizeof(GroupedTile));
+  if (st == Storage::BF16)
+    grouped_nt_kernel<__nv_bfloat16><<<unsigned(total), kGThreads, 0, device::stream()>>>(
+        d.as<GroupedTile>(), int(tiles.size()), int(K));
+  else
+    grouped_nt_kernel<float><<<unsigned(total), kGThreads, 0, device::stream()>>>(d.as<GroupedTile>(),
+                                                                                  int(tiles.size()), int(K));
+  K3_CUDA_LAUNCHED();
 }
 
 void gemm_strided(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, int64_t sa,

@@ -107,10 +107,10 @@ enum class Op : uint8_t { N, T };
 void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
           int64_t ldb, float beta, float* C, int64_t ldc, Storage st);
 
-// Many GEMMs of one shape class in one cuBLAS grouped call: for each problem i, row-major
-// C_i[M_i, N] = A_i[M_i, K] · B_iᵀ with B_i [N, K] (a Linear's [out, in] weight), contiguous rows.
-// A and B stored as `st`, C fp32. Falls back to one gemm() per problem where the library lacks the
-// type combination. Problems with M_i = 0 are skipped.
+// Many GEMMs in one launch: for each problem i, row-major C_i[M_i, N] = A_i[M_i, K] · B_iᵀ with
+// B_i [N, K] (a Linear's [out, in] weight), contiguous rows; A and B stored as `st`, C fp32, fp32
+// products. One kernel for the decode step's small M (≤ 256 rows per problem); larger problems take
+// one gemm() each. Problems with M_i = 0 are skipped.
 // A problem's N, when set (> 0), replaces the call's: one call can then project one input through
 // weights of different widths.
 struct GemmProblem {
@@ -121,9 +121,6 @@ struct GemmProblem {
   int64_t N = 0;
 };
 void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& problems, Storage st);
-// False once the library has refused a grouped call of this storage (then every call takes the
-// one-GEMM-per-problem fallback).
-bool gemm_grouped_available(Storage st);
 
 // `count` fp32 GEMMs of one shape in one call (exact fp32 products): problem i is gemm() on
 // A + i·sa, B + i·sb, C + i·sc (strides in floats, row-major, leading dimensions as in gemm()).
