@@ -300,12 +300,12 @@ Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, cons
     linear::cuda::DecodePrologue& pr = a.prologue;
     pr.l2norm = act->l2norm;
     pr.beta_logit = act->beta_logit && opts.write == linear::Write::Delta;
-    if (act->gate_raw && opts.decay != linear::Decay::None) {
+    if (act->gate != linear::cuda::GateInput::LogDecay && opts.decay != linear::Decay::None) {
       const int64_t per_head = opts.decay == linear::Decay::PerChannel ? s.K : 1;
       K3_CHECK(act->A_log.numel() >= s.HV && act->dt_bias.numel() == s.HV * per_head, "delta_rule: gate parameters A_log ",
                act->A_log.describe(), " and dt_bias ", act->dt_bias.describe(), " for ", s.HV, " heads of ", per_head,
                " channels");
-      pr.gate = act->form == GateForm::Softplus ? linear::cuda::GateInput::Softplus : linear::cuda::GateInput::LowerBound;
+      pr.gate = act->gate;
       pr.A_log = act->A_log.cuda_f32();
       pr.dt_bias = act->dt_bias.cuda_f32();
       pr.lower_bound = act->lower_bound;

@@ -11,6 +11,7 @@
 #include "core/device.h"
 #include "core/tensor.h"
 #include "mixers/linear/delta_core.h"
+#include "mixers/linear/delta_cuda.h"
 #include "mixers/memory.h"
 
 namespace k3 {
@@ -96,15 +97,14 @@ struct DeltaBatch {
   int64_t B, T, H, HV, K, V;
 };
 // A delta layer's activations done inside the decode step (T = 1), so that the step is one launch:
-// q and k normalised over K (l2norm, eps 1e-6), β = σ(beta) (beta holds its logits), and, with
-// `gate_raw`, g computed from the gate's pre-activations by the KDA gate form (`lower_bound`
-// for LowerBound) with A_log [≥ HV] and dt_bias [HV·K] (per channel) or [HV] (scalar decay).
-enum class GateForm : uint8_t { Softplus, LowerBound };
+// q and k normalised over K (l2norm, eps 1e-6), β = σ(beta) (beta holds its logits), and, unless
+// `gate` is LogDecay, g computed from the gate's pre-activations by that KDA gate form
+// (`lower_bound` for LowerBound) with A_log [≥ HV] and dt_bias [HV·K] (per channel) or [HV]
+// (scalar decay). The tensors' form of linear::cuda::DecodePrologue.
 struct DecodeActivations {
   bool l2norm = false;
   bool beta_logit = false;
-  bool gate_raw = false;
-  GateForm form = GateForm::Softplus;
+  linear::cuda::GateInput gate = linear::cuda::GateInput::LogDecay;
   float lower_bound = -5.0f;
   Tensor A_log, dt_bias;
 };

@@ -269,6 +269,8 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
     k = conv(proj(kK, k_proj_), 1, k_conv_, batch);
     v = conv(proj(kV, v_proj_), 2, v_conv_, batch);
   }
+  // The decay gate's pre-activations (GDN: a_proj; KDA: the low-rank f_a, f_b).
+  auto gate_input = [&] { return o_.kind == DeltaKind::Kda ? f_b_proj_(proj(kDecay, f_a_proj_)) : proj(kDecay, a_proj_); };
   Var o;
 #if defined(K3_HAS_CUDA)
   // The decode step on the device: q/k normalisation, β's sigmoid and the decay gate inside the
@@ -285,10 +287,9 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
       act.beta_logit = true;
     }
     if (o_.kind == DeltaKind::GatedDeltaNet || o_.kind == DeltaKind::Kda) {
-      g = o_.kind == DeltaKind::Kda ? f_b_proj_(proj(kDecay, f_a_proj_)) : proj(kDecay, a_proj_);
-      act.gate_raw = true;
+      g = gate_input();
       const bool lb = o_.kind == DeltaKind::Kda && o_.gate_form == KdaGateForm::LowerBound;
-      act.form = lb ? gpu::GateForm::LowerBound : gpu::GateForm::Softplus;
+      act.gate = lb ? linear::cuda::GateInput::LowerBound : linear::cuda::GateInput::Softplus;
       act.lower_bound = o_.gate_lower_bound;
       act.A_log = A_log_->value;
       act.dt_bias = dt_bias_->value;
@@ -323,9 +324,9 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
       }
     }
     if (o_.kind == DeltaKind::GatedDeltaNet)
-      g = ag::kda_gate(proj(kDecay, a_proj_), A_log_, dt_bias_, HV_, 1, KdaGateForm::Softplus);
+      g = ag::kda_gate(gate_input(), A_log_, dt_bias_, HV_, 1, KdaGateForm::Softplus);
     else if (o_.kind == DeltaKind::Kda)
-      g = ag::kda_gate(f_b_proj_(proj(kDecay, f_a_proj_)), A_log_, dt_bias_, HV_, K_, o_.gate_form, o_.gate_lower_bound);
+      g = ag::kda_gate(gate_input(), A_log_, dt_bias_, HV_, K_, o_.gate_form, o_.gate_lower_bound);
 
     scope.reset();
     o = core(q, k, v, beta, g, batch);  // [B*T, HV*V]
