@@ -17,38 +17,43 @@ struct Sources {
   int J;
 };
 
-// Scores of one row into shared arrays: inv_rms[j], u[j], p[j] (softmax).
+// Scores of one row into shared arrays: inv_rms[j], u[j], p[j] (softmax). A warp per source (a
+// source's two sums need no block barrier; a decode step's few rows each took 2·J block sums, 9 µs
+// a call), then one warp's softmax over the J ≤ 32 sources, a lane each.
 __device__ void row_scores(const Sources& S, const float* query, const float* rmsw, float eps, int64_t row, int64_t D,
-                           float* inv_rms, float* u, float* p, float* scratch) {
-  for (int j = 0; j < S.J; ++j) {
+                           float* inv_rms, float* u, float* p) {
+  static_assert(kAttnResMaxSources <= 32, "one lane per source in the softmax");
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, nwarps = int(blockDim.x) >> 5;
+  for (int j = warp; j < S.J; j += nwarps) {
     const float* v = S.src[j] + row * D;
     float ss = 0.0f, dot = 0.0f;
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    for (int64_t d = lane; d < D; d += 32) {
       ss += v[d] * v[d];
       dot += rmsw[d] * query[d] * v[d];
     }
-    ss = block_sum(ss, scratch);
-    dot = block_sum(dot, scratch);
-    if (threadIdx.x == 0) {
+    ss = device::warp_sum(ss);
+    dot = device::warp_sum(dot);
+    if (lane == 0) {
       inv_rms[j] = rsqrtf(ss / float(D) + eps);
       u[j] = dot;
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float mx = -INFINITY;
-    for (int j = 0; j < S.J; ++j) mx = fmaxf(mx, inv_rms[j] * u[j]);
-    float tot = 0.0f;
-    for (int j = 0; j < S.J; ++j) tot += (p[j] = expf(inv_rms[j] * u[j] - mx));
-    for (int j = 0; j < S.J; ++j) p[j] /= tot;
+  if (warp == 0) {
+    const float score = lane < S.J ? inv_rms[lane] * u[lane] : -INFINITY;
+    const float mx = device::warp_max(score);  // every lane takes part in the shuffles
+    const float e = lane < S.J ? expf(score - mx) : 0.0f;
+    const float tot = device::warp_sum(e);
+    if (lane < S.J) p[lane] = e / tot;
   }
   __syncthreads();
 }
 
-__global__ void fwd_kernel(Sources S, const float* query, const float* rmsw, float eps, float* o, int64_t D) {
-  __shared__ float scratch[32], inv_rms[kAttnResMaxSources], u[kAttnResMaxSources], p[kAttnResMaxSources];
+__global__ void fwd_kernel(const __grid_constant__ Sources S, const float* query, const float* rmsw, float eps, float* o,
+                           int64_t D) {
+  __shared__ float inv_rms[kAttnResMaxSources], u[kAttnResMaxSources], p[kAttnResMaxSources];
   const int64_t row = blockIdx.x;
-  row_scores(S, query, rmsw, eps, row, D, inv_rms, u, p, scratch);
+  row_scores(S, query, rmsw, eps, row, D, inv_rms, u, p);
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < S.J; ++j) acc += p[j] * S.src[j][row * D + d];
@@ -56,12 +61,12 @@ __global__ void fwd_kernel(Sources S, const float* query, const float* rmsw, flo
   }
 }
 
-__global__ void bwd_kernel(Sources S, const float* query, const float* rmsw, float eps, const float* dy, float* dquery,
-                           float* drmsw, int64_t D) {
+__global__ void bwd_kernel(const __grid_constant__ Sources S, const float* query, const float* rmsw, float eps,
+                           const float* dy, float* dquery, float* drmsw, int64_t D) {
   __shared__ float scratch[32], inv_rms[kAttnResMaxSources], u[kAttnResMaxSources], p[kAttnResMaxSources],
       c[kAttnResMaxSources];
   const int64_t row = blockIdx.x;
-  row_scores(S, query, rmsw, eps, row, D, inv_rms, u, p, scratch);
+  row_scores(S, query, rmsw, eps, row, D, inv_rms, u, p);
   const float* g = dy + row * D;
   for (int j = 0; j < S.J; ++j) {
     const float* v = S.src[j] + row * D;
