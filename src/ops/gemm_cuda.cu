@@ -152,31 +152,115 @@ Grouped& grouped() {
 
 namespace {
 // Grouped C_i [M_i, N_i] = A_i [M_i, K] · B_i [N_i, K]ᵀ for the decode step's small M (a few
-// hundred rows at most): a block per 64 × 64 tile of one problem, K in steps of 32 through shared
-// memory with the next step's operands prefetched into registers, each thread 4 × 4 outputs in
-// fp32 (operands widened from bf16 when stored so). cuBLAS's grouped GEMM ran these shapes as a
-// SIMT kernel of 128 × 128 tiles with unaligned loads, 67 µs per call where this reads each
-// weight once.
-constexpr int kGT = 64, kGK = 32, kGThreads = 256;
+// hundred rows at most): a block of 256 threads per 64 × 64 tile of one problem, K in steps of 32
+// through shared memory, the next step's operands loaded into registers while this step's
+// products run.
+// - bf16 operands: on the tensor cores (mma m16n8k16: exact products, fp32 sums), each warp 16
+//   rows × 32 columns of the tile.
+// - fp32 operands: fp32 FMAs, each thread 4 × 4 outputs (3xTF32 on the tensor cores was tried:
+//   relative errors of 3e-5 at K = 4096, against 1e-6 here; fp32 weights are the exact mode).
+// The problems travel in the launch's parameters (64 per launch), not as an upload per call:
+// blockIdx.y picks the problem, blockIdx.x its tile. Tried and dropped (tools/gpu/NOTES.md): K
+// split over more blocks with the last block of a tile summing the partials (k3-small's decode
+// step at 128K went from 2.83 to 3.2 ms), and a 4-stage cp.async ring (no faster).
+// cuBLAS's grouped GEMM ran these shapes as a SIMT kernel of 128 × 128 tiles with unaligned loads,
+// 67 µs per call.
+constexpr int kGT = 64, kGK = 32, kGThreads = 256, kGPerLaunch = 64;
 constexpr int64_t kGroupedMaxM = 256;  // larger M: one library GEMM per problem
 struct GroupedTile {
   const void* A;
   const void* B;
   float* C;
-  int M, N, n_tiles, tile0;
+  int M, N, n_tiles, tiles;
 };
-template <typename T>
-__global__ void __launch_bounds__(kGThreads) grouped_nt_kernel(const GroupedTile* ps, int G, int K) {
-  int lo = 0, hi = G - 1;  // the last problem whose first tile is at or before this block
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (ps[mid].tile0 <= int(blockIdx.x)) lo = mid;
-    else hi = mid - 1;
+struct GroupedArgs {
+  GroupedTile p[kGPerLaunch];
+  int G, K;
+  bool vector;  // K % 8 == 0 and every operand 16-byte aligned: rows load as 16-byte vectors
+};
+
+// Eight consecutive bf16 elements of one row, loaded as 16 bytes (or one by one, zeros past the
+// row's end, when the row is ragged or unaligned) and stored to shared memory as they are.
+struct Eight {
+  uint4 v;
+  __device__ void load(const __nv_bfloat16* p, bool vector, int n) {  // n: elements in range (≤ 8)
+    if (vector && n == 8) {
+      v = *reinterpret_cast<const uint4*>(p);
+      return;
+    }
+    alignas(16) __nv_bfloat16 e[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) e[j] = j < n ? p[j] : __float2bfloat16(0.0f);
+    v = *reinterpret_cast<const uint4*>(e);
   }
-  const GroupedTile P = ps[lo];
-  const int t = int(blockIdx.x) - P.tile0, m0 = t / P.n_tiles * kGT, n0 = t % P.n_tiles * kGT;
-  const T* A = static_cast<const T*>(P.A);
-  const T* B = static_cast<const T*>(P.B);
+  __device__ void store(__nv_bfloat16* dst) const { *reinterpret_cast<uint4*>(dst) = v; }
+};
+
+// Row padding of the bf16 tiles: fragment reads of 8 rows × 4 words then hit 32 banks.
+constexpr int kGRow = kGK + 8;
+
+// acc[j] += the warp's 16 rows of As × its j-th 8 columns of Bs, over one 32-wide step of K.
+__device__ __forceinline__ void step_products(const __nv_bfloat16 (*As)[kGRow], const __nv_bfloat16 (*Bs)[kGRow],
+                                              int r0, int c0, int g, int t, float (&acc)[4][4]) {
+  auto word = [](const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); };
+#pragma unroll
+  for (int kk = 0; kk < kGK; kk += 16) {
+    const uint32_t a[4] = {word(&As[r0 + g][kk + 2 * t]), word(&As[r0 + g + 8][kk + 2 * t]),
+                           word(&As[r0 + g][kk + 2 * t + 8]), word(&As[r0 + g + 8][kk + 2 * t + 8])};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      device::mma_bf16(acc[j], a, word(&Bs[c0 + 8 * j + g][kk + 2 * t]), word(&Bs[c0 + 8 * j + g][kk + 2 * t + 8]));
+  }
+}
+
+__global__ void __launch_bounds__(kGThreads, 2) grouped_bf16_kernel(const __grid_constant__ GroupedArgs args) {
+  using T = __nv_bfloat16;
+  const GroupedTile& P = args.p[blockIdx.y];
+  const int tile = int(blockIdx.x);
+  if (tile >= P.tiles) return;  // a smaller problem than the launch's largest
+  const int m0 = tile / P.n_tiles * kGT, n0 = tile % P.n_tiles * kGT, K = args.K;
+  __shared__ __align__(16) T As[kGT][kGRow];
+  __shared__ __align__(16) T Bs[kGT][kGRow];  // [row of A or B][k]
+  // Staging: each thread loads eight consecutive k of one row of A and of B per step.
+  static_assert(kGT * kGK == 8 * kGThreads, "one row segment of eight per thread and operand");
+  const int sr = int(threadIdx.x) / (kGK / 8), sk = int(threadIdx.x) % (kGK / 8) * 8;
+  const T* a_row = static_cast<const T*>(P.A) + int64_t(min(m0 + sr, P.M - 1)) * K + sk;
+  const T* b_row = static_cast<const T*>(P.B) + int64_t(min(n0 + sr, P.N - 1)) * K + sk;
+  const bool a_in = m0 + sr < P.M, b_in = n0 + sr < P.N;
+  Eight ra, rb;
+  auto fetch = [&](int k0) {
+    const int n = max(0, min(8, K - (k0 + sk)));
+    ra.load(a_row + k0, args.vector, a_in ? n : 0);
+    rb.load(b_row + k0, args.vector, b_in ? n : 0);
+  };
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int r0 = warp / 2 * 16, c0 = warp % 2 * 32;  // the warp's rows and columns in the tile
+  float acc[4][4] = {};
+  fetch(0);
+  for (int k0 = 0; k0 < K; k0 += kGK) {
+    ra.store(&As[sr][sk]);
+    rb.store(&Bs[sr][sk]);
+    __syncthreads();
+    if (k0 + kGK < K) fetch(k0 + kGK);  // in flight while this step's products run
+    step_products(As, Bs, r0, c0, g, t, acc);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int m = m0 + r0 + g + (c / 2) * 8, n = n0 + c0 + 8 * j + 2 * t + c % 2;
+      if (m < P.M && n < P.N) P.C[int64_t(m) * P.N + n] = acc[j][c];
+    }
+}
+
+__global__ void __launch_bounds__(kGThreads) grouped_f32_kernel(const __grid_constant__ GroupedArgs args) {
+  const GroupedTile& P = args.p[blockIdx.y];
+  const int tile = int(blockIdx.x);
+  if (tile >= P.tiles) return;  // a smaller problem than the launch's largest
+  const int m0 = tile / P.n_tiles * kGT, n0 = tile % P.n_tiles * kGT, K = args.K;
+  const float* A = static_cast<const float*>(P.A);
+  const float* B = static_cast<const float*>(P.B);
   __shared__ float As[kGK][kGT + 1], Bs[kGK][kGT + 1];  // [k][row of A or B]
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
   constexpr int kPer = kGT * kGK / kGThreads;  // operand elements each thread stages per step
@@ -185,8 +269,8 @@ __global__ void __launch_bounds__(kGThreads) grouped_nt_kernel(const GroupedTile
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int e = int(threadIdx.x) + kGThreads * i, r = e / kGK, k = k0 + e % kGK;
-      ra[i] = m0 + r < P.M && k < K ? device::to_f32(A[int64_t(m0 + r) * K + k]) : 0.0f;
-      rb[i] = n0 + r < P.N && k < K ? device::to_f32(B[int64_t(n0 + r) * K + k]) : 0.0f;
+      ra[i] = m0 + r < P.M && k < K ? A[int64_t(m0 + r) * K + k] : 0.0f;
+      rb[i] = n0 + r < P.N && k < K ? B[int64_t(n0 + r) * K + k] : 0.0f;
     }
   };
   float acc[4][4] = {};
@@ -220,6 +304,13 @@ __global__ void __launch_bounds__(kGThreads) grouped_nt_kernel(const GroupedTile
       if (m < P.M && n < P.N) P.C[int64_t(m) * P.N + n] = acc[i][j];
     }
 }
+
+void launch_grouped(const GroupedArgs& args, int max_tiles, Storage st) {
+  const dim3 grid(unsigned(max_tiles), unsigned(args.G));
+  if (st == Storage::BF16) grouped_bf16_kernel<<<grid, kGThreads, 0, device::stream()>>>(args);
+  else grouped_f32_kernel<<<grid, kGThreads, 0, device::stream()>>>(args);
+  K3_CUDA_LAUNCHED();
+}
 }  // namespace
 
 void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& problems, Storage st) {
@@ -231,27 +322,27 @@ void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& probl
   }
   if (ps.empty()) return;
   device::require_cuda("gemm");
-  if (max_m > kGroupedMaxM || K > INT32_MAX) {
+  if (max_m > kGroupedMaxM || K > INT32_MAX / 2) {
     for (const GemmProblem& p : ps) gemm(Op::N, Op::T, p.M, p.N, K, 1.0f, p.A, K, p.B, K, 0.0f, p.C, p.N, st);
     return;
   }
-  std::vector<GroupedTile> tiles;
-  int64_t total = 0;
-  for (const GemmProblem& p : ps) {
-    if (p.N > INT32_MAX) throw error("gemm", "grouped: N = ", p.N, " exceeds 32-bit sizes");
-    const int mt = int((p.M + kGT - 1) / kGT), nt = int((p.N + kGT - 1) / kGT);
-    tiles.push_back({p.A, p.B, p.C, int(p.M), int(p.N), nt, int(total)});
-    total += int64_t(mt) * nt;
-    if (total > INT32_MAX) throw error("gemm", "grouped: ", total, " tiles exceed the grid");
+  GroupedArgs args{};
+  args.K = int(K);
+  int max_tiles = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const GemmProblem& p = ps[i];
+    if (p.N > INT32_MAX / 2) throw error("gemm", "grouped: N = ", p.N, " exceeds 32-bit sizes");
+    const int64_t mt = (p.M + kGT - 1) / kGT, nt = (p.N + kGT - 1) / kGT;
+    if (mt * nt > INT32_MAX) throw error("gemm", "grouped: ", mt * nt, " tiles exceed the grid");
+    if (args.G == 0) args.vector = K % 8 == 0;
+    args.vector = args.vector && reinterpret_cast<uintptr_t>(p.A) % 16 == 0 && reinterpret_cast<uintptr_t>(p.B) % 16 == 0;
+    args.p[args.G++] = {p.A, p.B, p.C, int(p.M), int(p.N), int(nt), int(mt * nt)};
+    max_tiles = std::max(max_tiles, int(mt * nt));
+    if (args.G == kGPerLaunch || i + 1 == ps.size()) {
+      launch_grouped(args, max_tiles, st);
+      args.G = 0, max_tiles = 0;
+    }
   }
-  const device::Buffer d = device::upload_new(tiles.data(), tiles.size() * sizeof(GroupedTile));
-  if (st == Storage::BF16)
-    grouped_nt_kernel<__nv_bfloat16><<<unsigned(total), kGThreads, 0, device::stream()>>>(
-        d.as<GroupedTile>(), int(tiles.size()), int(K));
-  else
-    grouped_nt_kernel<float><<<unsigned(total), kGThreads, 0, device::stream()>>>(d.as<GroupedTile>(),
-                                                                                  int(tiles.size()), int(K));
-  K3_CUDA_LAUNCHED();
 }
 
 void gemm_strided(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, int64_t sa,

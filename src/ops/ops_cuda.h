@@ -108,9 +108,10 @@ void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void
           int64_t ldb, float beta, float* C, int64_t ldc, Storage st);
 
 // Many GEMMs in one launch: for each problem i, row-major C_i[M_i, N] = A_i[M_i, K] · B_iᵀ with
-// B_i [N, K] (a Linear's [out, in] weight), contiguous rows; A and B stored as `st`, C fp32, fp32
-// products. One kernel for the decode step's small M (≤ 256 rows per problem); larger problems take
-// one gemm() each. Problems with M_i = 0 are skipped.
+// B_i [N, K] (a Linear's [out, in] weight), contiguous rows; A and B stored as `st`, C fp32. One
+// k3 kernel for the decode step's small M (≤ 256 rows per problem): bf16 on the tensor cores
+// (exact products), fp32 as fp32 FMAs; larger problems take one gemm() each. Problems with
+// M_i = 0 are skipped.
 // A problem's N, when set (> 0), replaces the call's: one call can then project one input through
 // weights of different widths.
 struct GemmProblem {

@@ -415,29 +415,60 @@ TEST(OpsCudaOnly, GemmStridedBatchesMatchOneGemmPerProblem) {
 // apply_each: projections of one input in one grouped GEMM (fp32 and bf16 weights, widths that
 // differ) against the host GEMM; with a bias among them, or recording a graph that wants the
 // weights' gradients, it takes the linears one by one, and the results are the same.
-// The grouped GEMM itself against the host GEMM: problems of 1 to 256 rows (the one-launch kernel:
-// partial 64-row and 64-column tiles, K not a multiple of its 32-step) and of 300 (one library
-// GEMM each), widths 1 to 130, fp32 and bf16 operands (rounded on the host: exact references).
+// The grouped GEMM itself against the host GEMM (fp32 and bf16 operands, rounded on the host:
+// exact references), every path of the one-launch kernel:
+// - rows 1 to 256 with partial 64-row and 64-column tiles, widths 1 to 130;
+// - K of 37 (not a multiple of 8: loads element by element), 40, 384 and 4096 (16-byte vector
+//   loads; a last step of K partly past the rows' end, then many steps);
+// - an operand one element off its 16-byte alignment (element loads with K % 8 == 0);
+// - 70 problems of different sizes (two launches of at most 64, blocks past a problem's tiles);
+// - a problem of 300 rows, which sends the whole call to one library GEMM per problem.
+// Each case runs twice over outputs filled with -1, so every output must be written each time.
 TEST(OpsCudaOnly, GroupedGemmMatchesTheHostGemm) {
   Rng rng(21);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 7}, {9, 130}, {64, 64}, {65, 1}, {256, 40}, {300, 33}};
-  for (const int64_t K : {37, 384})
+  using Shapes = std::vector<std::pair<int64_t, int64_t>>;
+  const Shapes few = {{1, 7}, {9, 130}, {64, 64}, {65, 1}, {256, 40}};
+  Shapes many;
+  for (int i = 0; i < 70; ++i) many.push_back({1 + (i * 7) % 64, 1 + (i * 13) % 100});
+  Shapes library = few;
+  library.push_back({300, 33});
+  struct Case {
+    const Shapes* shapes;
+    int64_t K;
+    bool offset;  // the first problem's A starts one element past an aligned address
+  };
+  const std::vector<Case> cases = {{&few, 37, false},  {&few, 40, false},     {&few, 384, false}, {&few, 4096, false},
+                                   {&few, 40, true},   {&many, 384, false},   {&library, 40, false}};
+  for (const Case& c : cases)
     for (Storage st : {Storage::F32, Storage::BF16}) {
+      const Shapes& shapes = *c.shapes;
+      const int64_t K = c.K;
       std::vector<std::vector<float>> a, b;
       std::vector<Buffer> da, db, dc;
       std::vector<cuda::GemmProblem> ps;
+      const size_t elem = st == Storage::BF16 ? 2 : 4;
       for (const auto& [M, N] : shapes) {
-        a.push_back(randv(rng, M * K)), b.push_back(randv(rng, N * K));
+        const int64_t pad = c.offset && ps.empty() ? 1 : 0;
+        a.push_back(randv(rng, M * K + pad)), b.push_back(randv(rng, N * K));
         if (st == Storage::BF16) a.back() = bf16_round(a.back()), b.back() = bf16_round(b.back());
         da.push_back(up(a.back(), st)), db.push_back(up(b.back(), st)), dc.emplace_back(size_t(M * N) * 4);
-        ps.push_back({M, da.back().get(), db.back().get(), dc.back().as<float>(), N});
+        a.back().erase(a.back().begin(), a.back().begin() + pad);
+        ps.push_back({M, static_cast<char*>(da.back().get()) + pad * elem, db.back().get(), dc.back().as<float>(), N});
       }
-      cuda::gemm_nt_grouped(0, K, ps, st);
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        const auto [M, N] = shapes[i];
-        std::vector<float> want(size_t(M * N));
-        gemm(Trans::No, Trans::Yes, M, N, K, 1.0f, a[i].data(), K, b[i].data(), K, 0.0f, want.data(), N);
-        EXPECT_LE(rel(down(dc[i], M * N), want), 1e-5) << M << " x " << N << " x " << K << (st == Storage::BF16 ? " bf16" : "");
+      for (int run = 0; run < 2; ++run) {
+        for (Buffer& x : dc) {
+          const std::vector<float> stale(x.bytes() / 4, -1.0f);  // every output must be written
+          device::upload(x.get(), stale.data(), x.bytes());
+        }
+        cuda::gemm_nt_grouped(0, K, ps, st);
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          const auto [M, N] = shapes[i];
+          std::vector<float> want(size_t(M * N));
+          gemm(Trans::No, Trans::Yes, M, N, K, 1.0f, a[i].data(), K, b[i].data(), K, 0.0f, want.data(), N);
+          EXPECT_LE(rel(down(dc[i], M * N), want), 1e-5)
+              << M << " x " << N << " x " << K << (st == Storage::BF16 ? " bf16" : "") << " problem " << i << " of "
+              << shapes.size() << (c.offset ? " offset" : "") << " run " << run;
+        }
       }
     }
 }
