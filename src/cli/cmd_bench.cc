@@ -168,7 +168,7 @@ void register_bench(CLI::App& app) {
   static std::string preset = "gpt2", versus, contexts = "128,1024";
   static int64_t steps = 16, batch = 1;
   static RuntimeOptions rt;
-  static std::string cache_dtype = "f32";
+  static std::string cache_dtype = "f32", dtype = "f32";
   static bool profile_steps = false, profile_host = false;
   static double memory_mb = 0;
   auto* batch_opt = dec->add_option("--batch", batch, "Sequences decoded together, each at the context (tok/s counts all)")
@@ -184,6 +184,9 @@ void register_bench(CLI::App& app) {
   dec->add_option("--versus", versus, "A second preset to time at the same contexts (e.g. --preset k3-small-attn --versus k3-small)");
   dec->add_option("--context", contexts, "Comma-separated context lengths")->capture_default_str();
   dec->add_option("--steps", steps, "Decode steps timed per context")->capture_default_str()->check(CLI::Range(2, 100000));
+  dec->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation; the roofline counts the bytes as stored)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   add_cache_dtype_option(dec, cache_dtype);
   dec->add_flag("--profile", profile_steps,
                 "After the timed steps, time as many again scope by scope (mixers, their memories, experts, head) "
@@ -196,6 +199,7 @@ void register_bench(CLI::App& app) {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     apply_cache_dtype(cache_dtype, rt, "bench decode");
     const bool gpu = rt.device == "cuda";
+    if (dtype == "bf16" && !gpu) throw error("bench decode", "--dtype bf16 applies to --device cuda");
     const double bw = gpu ? measure_device_bandwidth() : measure_read_bandwidth(size_t(512) << 20);
     if (gpu)
       std::printf("%s; measured device copy: %.0f GB/s (read + write)\n", device::describe(), bw / 1e9);
@@ -213,7 +217,7 @@ void register_bench(CLI::App& app) {
     for (size_t k = 0; k < names.size(); ++k) {
       auto model = build_model(preset_config(names[k]), names[k]);
       model->init_random(1);
-      if (gpu) move_to(*model, Device::CUDA);  // weights and the contexts' memories on the device
+      if (gpu) move_to(*model, Device::CUDA, dtype == "bf16" ? DType::BF16 : DType::F32);  // weights and memories
       // Bytes a decode step of n sequences must read: every weight but the embedding tables (n rows
       // of them) and the routed experts no sequence picked (expected under uniform routing).
       double all_weight_bytes = 0, all_params = 0;
