@@ -3,6 +3,12 @@
 # its tests and benchmarks into .gpu/ (ignored by git): the binaries, the shared libraries the
 # machine's image may lack (OpenBLAS, ICU, cpp-httplib and their runtime), and the fixtures.
 # Then `bash tools/gpu/run.sh` on the GPU machine runs everything. Usage: tools/gpu/pack.sh [build dir]
+#
+# A device call carries the tree and .gpu together within 64 MiB, about 46 MB of .gpu beside the
+# tracked files; every binary and fixture is more. To pack less:
+#   K3_GPU_TESTS="ops models"    test binaries (src/*/NAME_cuda_test; default: all of them)
+#   K3_GPU_FIXTURES="models/gpt2-tiny ops/attnres.safetensors"   fixtures under ../shared/fixtures
+#                                (default: all of them)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build-cuda}"
@@ -13,13 +19,34 @@ fi
 ninja -C "$build" -j2 k3 $(cd "$build" && ninja -t targets all | grep -o '^src/[a-z_]*/[a-z_]*_cuda_test:' | tr -d ':')
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
 cp "$build/k3" .gpu/bin/
-find "$build/src" -maxdepth 2 -name '*_cuda_test' -type f -exec cp {} .gpu/bin/ \;
+if [ -n "${K3_GPU_TESTS:-}" ]; then
+  for t in $K3_GPU_TESTS; do
+    f=$(find "$build/src" -maxdepth 2 -name "${t}_cuda_test" -type f | head -1)
+    [ -n "$f" ] || { echo "pack.sh: no test binary ${t}_cuda_test in $build/src" >&2; exit 1; }
+    cp "$f" .gpu/bin/
+  done
+else
+  find "$build/src" -maxdepth 2 -name '*_cuda_test' -type f -exec cp {} .gpu/bin/ \;
+fi
 # Libraries outside glibc/libstdc++/CUDA that the binaries load.
 for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   grep -E 'openblas|gfortran|quadmath|icu|httplib|gomp|brotli|libssl|libcrypto|libz\.' |
   while read -r lib; do cp -L "$lib" .gpu/lib/; done
 tar -C .gpu -cJf .gpu/bundle.tar.xz bin lib
 rm -rf .gpu/bin .gpu/lib
-mkdir -p .gpu/shared/fixtures/models && cp -r "$root/../shared/fixtures/ops" .gpu/shared/fixtures/ &&
-  cp -r "$root/../shared/fixtures/models/." .gpu/shared/fixtures/models/
+fixtures="$root/../shared/fixtures"
+mkdir -p .gpu/shared/fixtures/models .gpu/shared/fixtures/ops
+if [ -n "${K3_GPU_FIXTURES:-}" ]; then
+  for f in $K3_GPU_FIXTURES; do
+    [ -e "$fixtures/$f" ] || { echo "pack.sh: no fixture $fixtures/$f" >&2; exit 1; }
+    mkdir -p ".gpu/shared/fixtures/$(dirname "$f")" && cp -r "$fixtures/$f" ".gpu/shared/fixtures/$f"
+  done
+else
+  cp -r "$fixtures/ops/." .gpu/shared/fixtures/ops/ && cp -r "$fixtures/models/." .gpu/shared/fixtures/models/
+fi
 du -sh .gpu/*
+bytes=$(du -s --apparent-size --block-size=1 .gpu | cut -f1)
+echo "pack.sh: .gpu holds $((bytes / 1000000)) MB"
+if [ "$bytes" -gt 46000000 ]; then
+  echo "pack.sh: over the ~46 MB a device call carries beside the tree; set K3_GPU_TESTS / K3_GPU_FIXTURES" >&2
+fi
