@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 
 #include "core/device.h"

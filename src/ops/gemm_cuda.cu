@@ -136,21 +136,6 @@ void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void
 }
 
 namespace {
-struct Grouped {
-  cublasHandle_t handle = nullptr;
-  std::mutex mu;
-};
-Grouped& grouped() {
-  static Grouped* g = [] {
-    auto* x = new Grouped();
-    lt_check(cublasCreate(&x->handle), "cublasCreate");
-    return x;
-  }();
-  return *g;
-}
-}  // namespace
-
-namespace {
 // Grouped C_i [M_i, N_i] = A_i [M_i, K] · B_i [N_i, K]ᵀ for the decode step's small M (a few
 // hundred rows at most): a block of 256 threads per 64 × 64 tile of one problem, K in steps of 32
 // through shared memory, the next step's operands loaded into registers while this step's
@@ -345,6 +330,22 @@ void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& probl
   }
 }
 
+namespace {
+// The cuBLAS (not Lt) handle of the strided-batched GEMMs, shared under a lock.
+struct Blas {
+  cublasHandle_t handle = nullptr;
+  std::mutex mu;
+};
+Blas& blas() {
+  static Blas* b = [] {
+    auto* x = new Blas();
+    lt_check(cublasCreate(&x->handle), "cublasCreate");
+    return x;
+  }();
+  return *b;
+}
+}  // namespace
+
 void gemm_strided(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, int64_t sa,
                   const float* B, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc, int64_t sc,
                   int64_t count) {
@@ -352,7 +353,7 @@ void gemm_strided(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, co
   device::require_cuda("gemm");
   for (int64_t v : {M, N, K, lda, ldb, ldc, count})
     if (v > INT32_MAX) throw error("gemm", "strided batch: size ", v, " exceeds the library's 32-bit sizes");
-  Grouped& g = grouped();
+  Blas& g = blas();
   std::lock_guard<std::mutex> lock(g.mu);
   lt_check(cublasSetStream(g.handle, device::stream()), "cublasSetStream");
   // Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: the operands swap, the ops stay.
