@@ -40,7 +40,7 @@ struct KernelArgs {
 };
 
 // The sections of the report besides the ceilings, which always run (every ratio needs them).
-const std::vector<std::string> kKernelSections = {"prefill", "decode", "attention", "mla", "gpt2"};
+const std::vector<std::string> kKernelSections = {"prefill", "decode", "attention", "mla", "small-gemm", "gpt2"};
 
 // The command has no CPU form: its errors say what it needs and where the CPU benchmarks are (the
 // shared require_cuda message would point at a --device option this command does not have).
@@ -429,6 +429,76 @@ void run_kernels(const KernelArgs& args) {
                  "target 80% of copy"},
                 ms);
       }
+  // The decode step's small GEMMs (k3-small's shapes at batch 64, bf16 operands): gemm_nt_grouped
+  // against one library GEMM per problem, each call alone and 50 calls in one CUDA graph (the
+  // device's own time per call, without the host's launches). The roofline is the operands'
+  // bytes at the copy rate; at these sizes a call costs what its launch and latency cost.
+  struct SmallCase {
+    const char* name;
+    int64_t M, K;
+    std::vector<int64_t> Ns;
+  };
+  const std::vector<SmallCase> small = {
+      {"1 problem 64x384, K 384", 64, 384, {384}},
+      {"1 problem 1x384, K 384", 1, 384, {384}},
+      {"1 problem 64x384, K 64", 64, 64, {384}},
+      {"1 problem 64x384, K 1536", 64, 1536, {384}},
+      {"1 problem 64x384, K 4096", 64, 4096, {384}},
+      {"6 problems 64x{384x5, 6}, K 384", 64, 384, {384, 384, 384, 384, 384, 6}},
+      {"16 problems 64x512, K 384 (MoE)", 64, 384, std::vector<int64_t>(16, 512)},
+      {"16 problems 64x384, K 256 (MoE)", 64, 256, std::vector<int64_t>(16, 384)},
+      {"1 problem 64x8192, K 384 (head)", 64, 384, {8192}},
+  };
+  if (section("small-gemm")) {
+    constexpr int kCalls = 50;
+    device::Buffer tiny(4);
+    device::Graph zg;
+    zg.begin();
+    for (int i = 0; i < kCalls; ++i) device::zero(tiny.get(), 4);
+    zg.end();
+    const double zus = median_ms(args.reps, [&] { zg.replay(); }) * 1e3 / kCalls;
+    rep.add("graph_node_us", {"4-byte memset in a CUDA graph (floor)", fmt("%.2f us per node", zus), "-", "-"}, zus);
+    for (const SmallCase& sc : small) {
+      int64_t wrows = 0;
+      for (int64_t n : sc.Ns) wrows += n;
+      device::Buffer A = random_values(rng, sc.M * sc.K, -1, 1, device::Storage::BF16);
+      device::Buffer W = random_values(rng, wrows * sc.K, -1, 1, device::Storage::BF16);
+      device::Buffer C(size_t(sc.M * wrows) * 4);
+      std::vector<cuda::GemmProblem> ps;
+      int64_t off = 0;
+      for (int64_t n : sc.Ns) {
+        ps.push_back({sc.M, A.get(), W.as<uint16_t>() + off * sc.K, C.as<float>() + sc.M * off, n});
+        off += n;
+      }
+      auto grouped = [&] { cuda::gemm_nt_grouped(0, sc.K, ps, device::Storage::BF16); };
+      auto library = [&] {
+        for (const cuda::GemmProblem& p : ps)
+          cuda::gemm(cuda::Op::N, cuda::Op::T, p.M, p.N, sc.K, 1.0f, p.A, sc.K, p.B, sc.K, 0.0f, p.C, p.N,
+                     device::Storage::BF16);
+      };
+      auto per_call = [&](auto&& f, bool graphed) {
+        if (!graphed)
+          return median_ms(args.reps, [&] {
+                   for (int i = 0; i < kCalls; ++i) f();
+                 }) * 1e3 / kCalls;
+        device::Graph g;
+        g.begin();
+        for (int i = 0; i < kCalls; ++i) f();
+        g.end();
+        return median_ms(args.reps, [&] { g.replay(); }) * 1e3 / kCalls;
+      };
+      const double bytes = double(wrows * sc.K + sc.M * sc.K) * 2 + double(sc.M * wrows) * 4;
+      const double gus = per_call(grouped, false), ggus = per_call(grouped, true);
+      const double lus = per_call(library, false), lgus = per_call(library, true);
+      const std::string key = std::string("small_gemm_") + std::to_string(ps.size()) + "x" + std::to_string(sc.M) + "x" +
+                              std::to_string(sc.Ns[0]) + "_K" + std::to_string(sc.K);
+      rep.add(key + "_us",
+              {std::string("grouped GEMM ") + sc.name, fmt2("%.1f us (graph %.1f)", gus, ggus),
+               fmt("roofline %.2f us", bytes / copy_bw * 1e6),
+               fmt2("cuBLAS per problem %.1f us (graph %.1f)", lus, lgus)},
+              ggus);
+    }
+  }
   // GPT-2 124M training on the GPU (fp32 weights and GEMMs, no TF32), one step of B × 1024 tokens.
   if (args.train_batch > 0 && section("gpt2")) {
     auto model = build_model(preset_config("gpt2"), "gpt2");

@@ -39,7 +39,8 @@ mkdir -p .gpu/shared/fixtures/models .gpu/shared/fixtures/ops
 if [ -n "${K3_GPU_FIXTURES:-}" ]; then
   for f in $K3_GPU_FIXTURES; do
     [ -e "$fixtures/$f" ] || { echo "pack.sh: no fixture $fixtures/$f" >&2; exit 1; }
-    mkdir -p ".gpu/shared/fixtures/$(dirname "$f")" && cp -r "$fixtures/$f" ".gpu/shared/fixtures/$f"
+    # -T: a folder's contents into its namesake (ops/ already exists; plain -r would make ops/ops).
+    mkdir -p ".gpu/shared/fixtures/$(dirname "$f")" && cp -rT "$fixtures/$f" ".gpu/shared/fixtures/$f"
   done
 else
   cp -r "$fixtures/ops/." .gpu/shared/fixtures/ops/ && cp -r "$fixtures/models/." .gpu/shared/fixtures/models/
