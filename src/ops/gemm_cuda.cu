@@ -137,9 +137,12 @@ void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void
 
 namespace {
 // Grouped C_i [M_i, N_i] = A_i [M_i, K] · B_i [N_i, K]ᵀ for the decode step's small M (a few
-// hundred rows at most): a block of 256 threads per 64 × 64 tile of one problem, K in steps of 32
-// through shared memory, the next step's operands loaded into registers while this step's
-// products run.
+// hundred rows at most): a block of 256 threads per 64 × 64 tile of one problem. At these sizes a
+// call costs the latency of its loads, not their bytes, so when every operand row can be read in
+// 16-byte pieces (`vector`) K streams through a ring of 6 stages of 64 bytes of each row
+// (cp.async; 5 stages in flight while one is multiplied): one load latency per 5 steps. Otherwise
+// (ragged K, unaligned operands) K goes in steps of 32 through shared memory, the next step's
+// operands loaded into registers while this step's products run.
 // - bf16 operands: on the tensor cores (mma m16n8k16: exact products, fp32 sums), each warp 16
 //   rows × 32 columns of the tile.
 // - fp32 operands: fp32 FMAs, each thread 4 × 4 outputs (3xTF32 on the tensor cores was tried:
@@ -161,18 +164,14 @@ struct GroupedTile {
 struct GroupedArgs {
   GroupedTile p[kGPerLaunch];
   int G, K;
-  bool vector;  // K % 8 == 0 and every operand 16-byte aligned: rows load as 16-byte vectors
+  bool vector;  // K a whole number of 16-byte pieces and every operand 16-byte aligned
 };
 
-// Eight consecutive bf16 elements of one row, loaded as 16 bytes (or one by one, zeros past the
-// row's end, when the row is ragged or unaligned) and stored to shared memory as they are.
+// Eight consecutive bf16 elements of one row, loaded one by one (zeros past the row's end: the
+// rows this path takes are ragged or unaligned) and stored to shared memory as 16 bytes.
 struct Eight {
   uint4 v;
-  __device__ void load(const __nv_bfloat16* p, bool vector, int n) {  // n: elements in range (≤ 8)
-    if (vector && n == 8) {
-      v = *reinterpret_cast<const uint4*>(p);
-      return;
-    }
+  __device__ void load(const __nv_bfloat16* p, int n) {  // n: elements in range (≤ 8)
     alignas(16) __nv_bfloat16 e[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) e[j] = j < n ? p[j] : __float2bfloat16(0.0f);
@@ -215,8 +214,8 @@ __global__ void __launch_bounds__(kGThreads, 2) grouped_bf16_kernel(const __grid
   Eight ra, rb;
   auto fetch = [&](int k0) {
     const int n = max(0, min(8, K - (k0 + sk)));
-    ra.load(a_row + k0, args.vector, a_in ? n : 0);
-    rb.load(b_row + k0, args.vector, b_in ? n : 0);
+    ra.load(a_row + k0, a_in ? n : 0);
+    rb.load(b_row + k0, b_in ? n : 0);
   };
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int r0 = warp / 2 * 16, c0 = warp % 2 * 32;  // the warp's rows and columns in the tile
@@ -290,9 +289,147 @@ __global__ void __launch_bounds__(kGThreads) grouped_f32_kernel(const __grid_con
     }
 }
 
+// The ring. Stage s holds kK values of K of the tile's 64 rows of A and of B: bf16 64 values (128
+// bytes, rows padded to 144: ldmatrix's eight rows then fall on distinct banks), 4 stages; fp32 16
+// values (64 bytes, rows padded to 80: float4 reads of eight rows on distinct banks), 6 stages.
+// Each thread copies whole 16-byte pieces. Per stage a warp issues few instructions beside its
+// products (the kernel is issue-bound at these sizes: ncu, 2 warps per scheduler).
+template <class T>
+struct Ring;
+template <>
+struct Ring<__nv_bfloat16> {
+  static constexpr int kK = 64, kRowBytes = 144, kStages = 4;
+};
+template <>
+struct Ring<float> {
+  static constexpr int kK = 16, kRowBytes = 80, kStages = 6;
+};
+template <class T>
+constexpr int ring_bytes() {
+  return Ring<T>::kStages * 2 * kGT * Ring<T>::kRowBytes;  // 73,728 and 61,440: dynamic shared memory
+}
+
+template <class T>
+__global__ void __launch_bounds__(kGThreads, 2) grouped_ring_kernel(const __grid_constant__ GroupedArgs args) {
+  constexpr int kK = Ring<T>::kK, kStages = Ring<T>::kStages, kRow = Ring<T>::kRowBytes / int(sizeof(T));
+  constexpr int kPiece = 16 / int(sizeof(T)), kPieces = kK / kPiece;  // 16-byte pieces per row and stage
+  constexpr int kRowsPerPass = kGThreads / kPieces, kPasses = kGT / kRowsPerPass;
+  using Stage = T[2][kGT][kRow];  // [A or B][row][k]
+  extern __shared__ __align__(16) unsigned char ring_smem[];
+  Stage* ring = reinterpret_cast<Stage*>(ring_smem);
+  const GroupedTile& P = args.p[blockIdx.y];
+  const int tile = int(blockIdx.x);
+  if (tile >= P.tiles) return;  // a smaller problem than the launch's largest
+  const int m0 = tile / P.n_tiles * kGT, n0 = tile % P.n_tiles * kGT, K = args.K, M = P.M, N = P.N;
+  const int sr = int(threadIdx.x) / kPieces, sk = int(threadIdx.x) % kPieces * kPiece;  // first row, piece
+  // Rows past M or N read the last row (in bounds; their products are never stored).
+  const T* a_src[kPasses];
+  const T* b_src[kPasses];
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    a_src[p] = static_cast<const T*>(P.A) + int64_t(min(m0 + sr + p * kRowsPerPass, M - 1)) * K + sk;
+    b_src[p] = static_cast<const T*>(P.B) + int64_t(min(n0 + sr + p * kRowsPerPass, N - 1)) * K + sk;
+  }
+  const int steps = (K + kK - 1) / kK;
+  auto issue = [&](int s, int slot) {  // stage s's copies into `slot` (zeros past K), then a group
+    if (s < steps) {
+      const int k = s * kK;
+      const bool in = k + sk < K;  // K is a multiple of kPiece: a piece is all in or all out
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        device::cp_async16_zfill(&ring[slot][0][sr + p * kRowsPerPass][sk], in ? a_src[p] + k : a_src[p], in);
+        device::cp_async16_zfill(&ring[slot][1][sr + p * kRowsPerPass][sk], in ? b_src[p] + k : b_src[p], in);
+      }
+    }
+    device::cp_async_commit();  // empty or not: the group count stays one per stage
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s, s);
+  float acc[4][4] = {};
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  int slot = 0;
+  for (int s = 0; s < steps; ++s) {
+    device::cp_async_wait<kStages - 2>();  // this thread's pieces of stage s have landed
+    __syncthreads();                       // everyone's; and stage s − 1's slot is no longer read
+    issue(s + kStages - 1, slot == 0 ? kStages - 1 : slot - 1);
+    const Stage& st = ring[slot];
+    slot = slot == kStages - 1 ? 0 : slot + 1;
+    if constexpr (sizeof(T) == 2) {
+      // Each warp 16 rows × 32 columns of the tile on the tensor cores; fragments by ldmatrix (A:
+      // lanes 0–15 rows at k, 16–31 the same rows at k + 8; B: matrix i of the x4 is columns
+      // 8·(2h + i / 2)… at k + 8·(i % 2)).
+      const int r0 = warp / 2 * 16, c0 = warp % 2 * 32;
+#pragma unroll
+      for (int kk = 0; kk < kK; kk += 16) {
+        uint32_t a[4], b[2][4];
+        device::ldmatrix_x4(a, &st[0][r0 + lane % 16][kk + lane / 16 * 8]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          device::ldmatrix_x4(b[h], &st[1][c0 + 16 * h + lane / 16 * 8 + lane % 8][kk + lane / 8 % 2 * 8]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) device::mma_bf16(acc[j], a, b[j / 2][j % 2 * 2], b[j / 2][j % 2 * 2 + 1]);
+      }
+    } else {
+      // fp32 FMAs, each thread rows ty + 16i × columns tx + 16j, k in order.
+      const int tx = int(threadIdx.x) & 15, ty = int(threadIdx.x) >> 4;
+#pragma unroll
+      for (int kk = 0; kk < kK; kk += 4) {
+        float4 a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          a[i] = *reinterpret_cast<const float4*>(&st[0][ty + 16 * i][kk]);
+          b[i] = *reinterpret_cast<const float4*>(&st[1][tx + 16 * i][kk]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            acc[i][j] = fmaf(a[i].x, b[j].x, acc[i][j]);
+            acc[i][j] = fmaf(a[i].y, b[j].y, acc[i][j]);
+            acc[i][j] = fmaf(a[i].z, b[j].z, acc[i][j]);
+            acc[i][j] = fmaf(a[i].w, b[j].w, acc[i][j]);
+          }
+      }
+    }
+  }
+  device::cp_async_wait<0>();  // no copy outlives the block (the tail's groups are empty)
+  if constexpr (sizeof(T) == 2) {
+    const int r0 = warp / 2 * 16, c0 = warp % 2 * 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int m = m0 + r0 + g + (c / 2) * 8, n = n0 + c0 + 8 * j + 2 * t + c % 2;
+        if (m < M && n < N) P.C[int64_t(m) * N + n] = acc[j][c];
+      }
+  } else {
+    const int tx = int(threadIdx.x) & 15, ty = int(threadIdx.x) >> 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+        if (m < M && n < N) P.C[int64_t(m) * N + n] = acc[i][j];
+      }
+  }
+}
+
+template <class T>
+void launch_ring(const GroupedArgs& args, dim3 grid) {
+  static const bool attributes_set = [] {
+    K3_CUDA_CHECK(
+        cudaFuncSetAttribute(grouped_ring_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_bytes<T>()));
+    return true;
+  }();
+  (void)attributes_set;
+  grouped_ring_kernel<T><<<grid, kGThreads, ring_bytes<T>(), device::stream()>>>(args);
+}
+
 void launch_grouped(const GroupedArgs& args, int max_tiles, Storage st) {
   const dim3 grid(unsigned(max_tiles), unsigned(args.G));
-  if (st == Storage::BF16) grouped_bf16_kernel<<<grid, kGThreads, 0, device::stream()>>>(args);
+  if (args.vector && st == Storage::BF16) launch_ring<__nv_bfloat16>(args, grid);
+  else if (args.vector) launch_ring<float>(args, grid);
+  else if (st == Storage::BF16) grouped_bf16_kernel<<<grid, kGThreads, 0, device::stream()>>>(args);
   else grouped_f32_kernel<<<grid, kGThreads, 0, device::stream()>>>(args);
   K3_CUDA_LAUNCHED();
 }
@@ -319,7 +456,7 @@ void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& probl
     if (p.N > INT32_MAX / 2) throw error("gemm", "grouped: N = ", p.N, " exceeds 32-bit sizes");
     const int64_t mt = (p.M + kGT - 1) / kGT, nt = (p.N + kGT - 1) / kGT;
     if (mt * nt > INT32_MAX) throw error("gemm", "grouped: ", mt * nt, " tiles exceed the grid");
-    if (args.G == 0) args.vector = K % 8 == 0;
+    if (args.G == 0) args.vector = K % (st == Storage::BF16 ? 8 : 4) == 0;  // whole 16-byte pieces per row
     args.vector = args.vector && reinterpret_cast<uintptr_t>(p.A) % 16 == 0 && reinterpret_cast<uintptr_t>(p.B) % 16 == 0;
     args.p[args.G++] = {p.A, p.B, p.C, int(p.M), int(p.N), int(nt), int(mt * nt)};
     max_tiles = std::max(max_tiles, int(mt * nt));
