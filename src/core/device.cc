@@ -30,12 +30,12 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 }
 AllocatorStats allocator_stats() { return {}; }
 void empty_cache() {}
-void upload(void*, const void*, size_t) { unavailable(); }
+void upload(void*, const void*, size_t, Refresh) { unavailable(); }
 void download(void*, const void*, size_t) { unavailable(); }
 void zero(void*, size_t) { unavailable(); }
 void copy(void*, const void*, size_t) { unavailable(); }
 void synchronize() {}
-Buffer upload_new(const void*, size_t bytes) {
+Buffer upload_new(const void*, size_t bytes, Refresh) {
   if (bytes) unavailable();
   return {};
 }
@@ -51,9 +51,14 @@ Buffer zeros_f32(int64_t n) {
   return {};
 }
 Graph::~Graph() = default;
-void Graph::begin() { unavailable(); }
+void Graph::begin(int64_t) { unavailable(); }
 void Graph::end() {}
+void Graph::abort() {}
+void Graph::set_input(const int64_t*, int64_t) { unavailable(); }
 void Graph::replay() {}
+int64_t Graph::slots(Refresh) const { return 0; }
+void Graph::release() {}
+bool capturing() { return false; }
 Timer::Timer() { unavailable(); }
 Timer::~Timer() = default;
 void Timer::start() {}

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 namespace k3::device {
 
@@ -52,17 +53,26 @@ struct AllocatorStats {
 AllocatorStats allocator_stats();
 void empty_cache();  // returns the free lists to the driver
 
+// How an upload queued while a Graph is being captured is refreshed before each replay (a decode
+// step replayed as a graph: one capture, then the same kernels on the next tokens).
+enum class Refresh : uint8_t {
+  None,      // not replayable: uploading during a capture throws (the capture is abandoned)
+  Constant,  // the same bytes every step (tables of per-sequence pointers, RoPE frequencies)
+  Advance,   // int64 values that move by the step's tokens every step (positions, cache lengths)
+  Input,     // the step's token ids (Graph::set_input); one per graph
+};
+
 // Copies on k3's stream. upload returns once the host bytes have been read: small uploads go
 // through a pinned staging ring and are queued without a stream sync, large ones wait for the copy.
 // download waits for the copy (and so for everything queued before it).
-void upload(void* dst_device, const void* src_host, size_t bytes);
+void upload(void* dst_device, const void* src_host, size_t bytes, Refresh refresh = Refresh::None);
 void download(void* dst_host, const void* src_device, size_t bytes);
 void zero(void* dst_device, size_t bytes);
 void copy(void* dst_device, const void* src_device, size_t bytes);  // device to device, queued
 void synchronize();  // waits for everything queued on k3's stream; throws on a kernel fault
 
 // Upload a host array into a fresh buffer (nullptr/0 bytes gives an empty buffer).
-Buffer upload_new(const void* src_host, size_t bytes);
+Buffer upload_new(const void* src_host, size_t bytes, Refresh refresh = Refresh::None);
 // fp32 host values stored on the device as fp32 or bf16 (`bf16` rounds to nearest even), and back.
 enum class Storage : uint8_t { F32, BF16 };
 Buffer upload_values(const float* src_host, int64_t n, Storage storage);
@@ -71,20 +81,47 @@ Buffer zeros_f32(int64_t n);  // n fp32 zeros
 
 // A CUDA graph of the work queued on k3's stream between begin() and end(): replaying it costs
 // one launch for many kernels (the decode loop's many small kernels).
+// - Uploads during the capture need a Refresh rule; each gets a pinned host slot of its own, which
+//   replay() refreshes first (Advance: + step_tokens per int64; Input: set_input's ids).
+// - Device memory handed out during the capture stays reserved for the graph (not reused when
+//   freed) until the graph is destroyed, so the replays' kernels find their buffers intact.
+// - A failed capture (an upload without a rule, a synchronising call, any CUDA error) throws from
+//   the call that broke it; abort() then ends the capture and releases what it held.
 class Graph {
  public:
   Graph() = default;
   ~Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
-  void begin();
+  void begin(int64_t step_tokens = 0);
   void end();
+  void abort();
+  bool ready() const { return exec_ != nullptr; }
+  void set_input(const int64_t* ids, int64_t n);  // the Input slot's next values (n must match)
   void replay();
+  // Bookkeeping the capture made (uploads by rule), for reports and tests.
+  int64_t slots(Refresh r) const;
+
+  struct Slot {
+    void* host = nullptr;
+    size_t bytes = 0;
+    Refresh refresh = Refresh::None;
+  };
 
  private:
+  friend struct CaptureAccess;
+  void release();
   void* graph_ = nullptr;
+  void* done_ = nullptr;  // event after the last replay: its copies have read the slots
   void* exec_ = nullptr;
+  int64_t step_tokens_ = 0;
+  bool replayed_ = false;
+  std::vector<Slot> slots_;
+  std::vector<void*> reserved_;
 };
+// True while a Graph is being captured on this thread: code whose launches bake in values that
+// change from step to step (a host-side length in a kernel's parameters) refuses with this.
+bool capturing();
 
 // Device-side timing for benchmarks: events on k3's stream.
 class Timer {

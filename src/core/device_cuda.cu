@@ -4,6 +4,7 @@
 // free list of its rounded size and is handed out again for the same class. No splitting or
 // merging: simple, and the loops k3 runs (decode, training steps) ask for the same sizes again and
 // again. When cudaMalloc fails the free lists are emptied once and the call retried.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -30,10 +31,14 @@ size_t round_size(size_t bytes) {
   return (bytes + grain - 1) / grain * grain;
 }
 
+// Blocks handed out while this thread captures a Graph (the graph's reserved_ list), or null.
+thread_local std::vector<void*>* t_reserve = nullptr;
+
 struct Allocator {
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free_lists;  // rounded size -> blocks
   std::unordered_map<void*, size_t> live;            // block -> rounded size
+  std::unordered_map<void*, size_t> reserved;        // blocks a graph holds -> rounded size
   AllocatorStats stats;
 
   void* get(size_t bytes) {
@@ -63,6 +68,7 @@ struct Allocator {
       ++stats.mallocs;
     }
     live[p] = size;
+    if (t_reserve) t_reserve->push_back(p), reserved[p] = size;
     stats.in_use += size;
     if (stats.in_use > stats.peak) stats.peak = stats.in_use;
     return p;
@@ -74,8 +80,19 @@ struct Allocator {
     const size_t size = it->second;
     live.erase(it);
     stats.in_use -= size;
+    if (reserved.count(p)) return;  // a graph's kernels still write it: back when the graph goes
     stats.cached += size;
     free_lists[size].push_back(p);
+  }
+  void unreserve(const std::vector<void*>& blocks) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (void* p : blocks) {
+      auto it = reserved.find(p);
+      if (it == reserved.end()) continue;
+      const size_t size = it->second;
+      reserved.erase(it);
+      if (!live.count(p)) stats.cached += size, free_lists[size].push_back(p);
+    }
   }
   void release_locked() {
     // Blocks may still be in use by queued kernels of their last owner: wait first.
@@ -195,8 +212,31 @@ Staging& staging() {
 }
 }  // namespace
 
-void upload(void* dst, const void* src, size_t bytes) {
+// The Graph this thread is capturing, or null.
+thread_local Graph* t_capture = nullptr;
+
+struct CaptureAccess {
+  static void add_slot(Graph& g, void* dst, const void* src, size_t bytes, Refresh refresh) {
+    if (refresh == Refresh::None)
+      throw error("graph", "an upload of ", bytes, " bytes during a graph capture has no refresh rule: this step ",
+                  "cannot be replayed");
+    if (refresh == Refresh::Advance && bytes % sizeof(int64_t))
+      throw error("graph", "an advancing upload of ", bytes, " bytes is not a whole number of int64 values");
+    if (refresh == Refresh::Input && g.slots(Refresh::Input))
+      throw error("graph", "a second input upload during one capture");
+    Graph::Slot slot{nullptr, bytes, refresh};
+    K3_CUDA_CHECK(cudaHostAlloc(&slot.host, bytes, cudaHostAllocDefault));
+    std::memcpy(slot.host, src, bytes);
+    g.slots_.push_back(slot);
+    K3_CUDA_CHECK(cudaMemcpyAsync(dst, slot.host, bytes, cudaMemcpyHostToDevice, stream()));
+  }
+};
+
+bool capturing() { return t_capture != nullptr; }
+
+void upload(void* dst, const void* src, size_t bytes, Refresh refresh) {
   if (!bytes) return;
+  if (t_capture) return CaptureAccess::add_slot(*t_capture, dst, src, bytes, refresh);
   Staging& s = staging();
   if (bytes <= Staging::kMaxUpload) {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -232,9 +272,9 @@ void copy(void* dst, const void* src, size_t bytes) {
 }
 void synchronize() { K3_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
-Buffer upload_new(const void* src, size_t bytes) {
+Buffer upload_new(const void* src, size_t bytes, Refresh refresh) {
   Buffer b(bytes);
-  if (bytes && src) upload(b.get(), src, bytes);
+  if (bytes && src) upload(b.get(), src, bytes, refresh);
   return b;
 }
 
@@ -261,19 +301,86 @@ Buffer zeros_f32(int64_t n) {
 }
 
 Graph::~Graph() {
+  if (t_capture == this) abort();
+  release();
+}
+void Graph::release() {
   if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
   if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  if (done_) {
+    cudaEventSynchronize(static_cast<cudaEvent_t>(done_));  // no replay still reads the slots
+    cudaEventDestroy(static_cast<cudaEvent_t>(done_));
+  }
+  exec_ = graph_ = done_ = nullptr;
+  for (Slot& s : slots_) cudaFreeHost(s.host);
+  slots_.clear();
+  allocator().unreserve(reserved_);
+  reserved_.clear();
+  replayed_ = false;
 }
-void Graph::begin() { K3_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal)); }
+void Graph::begin(int64_t step_tokens) {
+  if (t_capture) throw error("graph", "a capture is already under way on this thread");
+  release();
+  // Relaxed: the allocator may call cudaMalloc and the uploads cudaHostAlloc while capturing;
+  // a synchronisation of the captured stream still fails (and so does the capture).
+  K3_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeRelaxed));
+  step_tokens_ = step_tokens;
+  t_capture = this;
+  t_reserve = &reserved_;
+}
 void Graph::end() {
+  if (t_capture != this) throw error("graph", "end() without begin()");
+  t_capture = nullptr;
+  t_reserve = nullptr;
   cudaGraph_t g = nullptr;
-  K3_CUDA_CHECK(cudaStreamEndCapture(stream(), &g));
+  const cudaError_t e = cudaStreamEndCapture(stream(), &g);
   graph_ = g;
-  cudaGraphExec_t e = nullptr;
-  K3_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  exec_ = e;
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    release();
+    cuda_fail(e, "cudaStreamEndCapture", __FILE__, __LINE__);
+  }
+  cudaGraphExec_t x = nullptr;
+  K3_CUDA_CHECK(cudaGraphInstantiate(&x, g, 0));
+  exec_ = x;
+  cudaEvent_t ev = nullptr;
+  K3_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  done_ = ev;
 }
-void Graph::replay() { K3_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream())); }
+void Graph::abort() {
+  if (t_capture == this) {
+    t_capture = nullptr;
+    t_reserve = nullptr;
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(stream(), &g);  // fails when the capture was invalidated: nothing to keep
+    if (g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+  }
+  release();
+}
+int64_t Graph::slots(Refresh r) const {
+  return int64_t(std::count_if(slots_.begin(), slots_.end(), [r](const Slot& s) { return s.refresh == r; }));
+}
+void Graph::set_input(const int64_t* ids, int64_t n) {
+  auto it = std::find_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.refresh == Refresh::Input; });
+  if (it == slots_.end()) throw error("graph", "set_input: the capture uploaded no input");
+  if (size_t(n) * sizeof(int64_t) != it->bytes)
+    throw error("graph", "set_input: ", n, " ids for a step captured with ", it->bytes / sizeof(int64_t));
+  if (done_) K3_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(done_)));
+  std::memcpy(it->host, ids, it->bytes);
+}
+void Graph::replay() {
+  if (!exec_) throw error("graph", "replay() before a capture ended");
+  if (replayed_) {  // the first replay runs the captured step itself; later ones the next steps
+    K3_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(done_)));
+    for (Slot& s : slots_)
+      if (s.refresh == Refresh::Advance)
+        for (size_t i = 0; i < s.bytes / sizeof(int64_t); ++i) static_cast<int64_t*>(s.host)[i] += step_tokens_;
+  }
+  K3_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream()));
+  K3_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_), stream()));
+  replayed_ = true;
+}
 
 Timer::Timer() {
   cudaEvent_t a, b;
