@@ -169,7 +169,7 @@ void register_bench(CLI::App& app) {
   static int64_t steps = 16, batch = 1;
   static RuntimeOptions rt;
   static std::string cache_dtype = "f32", dtype = "f32";
-  static bool profile_steps = false, profile_host = false;
+  static bool profile_steps = false, profile_host = false, no_graph = false;
   static double memory_mb = 0;
   auto* batch_opt = dec->add_option("--batch", batch, "Sequences decoded together, each at the context (tok/s counts all)")
                         ->capture_default_str()
@@ -194,6 +194,10 @@ void register_bench(CLI::App& app) {
   dec->add_flag("--profile-host", profile_host,
                 "As --profile, but without waiting for the device: each scope's time is what the host takes to queue "
                 "its work (and any wait inside it), which shows where a launch-bound step goes");
+  dec->add_flag("--no-graph", no_graph,
+                "On CUDA, queue every step's kernels from the host instead of replaying the step as a CUDA graph "
+                "(the graph is captured on the second step; models whose step cannot be replayed run without it "
+                "and say why)");
   add_runtime_options(dec, rt);
   dec->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
@@ -272,11 +276,15 @@ void register_bench(CLI::App& app) {
         // Greedy decoding: each step's tokens are the last step's picks (on the device, only the
         // ids come back).
         std::vector<int64_t> next(static_cast<size_t>(nb), 1), fed(next);
+        GreedyDecoder decoder(*model, cp, !no_graph);
         auto step = [&] {
           fed.swap(next);
-          model->greedy(TokenBatch{fed.data(), nb, 1, cp.data()}, next.data());
+          decoder.step(fed.data(), next.data());
         };
         for (int64_t s = 0; s < kWarmup; ++s) step();
+        if (gpu && !no_graph && c == ctxs.front())
+          std::printf("%s\n", decoder.replaying() ? "  (each step replayed as one CUDA graph; --no-graph queues them)"
+                                                   : ("  (no CUDA graph: " + decoder.refusal() + ")").c_str());
         auto t = clock_type::now();
         for (int64_t s = 1; s < steps; ++s) step();
         const double sec = seconds_since(t) / double(steps - 1);  // logits come back each step: synchronised
@@ -291,9 +299,10 @@ void register_bench(CLI::App& app) {
           profile::reset();
           profile::enable(drain);
           auto t2 = clock_type::now();
-          for (int64_t s = 0; s < steps; ++s) {
+          for (int64_t s = 0; s < steps; ++s) {  // scope by scope: queued from the host, not replayed
             profile::Scope one("step");
-            step();
+            fed.swap(next);
+            model->greedy(TokenBatch{fed.data(), nb, 1, cp.data()}, next.data());
           }
           const double wall = seconds_since(t2);
           profile::disable();

@@ -1,6 +1,12 @@
 #include "mixers/memory.h"
 
+#include "core/error.h"
+
 namespace k3 {
+
+void Memory::set_length(int64_t) {
+  throw error(std::string(memory_kind_name(kind())), "only a device memory's length can be set without its contents");
+}
 
 std::string_view memory_kind_name(MemoryKind k) {
   switch (k) {

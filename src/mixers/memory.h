@@ -28,6 +28,12 @@ class Memory {
   // context, decode speed at a context, without running a prefill). Fixed-size states only
   // count the tokens.
   virtual void extend_zeros(int64_t n) = 0;
+  // Sets the count of tokens absorbed without touching the contents: for a decode step replayed
+  // as a CUDA graph, whose kernels already wrote the device memory (models/decode_graph.h), and
+  // to take back a capture that never ran. Device memories only.
+  virtual void set_length(int64_t n);
+  // Tokens it can hold (fixed-size states: no limit).
+  virtual int64_t capacity() const { return INT64_MAX; }
 };
 
 // A sequence's context: one Memory per stateful layer, plus its position.

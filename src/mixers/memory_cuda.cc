@@ -54,6 +54,12 @@ class DeviceRows : public Memory {
     return b;
   }
   int64_t length() const override { return length_; }
+  int64_t capacity() const override { return max_; }
+  void set_length(int64_t n) override {
+    if (n < 0 || n > max_)
+      throw error(std::string(memory_kind_name(kind_)), "length ", n, " outside the capacity of ", max_, " tokens");
+    length_ = n;
+  }
   void extend_zeros(int64_t n) override {
     reserve(n);
     for (Tensor& a : arrays_) {
@@ -124,6 +130,7 @@ class DeviceState : public Memory {
     return b;
   }
   int64_t length() const override { return length_; }
+  void set_length(int64_t n) override { length_ = n; }
   void extend_zeros(int64_t n) override { length_ += n; }
   float* state() { return S_.cuda_f32(); }
   float* tail(size_t stream) { return tails_.at(stream).cuda_f32(); }
@@ -173,6 +180,8 @@ bool is_device_memory(const Memory* m) {
 Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
                         Memory* const* memories) {
   profile::Scope scope("cached attention");
+  // Each sequence's kernel takes its cache's length as a launch parameter: not replayable.
+  if (device::capturing()) throw error("attention", "a KV-cache step cannot be captured in a graph");
   const int64_t D = H * hd;
   K3_CHECK(qkv.numel() == B * T * 3 * D, "attention: qkv ", qkv.describe(), " for B=", B, " T=", T, " width ", 3 * D);
   // Every cache must take the new tokens before any changes: a failure leaves the batch intact.
@@ -213,7 +222,8 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
     K3_CHECK(cache->storage() == storage, "mla: a batch mixes fp32 and bf16 latent caches");
     p0s[size_t(b)] = cache->length();
     lats[size_t(b)] = cache->raw_mut(0);
-    longest = std::max(longest, cache->length() + T);
+    // Captured for replays: a grid for the caches' capacity, which later steps stay within.
+    longest = std::max(longest, device::capturing() ? cache->capacity() : cache->length() + T);
   }
   Tensor att = dev_empty({M, H * s.v});
   Tensor qt = dev_empty({M, H, W}), ob = dev_empty({M, H, R});
@@ -222,8 +232,9 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
   k3::cuda::gemm_strided(k3::cuda::Op::N, k3::cuda::Op::N, M, R, s.nope, 1.0f, q.cuda_f32(), H * qd, qd, wkv, R,
                          wrow * R, 0.0f, qt.cuda_f32(), H * W, W, H);
   k3::cuda::copy_blocks(q.cuda_f32() + s.nope, H * qd, qd, qt.cuda_f32() + R, H * W, W, M, H, s.rope);
-  const device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(void*));
-  const device::Buffer d_p0s = device::upload_new(p0s.data(), p0s.size() * 8);
+  // A replayed step (device::Graph) finds the same caches, each longer by T.
+  const device::Buffer d_lats = device::upload_new(lats.data(), lats.size() * sizeof(void*), device::Refresh::Constant);
+  const device::Buffer d_p0s = device::upload_new(p0s.data(), p0s.size() * 8, device::Refresh::Advance);
   // The new rows into every sequence's cache, one launch; the lengths move only once the
   // attention over them is queued (a refused shape leaves every cache as it was).
   k3::cuda::append_rows(rows.cuda_f32(), W, s.B, T, W, d_lats.as<void* const>(), d_p0s.as<int64_t>(), storage);
@@ -264,7 +275,7 @@ std::vector<Tensor> convs_with_tails(const std::vector<Tensor>& xs, const std::v
       tails[size_t(b * S + s)] = state->tail(size_t(s));
     }
   }
-  const device::Buffer d_tails = device::upload_new(tails.data(), tails.size() * sizeof(float*));
+  const device::Buffer d_tails = device::upload_new(tails.data(), tails.size() * sizeof(float*), device::Refresh::Constant);
   k3::cuda::convs_with_tails(st, d_tails.as<float*>(), B, T, W, silu);
   return ys;
 }
@@ -284,7 +295,8 @@ Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, cons
   const int64_t SS = s.HV * s.K * s.V;
   std::vector<float*> states(static_cast<size_t>(s.B));
   for (int64_t b = 0; b < s.B; ++b) states[size_t(b)] = device_memory<DeviceState>(memories[b], "delta_rule")->state();
-  const device::Buffer d_states = device::upload_new(states.data(), states.size() * sizeof(float*));
+  const device::Buffer d_states =
+      device::upload_new(states.data(), states.size() * sizeof(float*), device::Refresh::Constant);
   Tensor o = dev_empty({s.B * s.T, s.HV * s.V});
   linear::cuda::DeviceArgs a = linear::cuda::fp32_args(opts, s.H, s.HV, s.K, s.V);
   a.N = s.B;

@@ -76,6 +76,57 @@ TEST_P(FixtureModelCuda, DecodeOverDeviceMemoriesEqualsPrefill) {
   EXPECT_LT(rel_l2(step.data() + (T - 3) * V, full.data() + (T - 3) * V, 3 * V), 1e-5);
 }
 
+// GreedyDecoder: after one eager step the step is captured as a CUDA graph and replayed. Two
+// sequences (the reference prompt, and the same prompt less its last two tokens) continue
+// together: the first must give the reference's greedy ids, both the ids of the same steps
+// queued from the host (Model::greedy), and the memories they leave must give the same logits
+// for one more token. gpt2-tiny's KV-cache step is not replayable: the decoder says so and runs
+// every step from the host.
+TEST_P(FixtureModelCuda, GreedyDecoderReplaysMatchTheReference) {
+  auto model = load_model(fixture_model(GetParam()));
+  move_to(*model, Device::CUDA);
+  SafeTensors expected = SafeTensors::open(fixture_model(GetParam()) + "/expected.safetensors");
+  Tensor prompt = expected.get("prompt_ids"), greedy = expected.get("greedy_ids");
+  const int64_t P = prompt.numel(), N = greedy.numel() - P, V = model->vocab_size();
+  const int64_t* want = greedy.data<int64_t>();
+  const int64_t lens[2] = {P, P - 2};
+  std::vector<Context> graphed, queued;
+  std::vector<int64_t> first(2);
+  std::vector<float> last(static_cast<size_t>(V));
+  for (int run = 0; run < 2; ++run)
+    for (int b = 0; b < 2; ++b) {
+      std::vector<Context>& cs = run ? queued : graphed;
+      cs.push_back(model->new_context(P + N + 1));
+      model->forward(prompt.data<int64_t>(), lens[b], &cs.back(), last.data(), Logits::Last);
+      first[size_t(b)] = int64_t(std::max_element(last.begin(), last.end()) - last.begin());
+    }
+  ASSERT_EQ(first[0], want[P]);
+  std::vector<Context*> gp = {&graphed[0], &graphed[1]}, qp = {&queued[0], &queued[1]};
+  GreedyDecoder decoder(*model, gp);
+  std::vector<int64_t> g_ids = first, q_ids = first, g_next(2), q_next(2);
+  for (int64_t t = 1; t < N; ++t) {
+    decoder.step(g_ids.data(), g_next.data());
+    model->greedy(TokenBatch{q_ids.data(), 2, 1, qp.data()}, q_next.data());
+    EXPECT_EQ(g_next[0], want[P + t]) << "step " << t;
+    EXPECT_EQ(g_next, q_next) << "step " << t;
+    g_ids = g_next, q_ids = q_next;
+  }
+  const bool kv_cache = GetParam() == "gpt2-tiny";
+  EXPECT_EQ(decoder.replaying(), !kv_cache) << decoder.refusal();
+  if (kv_cache) {
+    EXPECT_NE(decoder.refusal().find("KV-cache"), std::string::npos) << decoder.refusal();
+  }
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_EQ(graphed[size_t(b)].position, queued[size_t(b)].position);
+    for (size_t l = 0; l < graphed[size_t(b)].layers.size(); ++l)
+      EXPECT_EQ(graphed[size_t(b)].layers[l]->length(), queued[size_t(b)].layers[l]->length()) << "layer " << l;
+    std::vector<float> lg(static_cast<size_t>(V)), lq(static_cast<size_t>(V));
+    model->forward(&g_ids[size_t(b)], 1, &graphed[size_t(b)], lg.data(), Logits::Last);
+    model->forward(&q_ids[size_t(b)], 1, &queued[size_t(b)], lq.data(), Logits::Last);
+    EXPECT_LT(rel_l2(lg.data(), lq.data(), V), 1e-6) << "sequence " << b;
+  }
+}
+
 // Two sequences of different lengths decoded together (one batch of B = 2, T = 1) over device
 // memories, against the same steps on the CPU.
 TEST_P(FixtureModelCuda, BatchedDecodeOfUnequalSequencesMatchesTheCpu) {

@@ -2,6 +2,8 @@
 // within 1e-4 relative L2, greedy ids exact, and decode == prefill.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "infer/generate.h"
 #include "models/registry.h"
 #include "models/testing.h"
@@ -59,6 +61,28 @@ TEST_P(FixtureModel, DecodeEqualsPrefill) {
   // an AVX-512 machine, the others stay below 1e-5. fp32 reassociation, not a drift: 3e-5.
   EXPECT_LT(rel_l2(step.data(), full.data(), T * V), 3e-5);
   EXPECT_EQ(ctx.position, T);
+}
+
+// On the CPU the greedy decoder is Model::greedy step by step (the graph is a CUDA matter), and
+// bad input is a clear error: no contexts, a null one; a host memory cannot have its length set
+// without its contents (what a replayed device step does).
+TEST_P(FixtureModel, GreedyDecoderOnTheCpuIsModelGreedy) {
+  Tensor prompt = expected->get("prompt_ids"), greedy = expected->get("greedy_ids");
+  const int64_t P = prompt.numel(), N = greedy.numel() - P, V = model->vocab_size();
+  Context ctx = model->new_context(P + N);
+  std::vector<float> last(static_cast<size_t>(V));
+  model->forward(prompt.data<int64_t>(), P, &ctx, last.data(), Logits::Last);
+  int64_t id = int64_t(std::max_element(last.begin(), last.end()) - last.begin()), next = 0;
+  GreedyDecoder decoder(*model, {&ctx});
+  for (int64_t t = 1; t < N; ++t, id = next) {
+    decoder.step(&id, &next);
+    EXPECT_EQ(next, greedy.data<int64_t>()[P + t]) << "step " << t;
+  }
+  EXPECT_FALSE(decoder.replaying());
+  EXPECT_EQ(ctx.position, P + N - 1);
+  EXPECT_THROW(GreedyDecoder(*model, {}), Error);
+  EXPECT_THROW(GreedyDecoder(*model, {nullptr}), Error);
+  EXPECT_THROW(ctx.layers.front()->set_length(1), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModel, ::testing::Values("gpt2-tiny", "deepseek-v3-tiny", "kimi-linear-tiny", "kimi-k3-tiny"),

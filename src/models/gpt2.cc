@@ -81,7 +81,7 @@ Var Gpt2Model::hidden(const TokenBatch& batch) const {
       throw error("gpt2", "position ", p0 + T, " exceeds n_positions = ", c_.n_positions);
     for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = p0 + t;
   }
-  Var x = ag::add(ag::embedding(wte_, ids), ag::embedding(wpe_, pos));  // [B*T, D]
+  Var x = ag::add(ag::embedding(wte_, ids), ag::position_embedding(wpe_, pos));  // [B*T, D]
   x = blocks_.forward(x, B, T, batch.contexts);
   return ln_f_(x);
 }

@@ -96,16 +96,25 @@ void Model::logits(const TokenBatch& batch, float* out, Logits which) const {
   linear_forward(h->value.f32(), rows, D, V, head_weight()->value, WeightLayout::OutIn, nullptr, out);
 }
 
+#if defined(K3_HAS_CUDA)
+namespace {
+// The device half of a greedy step: every kernel of it, the B picks left in ids (device).
+void device_greedy(const Model& m, const TokenBatch& batch, int64_t* ids) {
+  Var h = m.hidden(batch);
+  std::optional<profile::Scope> scope(std::in_place, "lm head");
+  const Tensor lg = device_logits(h, batch, Logits::Last, m.head_weight());
+  scope.emplace("greedy pick");
+  cuda::argmax_rows(lg.cuda_f32(), batch.B, m.vocab_size(), ids);
+}
+}  // namespace
+#endif
+
 void Model::greedy(const TokenBatch& batch, int64_t* next) const {
   const int64_t V = vocab_size();
 #if defined(K3_HAS_CUDA)
   if (head_weight()->value.device() == Device::CUDA) {
-    Var h = hidden(batch);
-    std::optional<profile::Scope> scope(std::in_place, "lm head");
-    const Tensor lg = device_logits(h, batch, Logits::Last, head_weight());
-    scope.emplace("greedy pick");
     device::Buffer ids(size_t(batch.B) * sizeof(int64_t));
-    cuda::argmax_rows(lg.cuda_f32(), batch.B, V, ids.as<int64_t>());
+    device_greedy(*this, batch, ids.as<int64_t>());
     device::download(next, ids.get(), size_t(batch.B) * sizeof(int64_t));
     return;
   }
@@ -119,6 +128,85 @@ void Model::greedy(const TokenBatch& batch, int64_t* next) const {
       next[b] = int64_t(std::max_element(row, row + V) - row);
     }
   });
+}
+
+GreedyDecoder::GreedyDecoder(const Model& model, std::vector<Context*> contexts, bool use_graph)
+    : model_(model), contexts_(std::move(contexts)), use_graph_(use_graph) {
+  if (contexts_.empty()) throw error("decode", "a greedy decoder needs at least one context");
+  for (Context* c : contexts_)
+    if (!c) throw error("decode", "a greedy decoder was given a null context");
+}
+GreedyDecoder::~GreedyDecoder() = default;
+
+bool GreedyDecoder::replaying() const { return graph_ && graph_->ready(); }
+
+void GreedyDecoder::step(const int64_t* ids, int64_t* next) {
+  const int64_t B = int64_t(contexts_.size());
+  const TokenBatch batch{ids, B, 1, contexts_.data()};
+  const bool device = model_.head_weight()->value.device() == Device::CUDA;
+  // The first step runs eagerly: the allocator, GEMM plans and lazily made copies settle first.
+  if (!device || !use_graph_ || !refusal_.empty() || steps_ == 0) {
+    model_.greedy(batch, next);
+    ++steps_;
+    return;
+  }
+  if (!graph_) {
+    capture(ids, next);
+    ++steps_;
+    return;
+  }
+  for (Context* c : contexts_) {  // the eager step's checks, before anything moves
+    if (c->position + 1 > model_.max_positions())
+      throw error("decode", "position ", c->position + 1, " exceeds the model's ", model_.max_positions(), " positions");
+    for (const auto& m : c->layers)
+      if (m->length() + 1 > m->capacity())
+        throw error(std::string(memory_kind_name(m->kind())), "context of ", m->length() + 1,
+                    " tokens exceeds the limit of ", m->capacity());
+  }
+  graph_->set_input(ids, B);
+  graph_->replay();
+  device::download(next, picks_->get(), size_t(B) * sizeof(int64_t));
+  for (Context* c : contexts_) {
+    c->position += 1;
+    for (auto& m : c->layers) m->set_length(m->length() + 1);
+  }
+  ++steps_;
+}
+
+void GreedyDecoder::capture(const int64_t* ids, int64_t* next) {
+  const int64_t B = int64_t(contexts_.size());
+  const TokenBatch batch{ids, B, 1, contexts_.data()};
+#if defined(K3_HAS_CUDA)
+  // What the host's bookkeeping was, to set back if the capture fails (nothing captured ran).
+  std::vector<int64_t> positions, lengths;
+  for (Context* c : contexts_) {
+    positions.push_back(c->position);
+    for (const auto& m : c->layers) lengths.push_back(m->length());
+  }
+  picks_ = std::make_unique<device::Buffer>(size_t(B) * sizeof(int64_t));
+  graph_ = std::make_unique<device::Graph>();
+  try {
+    graph_->begin(/*step_tokens=*/1);
+    device_greedy(model_, batch, picks_->as<int64_t>());
+    graph_->end();
+  } catch (const std::exception& e) {
+    graph_->abort();
+    graph_.reset();
+    refusal_ = e.what();
+    size_t i = 0;
+    for (size_t b = 0; b < contexts_.size(); ++b) {
+      contexts_[b]->position = positions[b];
+      for (auto& m : contexts_[b]->layers) m->set_length(lengths[i++]);
+    }
+    model_.greedy(batch, next);
+    return;
+  }
+  graph_->replay();  // the captured step itself
+  device::download(next, picks_->get(), size_t(B) * sizeof(int64_t));
+#else
+  (void)B;
+  model_.greedy(batch, next);
+#endif
 }
 
 void Model::forward(const int64_t* ids, int64_t T, Context* ctx, float* out, Logits which) const {

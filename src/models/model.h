@@ -4,11 +4,13 @@
 // lists of Memory objects) and training (under ag Recording, then backward).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "blocks/stack.h"
+#include "core/device.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "mixers/memory.h"
@@ -75,6 +77,36 @@ class Model {
   size_t weight_bytes() const;  // bytes of the parameters as held now
 
   std::optional<int64_t> eos_token_id;
+};
+
+// Greedy decoding of a fixed batch of contexts, one token per sequence per step, as
+// Model::greedy. On CUDA the second step is captured once as a CUDA graph (device::Graph) and
+// replayed for it and every step after: one launch instead of a few hundred, and none of the
+// host's per-op work. The replays find their token ids, positions and cache lengths through the
+// capture's refreshed uploads; the contexts' counts move on the host after each. A step that
+// cannot be replayed (a KV cache's per-sequence launches, routing read back to the host) throws
+// during the capture: the capture is dropped, the contexts are set back, and every step runs as
+// Model::greedy does (refusal() says why).
+class GreedyDecoder {
+ public:
+  GreedyDecoder(const Model& model, std::vector<Context*> contexts, bool use_graph = true);
+  ~GreedyDecoder();
+  GreedyDecoder(const GreedyDecoder&) = delete;
+  GreedyDecoder& operator=(const GreedyDecoder&) = delete;
+  // next[b] = sequence b's pick after ids[b].
+  void step(const int64_t* ids, int64_t* next);
+  bool replaying() const;                               // the steps now run as graph replays
+  const std::string& refusal() const { return refusal_; }  // why not, once a capture failed
+
+ private:
+  void capture(const int64_t* ids, int64_t* next);
+  const Model& model_;
+  std::vector<Context*> contexts_;
+  bool use_graph_;
+  int64_t steps_ = 0;
+  std::string refusal_;
+  std::unique_ptr<device::Graph> graph_;
+  std::unique_ptr<device::Buffer> picks_;
 };
 
 // Fills every parameter from a checkpoint by its HF name. `alias` maps our name to the

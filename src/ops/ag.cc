@@ -160,6 +160,11 @@ Var rmsnorm(const Var& x, const Var& w, float eps) {
   }, "rmsnorm");
 }
 
+Var position_embedding(const Var& table, const std::vector<int64_t>& positions) {
+  K3_AG_CUDA(table, position_embedding(table, positions));
+  return embedding(table, positions);
+}
+
 Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx) {
   K3_AG_CUDA(table, embedding(table, ids, padding_idx));
   const int64_t D = table->value.dim(1), n = int64_t(ids.size());

@@ -24,6 +24,9 @@ Var rmsnorm(const Var& x, const Var& w, float eps);  // w may be null
 // [n, D]. Rows of padding_idx get no gradient (PyTorch's nn.Embedding(padding_idx=...), which
 // HF DeepSeek/Kimi models use: their pad row never trains).
 Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx = std::nullopt);
+// The same lookup by positions (learned position embeddings): a decode step replayed as a CUDA
+// graph (device::Graph) advances them, where it feeds new token ids to embedding().
+Var position_embedding(const Var& table, const std::vector<int64_t>& positions);
 Var reshape(const Var& x, Shape shape);
 Var slice_last(const Var& x, int64_t begin, int64_t end);  // along the last dim
 Var concat_last(const std::vector<Var>& xs);

@@ -19,8 +19,10 @@ int64_t rows(const Tensor& t) { return t.numel() / std::max<int64_t>(1, last_dim
 float* out(const Tensor& t) { return t.cuda_f32(); }
 
 using Ids = std::shared_ptr<device::Buffer>;
-Ids upload_ids(const std::vector<int64_t>& v) {
-  return std::make_shared<device::Buffer>(device::upload_new(v.data(), v.size() * 8));
+// refresh: how a replayed decode step's graph renews the ids (device.h); None where a step that
+// uploads them cannot be replayed.
+Ids upload_ids(const std::vector<int64_t>& v, device::Refresh refresh = device::Refresh::None) {
+  return std::make_shared<device::Buffer>(device::upload_new(v.data(), v.size() * 8, refresh));
 }
 
 // The inputs' device gradients (null when an input needs none) and the output's.
@@ -225,13 +227,16 @@ Var rmsnorm(const Var& x, const Var& w, float eps) {
   }, "rmsnorm");
 }
 
-Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx) {
+namespace {
+// refresh: the rule of the ids' upload in a captured step (token ids, or positions).
+Var embedding_of(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx,
+                 device::Refresh refresh) {
   const int64_t D = table->value.dim(1), n = int64_t(ids.size());
   const int64_t vocab = table->value.dim(0);
   for (int64_t id : ids)  // checked here, so the kernel needs no flag read back
     if (id < 0 || id >= vocab) throw error("embedding", "token id ", id, " is outside the vocabulary [0, ", vocab, ")");
   Tensor y = empty({n, D});
-  const Ids d_ids = upload_ids(ids);
+  const Ids d_ids = upload_ids(ids, refresh);
   cuda::embedding_forward(in(table, "embedding"), vocab, d_ids->as<int64_t>(), n, D, out(y), device::Storage::F32,
                           /*check_ids=*/false);
   // The padding row gets no gradient (as on the CPU): the backward adds the other rows only.
@@ -250,6 +255,14 @@ Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<i
     cuda::gather_rows(dy(self), d_rows->as<int64_t>(), n_kept, D, out(g));
     cuda::embedding_backward(d_kept->as<int64_t>(), n_kept, D, out(g), table->grad_cuda(), device::Storage::F32);
   }, "embedding");
+}
+}  // namespace
+
+Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx) {
+  return embedding_of(table, ids, padding_idx, device::Refresh::Input);  // a replayed step's tokens
+}
+Var position_embedding(const Var& table, const std::vector<int64_t>& positions) {
+  return embedding_of(table, positions, std::nullopt, device::Refresh::Advance);  // the next positions
 }
 
 Var slice_last(const Var& x, int64_t begin, int64_t end) {
@@ -377,9 +390,9 @@ Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t
   const int64_t M = rows(x->value), hd = last_dim(x->value) / H;
   K3_CHECK(int64_t(positions.size()) == M && offset + table.dim <= hd, "rope: ", x->value.describe(), " H=", H);
   Tensor y = x->value.clone();
-  const Ids pos = upload_ids(positions);
-  const Ids inv =
-      std::make_shared<device::Buffer>(device::upload_new(table.inv_freq.data(), table.inv_freq.size() * sizeof(double)));
+  const Ids pos = upload_ids(positions, device::Refresh::Advance);  // a replayed step's are the next ones
+  const Ids inv = std::make_shared<device::Buffer>(
+      device::upload_new(table.inv_freq.data(), table.inv_freq.size() * sizeof(double), device::Refresh::Constant));
   cuda::rope_apply(out(y), M, H, hd, offset, table.dim, pos->as<int64_t>(), inv->as<double>(), table.attention_factor,
                    +1, device::Storage::F32);
   const int64_t rot = table.dim;

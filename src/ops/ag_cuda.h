@@ -60,6 +60,7 @@ Var gelu_tanh(const Var& a);
 Var layernorm(const Var& x, const Var& w, const Var& b, float eps);
 Var rmsnorm(const Var& x, const Var& w, float eps);
 Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx);
+Var position_embedding(const Var& table, const std::vector<int64_t>& positions);
 Var slice_last(const Var& x, int64_t begin, int64_t end);
 Var concat_last(const std::vector<Var>& xs);
 Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float scale);
