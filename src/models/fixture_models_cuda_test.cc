@@ -96,7 +96,7 @@ TEST_P(FixtureModelCuda, GreedyDecoderReplaysMatchTheReference) {
   for (int run = 0; run < 2; ++run)
     for (int b = 0; b < 2; ++b) {
       std::vector<Context>& cs = run ? queued : graphed;
-      cs.push_back(model->new_context(P + N + 1));
+      cs.push_back(model->new_context(P + N + 8));
       model->forward(prompt.data<int64_t>(), lens[b], &cs.back(), last.data(), Logits::Last);
       first[size_t(b)] = int64_t(std::max_element(last.begin(), last.end()) - last.begin());
     }
@@ -125,6 +125,16 @@ TEST_P(FixtureModelCuda, GreedyDecoderReplaysMatchTheReference) {
     model->forward(&q_ids[size_t(b)], 1, &queued[size_t(b)], lq.data(), Logits::Last);
     EXPECT_LT(rel_l2(lg.data(), lq.data(), V), 1e-6) << "sequence " << b;
   }
+  // Those forwards moved the contexts outside the decoder: its next steps capture again, and
+  // still equal the queued ones.
+  for (int t = 0; t < 3; ++t) {
+    decoder.step(g_ids.data(), g_next.data());
+    model->greedy(TokenBatch{q_ids.data(), 2, 1, qp.data()}, q_next.data());
+    EXPECT_EQ(g_next, q_next) << "after the outside forward, step " << t;
+    g_ids = g_next, q_ids = q_next;
+  }
+  EXPECT_EQ(decoder.replaying(), !kv_cache);
+  EXPECT_EQ(graphed[0].position, queued[0].position);
 }
 
 // Two sequences of different lengths decoded together (one batch of B = 2, T = 1) over device

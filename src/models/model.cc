@@ -150,6 +150,7 @@ void GreedyDecoder::step(const int64_t* ids, int64_t* next) {
     ++steps_;
     return;
   }
+  if (graph_ && counts() != after_) graph_.reset();  // moved outside the decoder: capture again
   if (!graph_) {
     capture(ids, next);
     ++steps_;
@@ -170,7 +171,17 @@ void GreedyDecoder::step(const int64_t* ids, int64_t* next) {
     c->position += 1;
     for (auto& m : c->layers) m->set_length(m->length() + 1);
   }
+  after_ = counts();
   ++steps_;
+}
+
+std::vector<int64_t> GreedyDecoder::counts() const {
+  std::vector<int64_t> v;
+  for (const Context* c : contexts_) {
+    v.push_back(c->position);
+    for (const auto& m : c->layers) v.push_back(m->length());
+  }
+  return v;
 }
 
 void GreedyDecoder::capture(const int64_t* ids, int64_t* next) {
@@ -203,6 +214,7 @@ void GreedyDecoder::capture(const int64_t* ids, int64_t* next) {
   }
   graph_->replay();  // the captured step itself
   device::download(next, picks_->get(), size_t(B) * sizeof(int64_t));
+  after_ = counts();
 #else
   (void)B;
   model_.greedy(batch, next);

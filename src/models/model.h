@@ -86,7 +86,9 @@ class Model {
 // capture's refreshed uploads; the contexts' counts move on the host after each. A step that
 // cannot be replayed (a KV cache's per-sequence launches, routing read back to the host) throws
 // during the capture: the capture is dropped, the contexts are set back, and every step runs as
-// Model::greedy does (refusal() says why).
+// Model::greedy does (refusal() says why). Contexts moved by anything else between two steps (a
+// forward over them, a restored snapshot) no longer fit the graph: it is dropped and captured
+// again.
 class GreedyDecoder {
  public:
   GreedyDecoder(const Model& model, std::vector<Context*> contexts, bool use_graph = true);
@@ -100,6 +102,7 @@ class GreedyDecoder {
 
  private:
   void capture(const int64_t* ids, int64_t* next);
+  std::vector<int64_t> counts() const;  // every context's position and memory lengths
   const Model& model_;
   std::vector<Context*> contexts_;
   bool use_graph_;
@@ -107,6 +110,7 @@ class GreedyDecoder {
   std::string refusal_;
   std::unique_ptr<device::Graph> graph_;
   std::unique_ptr<device::Buffer> picks_;
+  std::vector<int64_t> after_;  // counts() after the last replay: what the graph's uploads assume
 };
 
 // Fills every parameter from a checkpoint by its HF name. `alias` maps our name to the
