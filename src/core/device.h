@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -83,8 +84,9 @@ Buffer zeros_f32(int64_t n);  // n fp32 zeros
 // one launch for many kernels (the decode loop's many small kernels).
 // - Uploads during the capture need a Refresh rule; each gets a pinned host slot of its own, which
 //   replay() refreshes first (Advance: + step_tokens per int64; Input: set_input's ids).
-// - Device memory handed out during the capture stays reserved for the graph (not reused when
-//   freed) until the graph is destroyed, so the replays' kernels find their buffers intact.
+// - Device memory handed out during the capture stays reserved for the graph until the graph is
+//   destroyed, so the replays' kernels find their buffers intact: freed during the capture, a
+//   block goes to the capture's later allocations only, never to other work.
 // - A failed capture (an upload without a rule, a synchronising call, any CUDA error) throws from
 //   the call that broke it; abort() then ends the capture and releases what it held.
 class Graph {
@@ -118,6 +120,7 @@ class Graph {
   bool replayed_ = false;
   std::vector<Slot> slots_;
   std::vector<void*> reserved_;
+  std::map<size_t, std::vector<void*>> capture_free_;  // freed during the capture (allocator)
 };
 // True while a Graph is being captured on this thread: code whose launches bake in values that
 // change from step to step (a host-side length in a kernel's parameters) refuses with this.

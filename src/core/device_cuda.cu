@@ -33,18 +33,36 @@ size_t round_size(size_t bytes) {
 
 // Blocks handed out while this thread captures a Graph (the graph's reserved_ list), or null.
 thread_local std::vector<void*>* t_reserve = nullptr;
+// Blocks of that capture already freed during it, by rounded size: later allocations of the same
+// capture reuse them (one stream: the graph runs them in the order they were captured).
+thread_local std::map<size_t, std::vector<void*>>* t_capture_free = nullptr;
 
 struct Allocator {
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free_lists;  // rounded size -> blocks
   std::unordered_map<void*, size_t> live;            // block -> rounded size
-  std::unordered_map<void*, size_t> reserved;        // blocks a graph holds -> rounded size
+  struct Held {
+    size_t size;
+    const std::vector<void*>* graph;  // the reserved_ list of the graph holding the block
+  };
+  std::unordered_map<void*, Held> reserved;  // blocks graphs hold
   AllocatorStats stats;
 
   void* get(size_t bytes) {
     const size_t size = round_size(bytes);
     std::lock_guard<std::mutex> lock(mu);
     void* p = nullptr;
+    if (t_capture_free) {  // a block this capture already freed: reserved for it already
+      auto c = t_capture_free->find(size);
+      if (c != t_capture_free->end() && !c->second.empty()) {
+        p = c->second.back();
+        c->second.pop_back();
+        live[p] = size;
+        stats.in_use += size;
+        if (stats.in_use > stats.peak) stats.peak = stats.in_use;
+        return p;
+      }
+    }
     auto it = free_lists.find(size);
     if (it != free_lists.end() && !it->second.empty()) {
       p = it->second.back();
@@ -52,7 +70,7 @@ struct Allocator {
       stats.cached -= size;
     } else {
       cudaError_t e = cudaMalloc(&p, size);
-      if (e == cudaErrorMemoryAllocation) {
+      if (e == cudaErrorMemoryAllocation && !t_reserve) {  // (a capture cannot wait for the stream)
         (void)cudaGetLastError();
         release_locked();
         e = cudaMalloc(&p, size);
@@ -68,7 +86,7 @@ struct Allocator {
       ++stats.mallocs;
     }
     live[p] = size;
-    if (t_reserve) t_reserve->push_back(p), reserved[p] = size;
+    if (t_reserve) t_reserve->push_back(p), reserved[p] = {size, t_reserve};
     stats.in_use += size;
     if (stats.in_use > stats.peak) stats.peak = stats.in_use;
     return p;
@@ -80,7 +98,11 @@ struct Allocator {
     const size_t size = it->second;
     live.erase(it);
     stats.in_use -= size;
-    if (reserved.count(p)) return;  // a graph's kernels still write it: back when the graph goes
+    auto held = reserved.find(p);
+    if (held != reserved.end()) {  // a graph's kernels still write it: back when the graph goes
+      if (t_capture_free && held->second.graph == t_reserve) (*t_capture_free)[size].push_back(p);
+      return;
+    }
     stats.cached += size;
     free_lists[size].push_back(p);
   }
@@ -89,7 +111,7 @@ struct Allocator {
     for (void* p : blocks) {
       auto it = reserved.find(p);
       if (it == reserved.end()) continue;
-      const size_t size = it->second;
+      const size_t size = it->second.size;
       reserved.erase(it);
       if (!live.count(p)) stats.cached += size, free_lists[size].push_back(p);
     }
@@ -327,11 +349,14 @@ void Graph::begin(int64_t step_tokens) {
   step_tokens_ = step_tokens;
   t_capture = this;
   t_reserve = &reserved_;
+  t_capture_free = &capture_free_;
 }
 void Graph::end() {
   if (t_capture != this) throw error("graph", "end() without begin()");
   t_capture = nullptr;
   t_reserve = nullptr;
+  t_capture_free = nullptr;
+  capture_free_.clear();
   cudaGraph_t g = nullptr;
   const cudaError_t e = cudaStreamEndCapture(stream(), &g);
   graph_ = g;
@@ -351,6 +376,8 @@ void Graph::abort() {
   if (t_capture == this) {
     t_capture = nullptr;
     t_reserve = nullptr;
+    t_capture_free = nullptr;
+    capture_free_.clear();
     cudaGraph_t g = nullptr;
     cudaStreamEndCapture(stream(), &g);  // fails when the capture was invalidated: nothing to keep
     if (g) cudaGraphDestroy(g);
@@ -377,7 +404,12 @@ void Graph::replay() {
       if (s.refresh == Refresh::Advance)
         for (size_t i = 0; i < s.bytes / sizeof(int64_t); ++i) static_cast<int64_t*>(s.host)[i] += step_tokens_;
   }
-  K3_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream()));
+  const cudaError_t e = cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream());
+  if (e != cudaSuccess && replayed_)  // not launched: the slots go back to this step's values
+    for (Slot& s : slots_)
+      if (s.refresh == Refresh::Advance)
+        for (size_t i = 0; i < s.bytes / sizeof(int64_t); ++i) static_cast<int64_t*>(s.host)[i] -= step_tokens_;
+  if (e != cudaSuccess) cuda_fail(e, "cudaGraphLaunch", __FILE__, __LINE__);
   K3_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_), stream()));
   replayed_ = true;
 }

@@ -135,6 +135,19 @@ TEST_P(FixtureModelCuda, GreedyDecoderReplaysMatchTheReference) {
   }
   EXPECT_EQ(decoder.replaying(), !kv_cache);
   EXPECT_EQ(graphed[0].position, queued[0].position);
+  // A token outside the vocabulary is refused before the replay, as the queued step refuses it.
+  const int64_t bad[2] = {V, 0};
+  EXPECT_THROW(decoder.step(bad, g_next.data()), Error);
+  // Memories replaced by clones (the same counts, other device arrays): captured again.
+  graphed[1] = graphed[1].clone();
+  queued[1] = queued[1].clone();
+  for (int t = 0; t < 2; ++t) {
+    decoder.step(g_ids.data(), g_next.data());
+    model->greedy(TokenBatch{q_ids.data(), 2, 1, qp.data()}, q_next.data());
+    EXPECT_EQ(g_next, q_next) << "after the clones, step " << t;
+    g_ids = g_next, q_ids = q_next;
+  }
+  EXPECT_EQ(graphed[1].position, queued[1].position);
 }
 
 // Two sequences of different lengths decoded together (one batch of B = 2, T = 1) over device

@@ -164,9 +164,17 @@ void GreedyDecoder::step(const int64_t* ids, int64_t* next) {
         throw error(std::string(memory_kind_name(m->kind())), "context of ", m->length() + 1,
                     " tokens exceeds the limit of ", m->capacity());
   }
-  graph_->set_input(ids, B);
-  graph_->replay();
-  device::download(next, picks_->get(), size_t(B) * sizeof(int64_t));
+  for (int64_t b = 0; b < B; ++b)  // the eager step checks them in the embedding; the graph cannot
+    if (ids[b] < 0 || ids[b] >= model_.vocab_size())
+      throw error("decode", "token id ", ids[b], " is outside the vocabulary [0, ", model_.vocab_size(), ")");
+  try {
+    graph_->set_input(ids, B);
+    graph_->replay();
+    device::download(next, picks_->get(), size_t(B) * sizeof(int64_t));
+  } catch (...) {
+    graph_.reset();  // whatever ran, the host's counts did not move: a later step captures again
+    throw;
+  }
   for (Context* c : contexts_) {
     c->position += 1;
     for (auto& m : c->layers) m->set_length(m->length() + 1);
@@ -175,11 +183,13 @@ void GreedyDecoder::step(const int64_t* ids, int64_t* next) {
   ++steps_;
 }
 
+// With each memory's identity: a context whose memories were replaced (a clone assigned over it,
+// a new context prefilled to the same length) holds other device arrays than the graph's tables.
 std::vector<int64_t> GreedyDecoder::counts() const {
   std::vector<int64_t> v;
   for (const Context* c : contexts_) {
     v.push_back(c->position);
-    for (const auto& m : c->layers) v.push_back(m->length());
+    for (const auto& m : c->layers) v.push_back(m->length()), v.push_back(int64_t(reinterpret_cast<intptr_t>(m.get())));
   }
   return v;
 }

@@ -87,8 +87,10 @@ class Model {
 // cannot be replayed (a KV cache's per-sequence launches, routing read back to the host) throws
 // during the capture: the capture is dropped, the contexts are set back, and every step runs as
 // Model::greedy does (refusal() says why). Contexts moved by anything else between two steps (a
-// forward over them, a restored snapshot) no longer fit the graph: it is dropped and captured
-// again.
+// forward over them, memories replaced by a clone) no longer fit the graph: it is dropped and
+// captured again. The weights must not change while a decoder replays (the graph reads them where
+// they were). A replayed step splits the latent attention for the caches' capacity, so its sums
+// may differ from a queued step's in the last bits.
 class GreedyDecoder {
  public:
   GreedyDecoder(const Model& model, std::vector<Context*> contexts, bool use_graph = true);
@@ -102,7 +104,7 @@ class GreedyDecoder {
 
  private:
   void capture(const int64_t* ids, int64_t* next);
-  std::vector<int64_t> counts() const;  // every context's position and memory lengths
+  std::vector<int64_t> counts() const;  // every context's position, memory lengths and identities
   const Model& model_;
   std::vector<Context*> contexts_;
   bool use_graph_;

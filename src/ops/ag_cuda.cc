@@ -244,7 +244,9 @@ Var embedding_of(const Var& table, const std::vector<int64_t>& ids, std::optiona
   if (padding_idx)
     for (int64_t i = 0; i < n; ++i)
       if (ids[size_t(i)] != *padding_idx) rows.push_back(i), kept.push_back(ids[size_t(i)]);
-  const bool skip = padding_idx && int64_t(kept.size()) < n;
+  // The rows to skip matter to the backward only (and would be an upload a replayed step cannot
+  // renew): none when nothing records.
+  const bool skip = recording() && padding_idx && int64_t(kept.size()) < n;
   const Ids d_rows = skip ? upload_ids(rows) : nullptr, d_kept = skip ? upload_ids(kept) : nullptr;
   const int64_t n_kept = skip ? int64_t(kept.size()) : n;
   return make_node(std::move(y), {table}, [table, d_ids, d_rows, d_kept, n_kept, D](Node& self) {
