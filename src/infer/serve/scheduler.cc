@@ -291,20 +291,30 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
     ctxs[size_t(b)] = &active[size_t(b)]->ctx_;
   }
   // A batch of greedy requests without logprobs takes the model's picks: on the device the step
-  // brings back B ids instead of B·V logits.
+  // brings back B ids instead of B·V logits, and while the batch stays the same jobs the step is
+  // one CUDA graph replay (GreedyDecoder; a new batch starts a new decoder).
   const bool greedy = std::all_of(active.begin(), active.end(), [](const std::shared_ptr<Job>& j) {
     return j->sampler_->greedy() && j->params_.logprobs < 0;
   });
+  if (!greedy || active != decoder_jobs_) {
+    decoder_.reset();
+    decoder_jobs_.clear();
+  }
+  if (greedy && !decoder_) {
+    decoder_ = std::make_unique<GreedyDecoder>(model_, ctxs);
+    decoder_jobs_ = active;
+  }
   std::vector<float> logits(static_cast<size_t>(greedy ? 0 : B * V_));
   std::vector<int64_t> picks(static_cast<size_t>(B));
   if (greedy)
-    model_.greedy(TokenBatch{ids.data(), B, 1, ctxs.data()}, picks.data());
+    decoder_->step(ids.data(), picks.data());
   else
     model_.logits(TokenBatch{ids.data(), B, 1, ctxs.data()}, logits.data(), Logits::Last);
   {
     std::lock_guard<std::mutex> lock(mu_);
     m_.decode_steps++;
     m_.decode_rows += B;
+    if (greedy && decoder_->replaying()) m_.replayed_steps++;
   }
   count_tokens(B);
   for (int64_t b = 0; b < B; ++b) {
@@ -372,6 +382,7 @@ void Scheduler::loop() {
       }
       std::erase_if(active, [](const std::shared_ptr<Job>& j) { return j->finish() != Finish::None; });
     }
+    if (active.empty()) decoder_.reset(), decoder_jobs_.clear();  // idle: let the finished jobs go
     std::lock_guard<std::mutex> lock(mu_);
     m_.active = int64_t(active.size());
     m_.active_bytes_by_kind = {};
