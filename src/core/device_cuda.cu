@@ -398,18 +398,20 @@ void Graph::set_input(const int64_t* ids, int64_t n) {
 }
 void Graph::replay() {
   if (!exec_) throw error("graph", "replay() before a capture ended");
+  auto advance = [&](int64_t by) {
+    for (Slot& s : slots_)
+      if (s.refresh == Refresh::Advance)
+        for (size_t i = 0; i < s.bytes / sizeof(int64_t); ++i) static_cast<int64_t*>(s.host)[i] += by;
+  };
   if (replayed_) {  // the first replay runs the captured step itself; later ones the next steps
     K3_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(done_)));
-    for (Slot& s : slots_)
-      if (s.refresh == Refresh::Advance)
-        for (size_t i = 0; i < s.bytes / sizeof(int64_t); ++i) static_cast<int64_t*>(s.host)[i] += step_tokens_;
+    advance(step_tokens_);
   }
   const cudaError_t e = cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream());
-  if (e != cudaSuccess && replayed_)  // not launched: the slots go back to this step's values
-    for (Slot& s : slots_)
-      if (s.refresh == Refresh::Advance)
-        for (size_t i = 0; i < s.bytes / sizeof(int64_t); ++i) static_cast<int64_t*>(s.host)[i] -= step_tokens_;
-  if (e != cudaSuccess) cuda_fail(e, "cudaGraphLaunch", __FILE__, __LINE__);
+  if (e != cudaSuccess) {
+    if (replayed_) advance(-step_tokens_);  // not launched: the slots go back to this step's values
+    cuda_fail(e, "cudaGraphLaunch", __FILE__, __LINE__);
+  }
   K3_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_), stream()));
   replayed_ = true;
 }

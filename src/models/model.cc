@@ -199,11 +199,7 @@ void GreedyDecoder::capture(const int64_t* ids, int64_t* next) {
   const TokenBatch batch{ids, B, 1, contexts_.data()};
 #if defined(K3_HAS_CUDA)
   // What the host's bookkeeping was, to set back if the capture fails (nothing captured ran).
-  std::vector<int64_t> positions, lengths;
-  for (Context* c : contexts_) {
-    positions.push_back(c->position);
-    for (const auto& m : c->layers) lengths.push_back(m->length());
-  }
+  const std::vector<int64_t> before = counts();
   picks_ = std::make_unique<device::Buffer>(size_t(B) * sizeof(int64_t));
   graph_ = std::make_unique<device::Graph>();
   try {
@@ -211,13 +207,12 @@ void GreedyDecoder::capture(const int64_t* ids, int64_t* next) {
     device_greedy(model_, batch, picks_->as<int64_t>());
     graph_->end();
   } catch (const std::exception& e) {
-    graph_->abort();
-    graph_.reset();
+    graph_.reset();  // ends the capture, releases what it held
     refusal_ = e.what();
-    size_t i = 0;
-    for (size_t b = 0; b < contexts_.size(); ++b) {
-      contexts_[b]->position = positions[b];
-      for (auto& m : contexts_[b]->layers) m->set_length(lengths[i++]);
+    size_t i = 0;  // counts()'s order: a position, then each memory's length and identity
+    for (Context* c : contexts_) {
+      c->position = before[i++];
+      for (auto& m : c->layers) m->set_length(before[i]), i += 2;
     }
     model_.greedy(batch, next);
     return;

@@ -240,13 +240,13 @@ Var embedding_of(const Var& table, const std::vector<int64_t>& ids, std::optiona
   cuda::embedding_forward(in(table, "embedding"), vocab, d_ids->as<int64_t>(), n, D, out(y), device::Storage::F32,
                           /*check_ids=*/false);
   // The padding row gets no gradient (as on the CPU): the backward adds the other rows only.
-  std::vector<int64_t> rows, kept;
-  if (padding_idx)
-    for (int64_t i = 0; i < n; ++i)
-      if (ids[size_t(i)] != *padding_idx) rows.push_back(i), kept.push_back(ids[size_t(i)]);
   // The rows to skip matter to the backward only (and would be an upload a replayed step cannot
   // renew): none when nothing records.
-  const bool skip = recording() && padding_idx && int64_t(kept.size()) < n;
+  std::vector<int64_t> rows, kept;
+  if (padding_idx && recording())
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[size_t(i)] != *padding_idx) rows.push_back(i), kept.push_back(ids[size_t(i)]);
+  const bool skip = padding_idx && recording() && int64_t(kept.size()) < n;
   const Ids d_rows = skip ? upload_ids(rows) : nullptr, d_kept = skip ? upload_ids(kept) : nullptr;
   const int64_t n_kept = skip ? int64_t(kept.size()) : n;
   return make_node(std::move(y), {table}, [table, d_ids, d_rows, d_kept, n_kept, D](Node& self) {
