@@ -161,4 +161,33 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Hopper's warpgroup MMA (wgmma, sm_90a) over shared-memory tiles in the 128-byte swizzle: a
+// tile of `rows` rows is stored as 64-column panels (rows · 64 elements each, 1024-byte aligned),
+// 16-byte chunk c of row r at c ^ (r mod 8). panel_off is the element offset of (r, c).
+__device__ __forceinline__ int panel_off(int rows, int r, int c) {
+  return (c >> 6) * rows * 64 + r * 64 + ((((c & 63) >> 3) ^ (r & 7)) << 3) + (c & 7);
+}
+// Shared-memory matrix descriptor for such a panel: start address, LBO (16-byte units; the
+// stride between 64-column panels along M or N of an MN-major operand, unused for K-major), SBO
+// (between 8-row groups: 1024 bytes), 128-byte swizzle. A K-major operand's k16-step s within a
+// panel starts 32·s bytes further on; an MN-major one's, 16 rows (2048 bytes) further on.
+__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo_bytes) {
+  const uint32_t a = unsigned(__cvta_generic_to_shared(p));
+  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator registers across the asynchronous MMAs.
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Shared memory written by ordinary stores (or cp.async) that wgmma or a bulk copy reads next:
+// each writing thread fences before the barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 }  // namespace k3::device

@@ -139,7 +139,6 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
 }
 __device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
@@ -565,6 +564,246 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide16_kernel(Latent
     }
   }
   wide_store(a, k, acc, m, l, [&](int i) { return (warp + kLatWarps * (i / 2)) * 16 + 8 * (i % 2); }, g, tq);
+}
+
+// DeepSeek/K3's latent (512 + 64) over a bf16 cache on Hopper's warpgroup MMA (sm_90a), for
+// small batches (see latent_attention): a block is one warpgroup over tiles of 64 rows,
+// transposed so that the rows fill the products' M and the heads their N (16 heads as q's bf16
+// hi and lo: 32 columns, the two halves summed per head):
+//   Sᵀ [64 rows, 32] = tile [64, W] · [q_hi q_lo]ᵀ (both K-major in shared memory; the k-steps
+//     alternate between two accumulators, so that each product need not wait for the last);
+//   Oᵀ [R, 32] += tileᵀ [R, 64 rows] · [P_hi P_lo]ᵀ (the tile read transposed: its 8 panels are
+//     the products' M, their chains interleaved; P's bf16 pairs written to shared memory by the
+//     softmax).
+// So the cache is read exactly, q and P to about 2^-16, as the mma.sync kernels do. Tiles stream
+// through a two-stage cp.async ring in the 128-byte swizzle the descriptors name (73.7 KB a
+// stage; one block per SM): tile it + 1 loads while tile it is scored, weighed and summed.
+constexpr int kWgLatRows = 64;                         // rows per tile: the scores' M
+constexpr int kWgLatThreads = 128;                     // one warpgroup
+constexpr int kWgLatRankPanels = kMaxRank / 64;        // R = 512
+constexpr int kWgLatWidth = 576;                       // W: 512 + 64
+constexpr int64_t kWgLatMaxRows = 16;                  // (token, head group) rows it takes, at most
+
+// d (+)= A B, m64n32k16, A and B in shared memory (B K-major); TA: A is MN-major (transposed).
+template <int TA>
+__device__ __forceinline__ void wgmma_m64n32(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
+#else
+  __trap();  // built for sm_90a only (CMAKE_CUDA_ARCHITECTURES 90a)
+#endif
+}
+
+// Shared memory of latent_wgmma_kernel for W columns (1024 bytes of slack align the panels).
+constexpr size_t wgmma_latent_smem(int64_t W) {
+  return size_t(2 * kWgLatRows + 32) * W * 2 + 2 * 32 * 64 * 2 + 2 * 4 * 16 * 4 + 1024;
+}
+
+template <int NP>  // W = 64·NP; R = kMaxRank
+__global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentArgs a) {
+  constexpr int RT = kWgLatRows, W = 64 * NP, R = kMaxRank;
+  extern __shared__ __align__(16) float smem[];
+  const uint32_t raw = smem_u32(smem);
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem) + ((1024 - (raw & 1023)) & 1023));
+  uint16_t* sq = tiles + 2 * NP * RT * 64;  // [NP panels][32][64]: q_hi (rows 0–15), q_lo (16–31)
+  uint16_t* sp = sq + NP * 32 * 64;         // [2][32][64]: Pᵀ K-major, [hi/lo head][row]
+  float* red = reinterpret_cast<float*>(sp + 2 * 32 * 64);  // [2][4 warps][16 heads]
+  const LatentBlock k = latent_block(a);
+  const uint16_t* lat = static_cast<const uint16_t*>(k.lat);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int ntiles = k.s0 < k.s1 ? int((k.s1 - k.s0 + RT - 1) / RT) : 0;
+  // This thread's heads (score columns 8j + 2tq + c of the hi half; +16 in the lo half) and rows
+  // (16·warp + g + 8·r of a tile).
+  float o[kWgLatRankPanels][16];
+#pragma unroll
+  for (int p = 0; p < kWgLatRankPanels; ++p)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) o[p][i] = 0.0f;
+  float m[2][2], l[2][2], corr[2][2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) m[j][0] = m[j][1] = -INFINITY, l[j][0] = l[j][1] = 0.0f;
+
+  auto load = [&](int it) {  // tile it into stage it & 1: a warp per row, 16-byte chunks
+    uint16_t* dst = tiles + (it & 1) * NP * RT * 64;
+    const int64_t r0 = k.s0 + int64_t(it) * RT;
+    for (int r = warp; r < RT; r += kWgLatThreads / 32) {
+      const bool valid = r0 + r < k.s1;
+      const uint16_t* src = lat + (valid ? (r0 + r) * W : 0);
+      for (int c = lane * 8; c < W; c += 256) {
+        if (k.vec) {
+          cp_async16_zfill(dst + panel_off(RT, r, c), src + c, valid);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dst[panel_off(RT, r, c + e)] = valid ? src[c + e] : uint16_t(0);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  // Sᵀ of tile it as two chains of products (even and odd k-steps), so that each product need
+  // not wait for the one before; s = their sum, hi and lo halves in columns 0–15 and 16–31.
+  float s[16], s2[16];
+  auto issue_scores = [&](int it) {
+    const uint16_t* tile = tiles + (it & 1) * NP * RT * 64;
+    pin(s);
+    pin(s2);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4 * NP; ++kk) {
+      const int p = kk >> 2, off = (kk & 3) * 16;
+      wgmma_m64n32<0>(kk & 1 ? s2 : s, smem_desc(tile + p * RT * 64 + off, 16), smem_desc(sq + p * 32 * 64 + off, 16),
+                      kk > 1);
+    }
+    wg_commit();
+  };
+  auto sum_scores = [&] {  // after the products are waited for
+    pin(s);
+    pin(s2);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i] += s2[i];
+  };
+  // Online softmax of tile it's scores: masks rows from s1 on, moves each head's maximum (the
+  // warps' maxima meet in red), writes P's bf16 pairs to sp[(it & 1)] and sets corr.
+  auto softmax = [&](int it) {
+    const int64_t row0 = k.s0 + int64_t(it) * RT + 16 * warp + g;
+    float x[2][4], mx[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        x[j][e] = s[4 * j + e] + s[4 * (j + 2) + e];
+        if (row0 + 8 * (e >> 1) >= k.s1) x[j][e] = -INFINITY;
+      }
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float v = fmaxf(x[j][c], x[j][c + 2]);
+#pragma unroll
+        for (int o2 = 4; o2 < 32; o2 *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o2));
+        mx[j][c] = v;
+      }
+    }
+    float* rb = red + (it & 1) * 64;
+    if (g == 0)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) rb[warp * 16 + 8 * j + 2 * tq] = mx[j][0], rb[warp * 16 + 8 * j + 2 * tq + 1] = mx[j][1];
+    __syncthreads();
+    uint16_t* pb = sp + (it & 1) * 32 * 64;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int h = 8 * j + 2 * tq + c;
+        float v = rb[h];
+#pragma unroll
+        for (int w = 1; w < 4; ++w) v = fmaxf(v, rb[w * 16 + h]);
+        const float m2 = fmaxf(m[j][c], v);  // a tile has a row below s1: m2 finite
+        corr[j][c] = exp2f(m[j][c] - m2);
+        m[j][c] = m2;
+        float sum = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float p = exp2f(x[j][c + 2 * r] - m2);
+          sum += p;
+          const __nv_bfloat16 hi = __float2bfloat16(p), lo = __float2bfloat16(p - __bfloat162float(hi));
+          const int row = 16 * warp + g + 8 * r;
+          pb[panel_off(32, h, row)] = __bfloat16_as_ushort(hi);
+          pb[panel_off(32, 16 + h, row)] = __bfloat16_as_ushort(lo);
+        }
+        l[j][c] = l[j][c] * corr[j][c] + sum;
+      }
+  };
+  auto issue_values = [&](int it) {  // o = corr · o + Oᵀ of tile it
+    if (!__all_sync(0xffffffffu, corr[0][0] == 1.0f && corr[0][1] == 1.0f && corr[1][0] == 1.0f && corr[1][1] == 1.0f))
+#pragma unroll
+      for (int p = 0; p < kWgLatRankPanels; ++p)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) o[p][i] *= corr[(i >> 2) & 1][i & 1];
+    const uint16_t* tile = tiles + (it & 1) * NP * RT * 64;
+    const uint16_t* pb = sp + (it & 1) * 32 * 64;
+#pragma unroll
+    for (int p = 0; p < kWgLatRankPanels; ++p) pin(o[p]);
+    wg_fence();
+#pragma unroll
+    for (int j = 0; j < RT / 16; ++j)  // the 8 panels' chains interleaved
+#pragma unroll
+      for (int p = 0; p < kWgLatRankPanels; ++p)
+        wgmma_m64n32<1>(o[p], smem_desc(tile + p * RT * 64 + j * 16 * 64, RT * 128), smem_desc(pb + j * 16, 16), 1);
+    wg_commit();
+  };
+
+  if (ntiles > 0) {
+    load(0);
+    if (ntiles > 1) load(1);
+    // q's rows, scaled, as bf16 hi (rows 0–15) and lo (16–31); zeros past the group's G heads.
+    const float* q = a.qt + (k.bt * a.H + k.h0) * W;
+    const float sl2 = a.scale * kLog2e;
+    for (int h = warp; h < 16; h += kWgLatThreads / 32)
+      for (int c = 2 * lane; c < W; c += 64) {  // W even: pairs
+        const float2 x = h < k.G ? *reinterpret_cast<const float2*>(q + int64_t(h) * W + c) : make_float2(0.0f, 0.0f);
+        uint32_t hi, lo;
+        split_bf16x2(x.x * sl2, x.y * sl2, hi, lo);
+        *reinterpret_cast<uint32_t*>(sq + panel_off(32, h, c)) = hi;
+        *reinterpret_cast<uint32_t*>(sq + panel_off(32, 16 + h, c)) = lo;
+      }
+    for (int it = 0; it < ntiles; ++it) {
+      if (it + 1 < ntiles)
+        cp_async_wait1();  // tile it landed (tile it + 1 may still be loading)
+      else
+        cp_async_wait0();
+      fence_proxy_async();
+      __syncthreads();  // tile it (and, the first time, q) visible to the tensor cores
+      issue_scores(it);
+      wg_wait0();
+      sum_scores();
+      softmax(it);
+      fence_proxy_async();
+      __syncthreads();  // P visible
+      issue_values(it);
+      wg_wait0();
+#pragma unroll
+      for (int p = 0; p < kWgLatRankPanels; ++p) pin(o[p]);
+      __syncthreads();  // every warp is past tile it: its stage takes tile it + 2
+      if (it + 2 < ntiles) load(it + 2);
+    }
+  }
+  // (m, l) per head: l summed over the thread's rows, then over g and the warps.
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int o2 = 4; o2 < 32; o2 *= 2) l[j][c] += __shfl_xor_sync(0xffffffffu, l[j][c], o2);
+  if (g == 0)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) red[warp * 16 + 8 * j + 2 * tq] = l[j][0], red[warp * 16 + 8 * j + 2 * tq + 1] = l[j][1];
+  __syncthreads();
+  if (warp == 0 && g == 0)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int h = 8 * j + 2 * tq + c;
+        if (h >= k.G) continue;
+        a.part_ml[2 * latent_slot(a, k, h)] = m[j][c];
+        a.part_ml[2 * latent_slot(a, k, h) + 1] = red[h] + red[16 + h] + red[32 + h] + red[48 + h];
+      }
+  // acc [head][column]: Oᵀ's hi and lo columns summed; rows 64p + 16·warp + g + 8·(e / 2).
+#pragma unroll
+  for (int p = 0; p < kWgLatRankPanels; ++p) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = 8 * j + 2 * tq + (e & 1), col = 64 * p + 16 * warp + g + 8 * (e >> 1);
+        if (h < k.G) a.part_acc[latent_slot(a, k, h) * R + col] = o[p][4 * j + e] + o[p][4 * (j + 2) + e];
+      }
+  }
 }
 
 // The narrow kernels' softmax of one slab: Sᵀ in s[0] + s[1] (rows g, g + 8; heads 8·nb + 2·tq +
@@ -1002,6 +1241,7 @@ constexpr int kNarrow16Warps = 4;
 constexpr auto kNarrow16 = latent_narrow16_kernel<2 * kNarrow / 16, 2 * kNarrow / 16, kNarrow16Warps>;
 constexpr auto kWide = latent_wide_kernel<kMaxLatentWidth / 64>;
 constexpr auto kWide16 = latent_wide16_kernel<kMaxLatentWidth / 128>;
+constexpr auto kWgLat = latent_wgmma_kernel<kWgLatWidth / 64>;
 
 void latent_attention(const float* qt, const void* const* lats, device::Storage storage, const int64_t* p0s,
                       int64_t longest, float* ob, int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale) {
@@ -1017,15 +1257,23 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   const bool upto128 = W <= 2 * kNarrow && R <= 2 * kNarrow && G0 <= 8;
   const int narrow = bf16 ? (upto128 ? 4 : 0)
                           : W <= kNarrow && R <= kNarrow ? (G0 <= 8 ? 1 : 2) : upto128 ? 3 : 0;
-  const int warps = narrow == 3 ? 4 : narrow == 4 ? kNarrow16Warps : kLatWarps;
+  // bf16 latents of DeepSeek/K3's shape (512 + 64) at small batches: the warpgroup kernel. It
+  // takes 0.087 ms against the mma.sync kernel's 0.103 at 16 sequences of 4,096 rows (16 heads),
+  // but 0.19 against 0.17 at 64 and 0.67 against 0.53 at 256: with one block per SM its single
+  // tile in flight bounds it (tools/gpu/NOTES.md, eighteenth session).
+  const bool wg = bf16 && !narrow && W == kWgLatWidth && R == kMaxRank &&
+                  B * T * ((H + kHeadsPerBlock - 1) / kHeadsPerBlock) <= kWgLatMaxRows;
+  const int warps = narrow == 3 ? 4 : narrow == 4 ? kNarrow16Warps : wg ? kWgLatThreads / 32 : kLatWarps;
   constexpr int RT = kWideRows;
   // About four waves of resident blocks (two per SM) over all (sequence, token, head group) rows,
   // so the last wave's idle SMs cost little; chunks of whole tiles (tiles or slabs of 16 rows, 32
   // in bf16), at least 64 latent rows (256 narrow ones, whose partial results weigh more against
   // their rows), at most kMaxSplits.
-  const int64_t tile_rows = bf16 ? kWide16Rows : RT;
+  // The warpgroup kernel: one block per SM, so about four waves of single blocks.
+  const int64_t tile_rows = wg ? kWgLatRows : bf16 ? kWide16Rows : RT;
   static_assert(kWide16Rows == kNarrow16Rows, "one chunk granularity for the bf16 kernels");
-  const int64_t rows = B * T, groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock, target = 8 * device::sm_count();
+  const int64_t rows = B * T, groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock,
+                target = (wg ? 4 : 8) * device::sm_count();
   const int64_t min_chunk = narrow ? 256 : 64;
   int splits = int(std::max<int64_t>(1, std::min<int64_t>({(target + rows * groups - 1) / (rows * groups),
                                                            (longest + min_chunk - 1) / min_chunk, int64_t(kMaxSplits)})));
@@ -1050,7 +1298,9 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   const size_t ring = size_t(2 * tile_rows * a.stride) * (bf16 ? 2 : 4);
   const size_t merge = size_t(2 * warps * 16 + warps * 16 * R) * 4;
   size_t smem = 0;
-  if (narrow) {
+  if (wg) {
+    smem = wgmma_latent_smem(W);
+  } else if (narrow) {
     const int ps = narrow == 4 ? kPtStride16 : narrow_pt_stride(narrow == 2 ? 2 : 1);
     smem = std::max(warps * (ring + size_t(tile_rows * ps) * 4), merge);
   } else {
@@ -1059,6 +1309,8 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   static const bool opted = [] {
     for (auto* f : {kNarrow1, kNarrow2, kNarrow3, kNarrow16, kWide, kWide16})
       K3_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    K3_CUDA_CHECK(cudaFuncSetAttribute(kWgLat, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(wgmma_latent_smem(kWgLatWidth))));
     return true;
   }();
   (void)opted;
@@ -1066,7 +1318,7 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   if (blocks > INT32_MAX || rows * H > INT32_MAX)
     throw error("mla", "latent attention over ", blocks, " blocks (", rows * H, " rows × heads) exceeds the grid");
   auto* kernel = narrow == 1 ? kNarrow1 : narrow == 2 ? kNarrow2 : narrow == 3 ? kNarrow3 : narrow == 4 ? kNarrow16
-               : bf16 ? kWide16 : kWide;
+               : wg ? kWgLat : bf16 ? kWide16 : kWide;
   kernel<<<unsigned(blocks), unsigned(warps * 32), smem, device::stream()>>>(a);
   K3_CUDA_LAUNCHED();
   latent_combine_kernel<<<unsigned(rows * H), kCombineThreads, 0, device::stream()>>>(ml.as<float>(), acc.as<float>(), H, R,

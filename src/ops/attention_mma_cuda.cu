@@ -18,6 +18,13 @@ namespace k3::cuda {
 namespace {
 
 using device::cp_async16_zfill;
+using device::panel_off;
+using device::pin;
+using device::smem_desc;
+using device::wg_commit;
+using device::wg_fence;
+using device::wg_wait0;
+using device::wg_wait1;
 
 constexpr int kKeys = 64;  // keys per tile
 constexpr float kLog2e = 1.4426950408889634f;
@@ -71,11 +78,6 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat
 constexpr int kWgRows = 64;  // queries per warpgroup
 constexpr int kStages = 3;   // key/value tiles in shared memory: in use, next, loading
 
-// Element offset of (r, c) in a tile of `rows` rows stored as 64-column swizzled panels.
-__device__ __forceinline__ int panel_off(int rows, int r, int c) {
-  return (c >> 6) * rows * 64 + r * 64 + ((((c & 63) >> 3) ^ (r & 7)) << 3) + (c & 7);
-}
-
 template <int D, int THREADS>
 __device__ __forceinline__ void load_panels(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t stride, int rows,
                                             int valid) {
@@ -85,25 +87,6 @@ __device__ __forceinline__ void load_panels(__nv_bfloat16* tile, const __nv_bflo
     const bool ok = r < valid;
     cp_async16_zfill(tile + panel_off(rows, r, c), ok ? base + r * stride + c : base, ok);
   }
-}
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, LBO (16 B units; the stride
-// between 64-column panels along N of an MN-major operand, unused for K-major), SBO (between
-// 8-row groups: 1024 B).
-__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo_bytes) {
-  const uint32_t a = unsigned(__cvta_generic_to_shared(p));
-  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-// Keeps the compiler from moving accumulator registers across the asynchronous MMAs.
-__device__ __forceinline__ void pin(float (&d)[32]) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 #define K3_WG_D32                                                                                              \
@@ -250,7 +233,7 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
 
   device::cp_async_wait2();  // Q and tile 0
   // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  device::fence_proxy_async();
   __syncthreads();
   pin(s);
   wg_fence();
@@ -274,7 +257,7 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   // (The last tile is peeled off, so every pass commits the same two groups.)
   for (int tile = 0; tile + 1 < ntiles; ++tile) {
     device::cp_async_wait1();  // tile + 1 landed
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    device::fence_proxy_async();
     __syncthreads();
 #pragma unroll
     for (int p = 0; p < DV / 64; ++p) pin(o[p]);
