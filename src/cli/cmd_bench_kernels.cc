@@ -37,6 +37,7 @@ struct KernelArgs {
   std::vector<int64_t> decode_batches = {64, 256};
   int64_t train_batch = 8;
   std::vector<std::string> only;  // sections to run (kKernelSections); empty: all
+  std::vector<std::string> cache_dtypes = {"f32", "bf16"};  // the mla section's latent caches
 };
 
 // The sections of the report besides the ceilings, which always run (every ratio needs them).
@@ -407,6 +408,9 @@ void run_kernels(const KernelArgs& args) {
                                  LatentCase{"mla64 H6 ctx128K", 6, 48, 16, 131072}})
       for (int64_t N : section("mla") ? args.decode_batches : none) {
         const bool bf16 = st == device::Storage::BF16;
+        if (std::find(args.cache_dtypes.begin(), args.cache_dtypes.end(), bf16 ? "bf16" : "f32") ==
+            args.cache_dtypes.end())
+          continue;
         const int64_t W = lc.R + lc.rope, esz = bf16 ? 2 : 4;
         if (double(N) * lc.S * W * esz > 40e9) continue;
         device::Buffer qt = random_values(rng, N * lc.H * W, -1, 1, device::Storage::F32);
@@ -554,6 +558,11 @@ void register_bench_kernels(CLI::App* bench) {
   cmd->add_option("--only", args->only, "Run only these sections, comma- or space-separated (the copy/GEMM ceilings always run)")
       ->delimiter(',')
       ->check(CLI::IsMember(kKernelSections));
+  cmd->add_option("--cache-dtype", args->cache_dtypes,
+                  "Latent caches of the mla section, comma- or space-separated (f32, bf16)")
+      ->capture_default_str()
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--versus", args->versus, "JSON of the same shapes timed by fla (tools/gpu/fla_bench.py)");
   cmd->add_option("--json", args->json, "Write k3's figures as JSON");
   cmd->callback([args] { run_kernels(*args); });
