@@ -402,15 +402,15 @@ void run_kernels(const KernelArgs& args) {
     const char* name;
     int64_t H, R, rope, S;
   };
-  for (const device::Storage st : {device::Storage::F32, device::Storage::BF16})
+  std::vector<device::Storage> caches;
+  for (const std::string& d : args.cache_dtypes)
+    caches.push_back(d == "bf16" ? device::Storage::BF16 : device::Storage::F32);
+  for (const device::Storage st : caches)
     for (const LatentCase& lc : {LatentCase{"mla576 H16 ctx4096", 16, 512, 64, 4096},
                                  LatentCase{"mla128 H6 ctx128K (k3-small)", 6, 96, 32, 131072},
                                  LatentCase{"mla64 H6 ctx128K", 6, 48, 16, 131072}})
       for (int64_t N : section("mla") ? args.decode_batches : none) {
         const bool bf16 = st == device::Storage::BF16;
-        if (std::find(args.cache_dtypes.begin(), args.cache_dtypes.end(), bf16 ? "bf16" : "f32") ==
-            args.cache_dtypes.end())
-          continue;
         const int64_t W = lc.R + lc.rope, esz = bf16 ? 2 : 4;
         if (double(N) * lc.S * W * esz > 40e9) continue;
         device::Buffer qt = random_values(rng, N * lc.H * W, -1, 1, device::Storage::F32);

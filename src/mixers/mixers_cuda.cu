@@ -1261,8 +1261,8 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   // takes 0.087 ms against the mma.sync kernel's 0.103 at 16 sequences of 4,096 rows (16 heads),
   // but 0.19 against 0.17 at 64 and 0.67 against 0.53 at 256: with one block per SM its single
   // tile in flight bounds it (tools/gpu/NOTES.md, eighteenth session).
-  const bool wg = bf16 && !narrow && W == kWgLatWidth && R == kMaxRank &&
-                  B * T * ((H + kHeadsPerBlock - 1) / kHeadsPerBlock) <= kWgLatMaxRows;
+  const int64_t rows = B * T, groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock;
+  const bool wg = bf16 && !narrow && W == kWgLatWidth && R == kMaxRank && rows * groups <= kWgLatMaxRows;
   const int warps = narrow == 3 ? 4 : narrow == 4 ? kNarrow16Warps : wg ? kWgLatThreads / 32 : kLatWarps;
   constexpr int RT = kWideRows;
   // About four waves of resident blocks (two per SM) over all (sequence, token, head group) rows,
@@ -1272,8 +1272,7 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   // The warpgroup kernel: one block per SM, so about four waves of single blocks.
   const int64_t tile_rows = wg ? kWgLatRows : bf16 ? kWide16Rows : RT;
   static_assert(kWide16Rows == kNarrow16Rows, "one chunk granularity for the bf16 kernels");
-  const int64_t rows = B * T, groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock,
-                target = (wg ? 4 : 8) * device::sm_count();
+  const int64_t target = (wg ? 4 : 8) * device::sm_count();
   const int64_t min_chunk = narrow ? 256 : 64;
   int splits = int(std::max<int64_t>(1, std::min<int64_t>({(target + rows * groups - 1) / (rows * groups),
                                                            (longest + min_chunk - 1) / min_chunk, int64_t(kMaxSplits)})));

@@ -229,8 +229,8 @@ std::string describe(device::Storage st, const LatentCase& c) {
 
 // Three sequences of 7 to 702 rows, two new tokens each, at widths taken by every kernel (16-byte,
 // bulk and scalar copies; head groups of 4, 6, 12 and 20 heads; bf16 512 + 64 at this batch is the
-// warpgroup kernel's). q and p enter the bf16 products
-// as bf16 pairs (hi + lo), so both storages stay within 1e-5 of the reference over their own rows.
+// warpgroup kernel's). q and p enter the bf16 products as bf16 pairs (hi + lo), so both storages
+// stay within 1e-5 of the reference over their own rows.
 TEST(MlaCudaKernels, LatentAttentionMatchesADoubleReference) {
   for (const device::Storage st : {device::Storage::F32, device::Storage::BF16})
     for (const LatentCase& c : {LatentCase{512, 64, 20}, LatentCase{96, 32, 6}, LatentCase{45, 6, 4},
