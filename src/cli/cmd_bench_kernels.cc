@@ -38,6 +38,7 @@ struct KernelArgs {
   int64_t train_batch = 8;
   std::vector<std::string> only;  // sections to run (kKernelSections); empty: all
   std::vector<std::string> cache_dtypes = {"f32", "bf16"};  // the mla section's latent caches
+  std::string mla_kernel = "auto";                           // bf16 512 + 64: auto, wgmma or mma
 };
 
 // The sections of the report besides the ceilings, which always run (every ratio needs them).
@@ -402,6 +403,10 @@ void run_kernels(const KernelArgs& args) {
     const char* name;
     int64_t H, R, rope, S;
   };
+  cuda::set_latent_kernel(args.mla_kernel == "wgmma" ? cuda::LatentKernel::Warpgroup
+                          : args.mla_kernel == "mma" ? cuda::LatentKernel::MmaSync
+                                                     : cuda::LatentKernel::Auto);
+  const std::string kernel_note = args.mla_kernel == "auto" ? "" : " [" + args.mla_kernel + "]";
   std::vector<device::Storage> caches;
   for (const std::string& d : args.cache_dtypes)
     caches.push_back(d == "bf16" ? device::Storage::BF16 : device::Storage::F32);
@@ -428,7 +433,7 @@ void run_kernels(const KernelArgs& args) {
         const double bw = double(N) * lc.S * W * esz / (ms * 1e-3);
         rep.add("mla_decode_" + std::string(bf16 ? "bf16_" : "") + std::to_string(W) + "_N" + std::to_string(N) + "_ms",
                 {std::string("MLA absorbed decode N") + std::to_string(N) + " " + lc.name +
-                     (bf16 ? " (bf16 latent)" : " (fp32 latent)"),
+                     (bf16 ? " (bf16 latent)" : " (fp32 latent)") + (bf16 && W == 576 ? kernel_note : ""),
                  fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw),
                  "target 80% of copy"},
                 ms);
@@ -563,6 +568,10 @@ void register_bench_kernels(CLI::App* bench) {
       ->capture_default_str()
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--mla-kernel", args->mla_kernel,
+                  "The mla section's kernel for bf16 512 + 64 latents: auto (by batch), wgmma or mma")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "wgmma", "mma"}));
   cmd->add_option("--versus", args->versus, "JSON of the same shapes timed by fla (tools/gpu/fla_bench.py)");
   cmd->add_option("--json", args->json, "Write k3's figures as JSON");
   cmd->callback([args] { run_kernels(*args); });

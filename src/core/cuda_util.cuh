@@ -88,7 +88,7 @@ __device__ __forceinline__ void axpy4(float4& acc, float t, float4 x) {
 // flight, so a memory-bound kernel can keep as many bytes in flight as shared memory holds.
 // `wait_group N` waits until at most N committed groups of this thread are in flight; copies not
 // yet committed to a group are not covered by it (`cp.async.wait_all` waits for every copy).
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   const unsigned d = unsigned(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
@@ -175,6 +175,17 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo_bytes)
   const uint32_t a = unsigned(__cvta_generic_to_shared(p));
   return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
+}
+// The same descriptor split in two: its low word (start address, LBO) and the high word every
+// panel here shares (SBO 1024 bytes, 128-byte swizzle). A loop that walks panels computes the low
+// word once and adds constant byte offsets (multiples of 16) to it: shared addresses lie below
+// 256 KiB, so the start address field (address / 16, 14 bits) never carries into the LBO.
+constexpr uint32_t kSmemDescHi = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t smem_desc_lo(const void* p, uint32_t lbo_bytes) {
+  return ((unsigned(__cvta_generic_to_shared(p)) & 0x3FFFF) >> 4) | ((lbo_bytes >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t smem_desc_at(uint32_t lo, uint32_t byte_off) {
+  return (uint64_t(kSmemDescHi) << 32) | (lo + (byte_off >> 4));
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

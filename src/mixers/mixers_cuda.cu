@@ -566,8 +566,8 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide16_kernel(Latent
   wide_store(a, k, acc, m, l, [&](int i) { return (warp + kLatWarps * (i / 2)) * 16 + 8 * (i % 2); }, g, tq);
 }
 
-// DeepSeek/K3's latent (512 + 64) over a bf16 cache on Hopper's warpgroup MMA (sm_90a), for
-// small batches (see latent_attention): a block is one warpgroup over tiles of 64 rows,
+// DeepSeek/K3's latent (512 + 64) over a bf16 cache on Hopper's warpgroup MMA (sm_90a): a block
+// is one warpgroup over tiles of 64 rows,
 // transposed so that the rows fill the products' M and the heads their N (16 heads as q's bf16
 // hi and lo: 32 columns, the two halves summed per head):
 //   Sᵀ [64 rows, 32] = tile [64, W] · [q_hi q_lo]ᵀ (both K-major in shared memory; the k-steps
@@ -577,12 +577,15 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide16_kernel(Latent
 //     softmax).
 // So the cache is read exactly, q and P to about 2^-16, as the mma.sync kernels do. Tiles stream
 // through a two-stage cp.async ring in the 128-byte swizzle the descriptors name (73.7 KB a
-// stage; one block per SM): tile it + 1 loads while tile it is scored, weighed and summed.
+// stage; one block per SM): tile it + 1 loads while tile it is scored, weighed and summed. With
+// four warps per SM every instruction's latency shows, so the loop keeps few: copies at constant
+// offsets, descriptors as a low word plus constants, and no exchange of maxima between the warps
+// while no score exceeds its head's reference by more than kWgLatSlack.
 constexpr int kWgLatRows = 64;                         // rows per tile: the scores' M
 constexpr int kWgLatThreads = 128;                     // one warpgroup
 constexpr int kWgLatRankPanels = kMaxRank / 64;        // R = 512
 constexpr int kWgLatWidth = 576;                       // W: 512 + 64
-constexpr int64_t kWgLatMaxRows = 16;                  // (token, head group) rows it takes, at most
+constexpr float kWgLatSlack = 8.0f;                    // log₂ units: p ≤ 256 between moves of m
 
 // d (+)= A B, m64n32k16, A and B in shared memory (B K-major); TA: A is MN-major (transposed).
 template <int TA>
@@ -607,11 +610,11 @@ constexpr size_t wgmma_latent_smem(int64_t W) {
 
 template <int NP>  // W = 64·NP; R = kMaxRank
 __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentArgs a) {
-  constexpr int RT = kWgLatRows, W = 64 * NP, R = kMaxRank;
+  constexpr int RT = kWgLatRows, W = 64 * NP, R = kMaxRank, PE = RT * 64;  // PE: a panel's elements
   extern __shared__ __align__(16) float smem[];
   const uint32_t raw = smem_u32(smem);
-  uint16_t* tiles = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem) + ((1024 - (raw & 1023)) & 1023));
-  uint16_t* sq = tiles + 2 * NP * RT * 64;  // [NP panels][32][64]: q_hi (rows 0–15), q_lo (16–31)
+  uint16_t* ring = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem) + ((1024 - (raw & 1023)) & 1023));
+  uint16_t* sq = ring + 2 * NP * PE;        // [NP panels][32][64]: q_hi (rows 0–15), q_lo (16–31)
   uint16_t* sp = sq + NP * 32 * 64;         // [2][32][64]: Pᵀ K-major, [hi/lo head][row]
   float* red = reinterpret_cast<float*>(sp + 2 * 32 * 64);  // [2][4 warps][16 heads]
   const LatentBlock k = latent_block(a);
@@ -629,36 +632,59 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
 #pragma unroll
   for (int j = 0; j < 2; ++j) m[j][0] = m[j][1] = -INFINITY, l[j][0] = l[j][1] = 0.0f;
 
-  auto load = [&](int it) {  // tile it into stage it & 1: a warp per row, 16-byte chunks
-    uint16_t* dst = tiles + (it & 1) * NP * RT * 64;
+  // Tile it goes to stage it & 1 of a two-tile ring, panel by panel (its rows' columns 64p to
+  // 64p + 63), one cp.async group per panel (empty past the chunk's end), so that groups complete
+  // in panel order. This thread's 16-byte pieces of a panel are piece tid & 7 of rows (tid >> 3) +
+  // 16i: the 128-byte swizzle's XOR is the same for all four, and a full tile's 36 copies per
+  // thread differ by constant offsets alone. (A ring of 22 panels, 4 of tile it + 2 in flight
+  // beside tile it + 1, measured no faster: the loop is bound by its own latency, not the loads'.)
+  const int lr = threadIdx.x >> 3, lc = threadIdx.x & 7, dst_t = lr * 64 + ((lc ^ (lr & 7)) << 3);
+  auto load = [&](int it) {
+    uint16_t* dst = ring + (it & 1) * NP * PE + dst_t;
     const int64_t r0 = k.s0 + int64_t(it) * RT;
-    for (int r = warp; r < RT; r += kWgLatThreads / 32) {
-      const bool valid = r0 + r < k.s1;
-      const uint16_t* src = lat + (valid ? (r0 + r) * W : 0);
-      for (int c = lane * 8; c < W; c += 256) {
-        if (k.vec) {
-          cp_async16_zfill(dst + panel_off(RT, r, c), src + c, valid);
-        } else {
+    if (it < ntiles && k.vec && r0 + RT <= k.s1) {
+      const uint16_t* src = lat + (r0 + lr) * W + lc * 8;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) dst[panel_off(RT, r, c + e)] = valid ? src[c + e] : uint16_t(0);
+      for (int p = 0; p < NP; ++p) {
+#pragma unroll
+        for (int i = 0; i < RT / 16; ++i) cp_async16(dst + p * PE + i * 16 * 64, src + i * 16 * W + p * 64);
+        cp_async_commit();
+      }
+    } else {  // the chunk's last tile (rows from s1 on are zeros), rows not 16-byte aligned, or none
+      for (int p = 0; p < NP; ++p) {
+        for (int i = 0; i < RT / 16 && it < ntiles; ++i) {
+          const bool valid = r0 + lr + 16 * i < k.s1;
+          const uint16_t* src = lat + (valid ? (r0 + lr + 16 * i) * W : 0) + p * 64 + lc * 8;
+          if (k.vec) {
+            cp_async16_zfill(dst + p * PE + i * 16 * 64, src, valid);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) dst[p * PE + i * 16 * 64 + e] = valid ? src[e] : uint16_t(0);
+          }
         }
+        cp_async_commit();
       }
     }
-    cp_async_commit();
   };
+  // Slot of tile it's panel p in the ring.
+  auto slot = [&](int it, int p) { return (it & 1) * NP + p; };
   // Sᵀ of tile it as two chains of products (even and odd k-steps), so that each product need
   // not wait for the one before; s = their sum, hi and lo halves in columns 0–15 and 16–31.
   float s[16], s2[16];
+  // Descriptors' low words (smem_desc_at adds constant offsets): the ring's panels K-major
+  // (scores) and MN-major (values), q, P.
+  constexpr uint32_t kSlot = PE * 2 >> 4;  // a slot in descriptor units (16 bytes)
+  const uint32_t d_ring = smem_desc_lo(ring, 16), d_ring_t = smem_desc_lo(ring, RT * 128);
+  const uint32_t d_q = smem_desc_lo(sq, 16), d_p = smem_desc_lo(sp, 16);
   auto issue_scores = [&](int it) {
-    const uint16_t* tile = tiles + (it & 1) * NP * RT * 64;
     pin(s);
     pin(s2);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4 * NP; ++kk) {
       const int p = kk >> 2, off = (kk & 3) * 16;
-      wgmma_m64n32<0>(kk & 1 ? s2 : s, smem_desc(tile + p * RT * 64 + off, 16), smem_desc(sq + p * 32 * 64 + off, 16),
-                      kk > 1);
+      wgmma_m64n32<0>(kk & 1 ? s2 : s, smem_desc_at(d_ring + slot(it, p) * kSlot, off * 2),
+                      smem_desc_at(d_q, (p * 32 * 64 + off) * 2), kk > 1);
     }
     wg_commit();
   };
@@ -668,8 +694,12 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] += s2[i];
   };
-  // Online softmax of tile it's scores: masks rows from s1 on, moves each head's maximum (the
-  // warps' maxima meet in red), writes P's bf16 pairs to sp[(it & 1)] and sets corr.
+  // Online softmax of tile it's scores: masks rows from s1 on, writes P's bf16 pairs to sp[(it &
+  // 1)] and sets corr. Each head's reference m moves only when a row's score exceeds it by more
+  // than kWgLatSlack: then to the running maximum (the warps' maxima meet in red), and o and l
+  // are rescaled by corr. Otherwise the tile needs neither the exchange nor the rescale, and p =
+  // 2^(x − m) ≤ 2^kWgLatSlack: l and o stay relative to m, which the combine step weighs as the
+  // split's maximum.
   auto softmax = [&](int it) {
     const int64_t row0 = k.s0 + int64_t(it) * RT + 16 * warp + g;
     float x[2][4], mx[2][2];
@@ -689,26 +719,39 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
       }
     }
     float* rb = red + (it & 1) * 64;
-    if (g == 0)
+    bool over = false;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) rb[warp * 16 + 8 * j + 2 * tq] = mx[j][0], rb[warp * 16 + 8 * j + 2 * tq + 1] = mx[j][1];
-    __syncthreads();
+    for (int j = 0; j < 2; ++j) {
+      over |= mx[j][0] > m[j][0] + kWgLatSlack || mx[j][1] > m[j][1] + kWgLatSlack;
+      if (g == 0) rb[warp * 16 + 8 * j + 2 * tq] = mx[j][0], rb[warp * 16 + 8 * j + 2 * tq + 1] = mx[j][1];
+    }
+    if (__syncthreads_or(over)) {  // some row exceeds its head's m by more than the slack: m moves
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int h = 8 * j + 2 * tq + c;
+          float v = rb[h];
+#pragma unroll
+          for (int w = 1; w < 4; ++w) v = fmaxf(v, rb[w * 16 + h]);
+          const float m2 = fmaxf(m[j][c], v);  // a tile has a row below s1: m2 finite
+          corr[j][c] = exp2f(m[j][c] - m2);
+          m[j][c] = m2;
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) corr[j][0] = corr[j][1] = 1.0f;
+    }
     uint16_t* pb = sp + (it & 1) * 32 * 64;
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int h = 8 * j + 2 * tq + c;
-        float v = rb[h];
-#pragma unroll
-        for (int w = 1; w < 4; ++w) v = fmaxf(v, rb[w * 16 + h]);
-        const float m2 = fmaxf(m[j][c], v);  // a tile has a row below s1: m2 finite
-        corr[j][c] = exp2f(m[j][c] - m2);
-        m[j][c] = m2;
         float sum = 0.0f;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float p = exp2f(x[j][c + 2 * r] - m2);
+          const float p = exp2f(x[j][c + 2 * r] - m[j][c]);
           sum += p;
           const __nv_bfloat16 hi = __float2bfloat16(p), lo = __float2bfloat16(p - __bfloat162float(hi));
           const int row = 16 * warp + g + 8 * r;
@@ -724,8 +767,10 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
       for (int p = 0; p < kWgLatRankPanels; ++p)
 #pragma unroll
         for (int i = 0; i < 16; ++i) o[p][i] *= corr[(i >> 2) & 1][i & 1];
-    const uint16_t* tile = tiles + (it & 1) * NP * RT * 64;
-    const uint16_t* pb = sp + (it & 1) * 32 * 64;
+    const uint32_t dp = d_p + (it & 1) * (32 * 64 * 2 >> 4);
+    uint32_t dt[kWgLatRankPanels];
+#pragma unroll
+    for (int p = 0; p < kWgLatRankPanels; ++p) dt[p] = d_ring_t + slot(it, p) * kSlot;
 #pragma unroll
     for (int p = 0; p < kWgLatRankPanels; ++p) pin(o[p]);
     wg_fence();
@@ -733,13 +778,13 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
     for (int j = 0; j < RT / 16; ++j)  // the 8 panels' chains interleaved
 #pragma unroll
       for (int p = 0; p < kWgLatRankPanels; ++p)
-        wgmma_m64n32<1>(o[p], smem_desc(tile + p * RT * 64 + j * 16 * 64, RT * 128), smem_desc(pb + j * 16, 16), 1);
+        wgmma_m64n32<1>(o[p], smem_desc_at(dt[p], j * 16 * 64 * 2), smem_desc_at(dp, j * 16 * 2), 1);
     wg_commit();
   };
 
   if (ntiles > 0) {
     load(0);
-    if (ntiles > 1) load(1);
+    load(1);
     // q's rows, scaled, as bf16 hi (rows 0–15) and lo (16–31); zeros past the group's G heads.
     const float* q = a.qt + (k.bt * a.H + k.h0) * W;
     const float sl2 = a.scale * kLog2e;
@@ -752,10 +797,7 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
         *reinterpret_cast<uint32_t*>(sq + panel_off(32, 16 + h, c)) = lo;
       }
     for (int it = 0; it < ntiles; ++it) {
-      if (it + 1 < ntiles)
-        cp_async_wait1();  // tile it landed (tile it + 1 may still be loading)
-      else
-        cp_async_wait0();
+      cp_async_wait<NP>();  // tile it landed (tile it + 1's NP panels may still be loading)
       fence_proxy_async();
       __syncthreads();  // tile it (and, the first time, q) visible to the tensor cores
       issue_scores(it);
@@ -769,7 +811,7 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
 #pragma unroll
       for (int p = 0; p < kWgLatRankPanels; ++p) pin(o[p]);
       __syncthreads();  // every warp is past tile it: its stage takes tile it + 2
-      if (it + 2 < ntiles) load(it + 2);
+      load(it + 2);
     }
   }
   // (m, l) per head: l summed over the thread's rows, then over g and the warps.
@@ -1242,6 +1284,9 @@ constexpr auto kNarrow16 = latent_narrow16_kernel<2 * kNarrow / 16, 2 * kNarrow 
 constexpr auto kWide = latent_wide_kernel<kMaxLatentWidth / 64>;
 constexpr auto kWide16 = latent_wide16_kernel<kMaxLatentWidth / 128>;
 constexpr auto kWgLat = latent_wgmma_kernel<kWgLatWidth / 64>;
+LatentKernel g_latent_kernel = LatentKernel::Auto;
+
+void set_latent_kernel(LatentKernel k) { g_latent_kernel = k; }
 
 void latent_attention(const float* qt, const void* const* lats, device::Storage storage, const int64_t* p0s,
                       int64_t longest, float* ob, int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale) {
@@ -1257,12 +1302,12 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   const bool upto128 = W <= 2 * kNarrow && R <= 2 * kNarrow && G0 <= 8;
   const int narrow = bf16 ? (upto128 ? 4 : 0)
                           : W <= kNarrow && R <= kNarrow ? (G0 <= 8 ? 1 : 2) : upto128 ? 3 : 0;
-  // bf16 latents of DeepSeek/K3's shape (512 + 64) at small batches: the warpgroup kernel. It
-  // takes 0.087 ms against the mma.sync kernel's 0.103 at 16 sequences of 4,096 rows (16 heads),
-  // but 0.19 against 0.17 at 64 and 0.67 against 0.53 at 256: with one block per SM its single
-  // tile in flight bounds it (tools/gpu/NOTES.md, eighteenth session).
+  // bf16 latents of DeepSeek/K3's shape (512 + 64): the warpgroup kernel (unless
+  // set_latent_kernel says otherwise). At 16, 64 and 256 sequences of 4,096 rows (16 heads) it
+  // takes 0.079, 0.129 and 0.371 ms against the mma.sync kernel's 0.103, 0.174 and 0.534
+  // (tools/gpu/NOTES.md, nineteenth session).
   const int64_t rows = B * T, groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock;
-  const bool wg = bf16 && !narrow && W == kWgLatWidth && R == kMaxRank && rows * groups <= kWgLatMaxRows;
+  const bool wg = bf16 && !narrow && W == kWgLatWidth && R == kMaxRank && g_latent_kernel != LatentKernel::MmaSync;
   const int warps = narrow == 3 ? 4 : narrow == 4 ? kNarrow16Warps : wg ? kWgLatThreads / 32 : kLatWarps;
   constexpr int RT = kWideRows;
   // About four waves of resident blocks (two per SM) over all (sequence, token, head group) rows,

@@ -228,8 +228,8 @@ std::string describe(device::Storage st, const LatentCase& c) {
 }
 
 // Three sequences of 7 to 702 rows, two new tokens each, at widths taken by every kernel (16-byte,
-// bulk and scalar copies; head groups of 4, 6, 12 and 20 heads; bf16 512 + 64 at this batch is the
-// warpgroup kernel's). q and p enter the bf16 products as bf16 pairs (hi + lo), so both storages
+// bulk and scalar copies; head groups of 4, 6, 12 and 20 heads; bf16 512 + 64 is the warpgroup
+// kernel's). q and p enter the bf16 products as bf16 pairs (hi + lo), so both storages
 // stay within 1e-5 of the reference over their own rows.
 TEST(MlaCudaKernels, LatentAttentionMatchesADoubleReference) {
   for (const device::Storage st : {device::Storage::F32, device::Storage::BF16})
@@ -242,9 +242,9 @@ TEST(MlaCudaKernels, LatentAttentionMatchesADoubleReference) {
 
 // 64 sequences of 8,000 to 8,820 rows: chunks of many tiles and slabs, so a chunk's last, partial
 // tile or slab lands on a ring stage already filled (its rows past the end hold earlier rows,
-// which must score −∞), in the wide and the narrow kernels of both storages. Then 16 sequences
-// of 512 + 64 with 16 heads in bf16, the warpgroup kernel's batch: chunks of four 64-row tiles,
-// both stages taken twice.
+// which must score −∞), in the wide and the narrow kernels of both storages (bf16 512 + 64: the
+// warpgroup kernel). Then 16 sequences of 512 + 64 with 16 heads in bf16: the warpgroup kernel's
+// chunks of four 64-row tiles, both stages taken twice.
 TEST(MlaCudaKernels, PartialTilesOnReusedStagesMatchADoubleReference) {
   std::vector<int64_t> p0s;
   for (int64_t b = 0; b < 64; ++b) p0s.push_back(8000 + 13 * b);
@@ -256,6 +256,20 @@ TEST(MlaCudaKernels, PartialTilesOnReusedStagesMatchADoubleReference) {
   p0s.resize(16);
   SCOPED_TRACE("bf16 512 + 64, 16 heads, 16 sequences");
   EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 16, 1, p0s), 1e-5);
+}
+
+// bf16 512 + 64 goes to the warpgroup kernel; the mma.sync kernel, which takes every other wide
+// bf16 latent, can take it too (cuda::set_latent_kernel): both over the shapes above.
+TEST(MlaCudaKernels, BothKernelsOfDeepSeekLatentsMatchADoubleReference) {
+  std::vector<int64_t> p0s;
+  for (int64_t b = 0; b < 64; ++b) p0s.push_back(8000 + 13 * b);
+  for (const cuda::LatentKernel kernel : {cuda::LatentKernel::MmaSync, cuda::LatentKernel::Warpgroup}) {
+    SCOPED_TRACE(kernel == cuda::LatentKernel::MmaSync ? "mma.sync kernel" : "warpgroup kernel");
+    cuda::set_latent_kernel(kernel);
+    EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 20, 2, {700, 90, 5}), 1e-5);
+    EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 2, 1, p0s), 1e-5);
+  }
+  cuda::set_latent_kernel(cuda::LatentKernel::Auto);
 }
 
 }  // namespace
