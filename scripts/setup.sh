@@ -28,6 +28,12 @@ fi
 BUILD_DIR="${1:-build}"
 shift || true
 SHARED="${K3_SHARED_DIR:-$(cd .. && pwd)/shared}"
+# The fixture tests read the reference outputs there; without them they fail, each naming the
+# missing file. Say so now rather than after the build.
+if [ ! -d "$SHARED/fixtures" ]; then
+  echo "k3 setup: warning: no fixtures at $SHARED/fixtures (the shared folder beside the project, or" \
+       "K3_SHARED_DIR); the fixture tests will fail until it is there" >&2
+fi
 # The CUDA backend (sm_90a) is built wherever the CUDA toolkit is installed, GPU or not; GPU tests
 # carry the ctest label "gpu". An explicit -DK3_CUDA=... wins.
 CUDA_ARGS=()
