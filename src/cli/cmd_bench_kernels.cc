@@ -431,7 +431,9 @@ void run_kernels(const KernelArgs& args) {
                                  N, 1, lc.H, W, lc.R, 0.05f);
         });
         const double bw = double(N) * lc.S * W * esz / (ms * 1e-3);
-        rep.add("mla_decode_" + std::string(bf16 ? "bf16_" : "") + std::to_string(W) + "_N" + std::to_string(N) + "_ms",
+        const std::string kernel_key = bf16 && W == 576 && args.mla_kernel != "auto" ? args.mla_kernel + "_" : "";
+        rep.add("mla_decode_" + std::string(bf16 ? "bf16_" : "") + kernel_key + std::to_string(W) + "_N" +
+                    std::to_string(N) + "_ms",
                 {std::string("MLA absorbed decode N") + std::to_string(N) + " " + lc.name +
                      (bf16 ? " (bf16 latent)" : " (fp32 latent)") + (bf16 && W == 576 ? kernel_note : ""),
                  fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw),
@@ -569,7 +571,7 @@ void register_bench_kernels(CLI::App* bench) {
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--mla-kernel", args->mla_kernel,
-                  "The mla section's kernel for bf16 512 + 64 latents: auto (by batch), wgmma or mma")
+                  "The mla section's kernel for bf16 512 + 64 latents: auto (the warpgroup one), wgmma or mma")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "wgmma", "mma"}));
   cmd->add_option("--versus", args->versus, "JSON of the same shapes timed by fla (tools/gpu/fla_bench.py)");

@@ -178,8 +178,9 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo_bytes)
 }
 // The same descriptor split in two: its low word (start address, LBO) and the high word every
 // panel here shares (SBO 1024 bytes, 128-byte swizzle). A loop that walks panels computes the low
-// word once and adds constant byte offsets (multiples of 16) to it: shared addresses lie below
-// 256 KiB, so the start address field (address / 16, 14 bits) never carries into the LBO.
+// word once and adds constant byte offsets (multiples of 16) to it: while address + offset stays
+// below 256 KiB (shared memory is at most 228 KiB), the start address field (address / 16, 14
+// bits) never carries into the LBO.
 constexpr uint32_t kSmemDescHi = (1024 >> 4) | (1u << 30);
 __device__ __forceinline__ uint32_t smem_desc_lo(const void* p, uint32_t lbo_bytes) {
   return ((unsigned(__cvta_generic_to_shared(p)) & 0x3FFFF) >> 4) | ((lbo_bytes >> 4) << 16);

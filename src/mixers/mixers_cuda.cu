@@ -633,8 +633,8 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
   for (int j = 0; j < 2; ++j) m[j][0] = m[j][1] = -INFINITY, l[j][0] = l[j][1] = 0.0f;
 
   // Tile it goes to stage it & 1 of a two-tile ring, panel by panel (its rows' columns 64p to
-  // 64p + 63), one cp.async group per panel (empty past the chunk's end), so that groups complete
-  // in panel order. This thread's 16-byte pieces of a panel are piece tid & 7 of rows (tid >> 3) +
+  // 64p + 63), one cp.async group per panel (empty past the chunk's end), so that every tile is
+  // NP groups and "tile it landed" is "at most NP groups pending". This thread's 16-byte pieces of a panel are piece tid & 7 of rows (tid >> 3) +
   // 16i: the 128-byte swizzle's XOR is the same for all four, and a full tile's 36 copies per
   // thread differ by constant offsets alone. (A ring of 22 panels, 4 of tile it + 2 in flight
   // beside tile it + 1, measured no faster: the loop is bound by its own latency, not the loads'.)
@@ -698,8 +698,8 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
   // 1)] and sets corr. Each head's reference m moves only when a row's score exceeds it by more
   // than kWgLatSlack: then to the running maximum (the warps' maxima meet in red), and o and l
   // are rescaled by corr. Otherwise the tile needs neither the exchange nor the rescale, and p =
-  // 2^(x − m) ≤ 2^kWgLatSlack: l and o stay relative to m, which the combine step weighs as the
-  // split's maximum.
+  // 2^(x − m) ≤ 2^kWgLatSlack: l and o stay relative to m, which may lie up to kWgLatSlack below
+  // the split's maximum; the combine step needs only a common reference per split.
   auto softmax = [&](int it) {
     const int64_t row0 = k.s0 + int64_t(it) * RT + 16 * warp + g;
     float x[2][4], mx[2][2];

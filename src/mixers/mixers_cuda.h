@@ -37,9 +37,9 @@ void convs_with_tails(const ConvStreams& streams, float* const* tails, int64_t B
 // arrays of B entries; the rows are fp32 or bf16 (`storage`); longest = max p0s + T.
 void latent_attention(const float* qt, const void* const* lats, device::Storage storage, const int64_t* p0s,
                       int64_t longest, float* ob, int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale);
-// Which kernel takes bf16 latents of DeepSeek/K3's 512 + 64 shape: by batch (the default), or
-// always the warpgroup-MMA (Warpgroup) or the mma.sync (MmaSync) one, for benchmarks and
-// profiles. Process-wide; the others shapes are unaffected.
+// Which kernel takes bf16 latents of DeepSeek/K3's 512 + 64 shape: the warpgroup-MMA one (Auto,
+// the default, and Warpgroup: faster at every batch measured) or the mma.sync one (MmaSync), for
+// benchmarks, profiles and tests. Process-wide; other shapes are unaffected.
 enum class LatentKernel { Auto, Warpgroup, MmaSync };
 void set_latent_kernel(LatentKernel k);
 // B sequences' T new rows each into their caches, one launch: row t of sequence b (src row b·T +

@@ -165,12 +165,21 @@ INSTANTIATE_TEST_SUITE_P(Positions, MlaCuda, ::testing::Values(MlaPosition::NoPE
 
 // k3::cuda::latent_attention over latent rows stored as `st` against a double-precision softmax
 // attention over the same rows (rounded to bf16 first for a bf16 cache): B sequences with p0s
-// cached rows, T new tokens each. Returns the relative L2 error of ob.
+// cached rows, T new tokens each. Returns the relative L2 error of ob. With `climb`, the last
+// (rope) column of q is 1 and that of row s is 200·((s / 64) mod 3): every third 64-row tile's
+// scores rise by about 12 (log₂ units) over the tile before, so each head's running maximum moves
+// by more than the warpgroup kernel's slack in the middle of a chunk, and what was summed before
+// must be rescaled. (The column lies outside ob's R, and the rows that dominate each softmax share
+// its value, so the scores' rounding of it does not show in ob.)
 double latent_attention_error(device::Storage st, int64_t R, int64_t rope, int64_t H, int64_t T,
-                              const std::vector<int64_t>& p0s) {
+                              const std::vector<int64_t>& p0s, bool climb = false) {
   const int64_t W = R + rope, B = int64_t(p0s.size());
   const float scale = float(1.0 / std::sqrt(double(W)));
   Tensor q = random_rows(B * T * H, W, 11);
+  if (climb) {
+    EXPECT_GT(rope, 0) << "climb: the step column must lie outside R";
+    for (int64_t i = 0; i < B * T * H; ++i) q.f32()[i * W + W - 1] = 1.0f;
+  }
   std::vector<std::vector<float>> rows;  // per sequence, as the kernel reads them
   std::vector<device::Buffer> bufs;
   std::vector<const void*> ptrs;
@@ -178,6 +187,8 @@ double latent_attention_error(device::Storage st, int64_t R, int64_t rope, int64
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = (p0s[size_t(b)] + T) * W;
     Tensor r = random_rows(p0s[size_t(b)] + T, W, 20 + uint64_t(b));
+    if (climb)
+      for (int64_t s = 0; s < p0s[size_t(b)] + T; ++s) r.f32()[s * W + W - 1] = 200.0f * float((s / 64) % 3);
     bufs.push_back(device::upload_values(r.f32(), n, st));
     rows.emplace_back(size_t(n));
     device::download_values(rows.back().data(), bufs.back(), n, st);
@@ -260,16 +271,40 @@ TEST(MlaCudaKernels, PartialTilesOnReusedStagesMatchADoubleReference) {
 
 // bf16 512 + 64 goes to the warpgroup kernel; the mma.sync kernel, which takes every other wide
 // bf16 latent, can take it too (cuda::set_latent_kernel): both over the shapes above.
-TEST(MlaCudaKernels, BothKernelsOfDeepSeekLatentsMatchADoubleReference) {
+// Runs f with each kernel chosen for bf16 512 + 64 latents (then back to Auto), given 64
+// sequences of 8,000+ rows.
+template <class F>
+void on_both_kernels(F&& f) {
+  struct Scope {  // the process-wide choice, restored however f ends
+    explicit Scope(cuda::LatentKernel k) { cuda::set_latent_kernel(k); }
+    ~Scope() { cuda::set_latent_kernel(cuda::LatentKernel::Auto); }
+  };
   std::vector<int64_t> p0s;
   for (int64_t b = 0; b < 64; ++b) p0s.push_back(8000 + 13 * b);
   for (const cuda::LatentKernel kernel : {cuda::LatentKernel::MmaSync, cuda::LatentKernel::Warpgroup}) {
     SCOPED_TRACE(kernel == cuda::LatentKernel::MmaSync ? "mma.sync kernel" : "warpgroup kernel");
-    cuda::set_latent_kernel(kernel);
+    const Scope scope(kernel);
+    f(p0s);
+  }
+}
+
+TEST(MlaCudaKernels, BothKernelsOfDeepSeekLatentsMatchADoubleReference) {
+  on_both_kernels([](const std::vector<int64_t>& p0s) {
     EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 20, 2, {700, 90, 5}), 1e-5);
     EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 2, 1, p0s), 1e-5);
-  }
-  cuda::set_latent_kernel(cuda::LatentKernel::Auto);
+  });
+}
+
+// Scores that climb by more than the slack every third tile (latent_attention_error's `climb`):
+// the warpgroup kernel's maxima move mid-chunk and its sums are rescaled (the random scores
+// above move them by 1–2 units at most after a chunk's first tile), and so are the mma.sync
+// kernel's. 64 and 16 sequences of 8,000+ rows: chunks of 14 and 4 tiles on 132 SMs.
+TEST(MlaCudaKernels, MaximaThatMoveMidChunkRescaleWhatWasSummed) {
+  on_both_kernels([](const std::vector<int64_t>& p0s) {
+    EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 2, 1, p0s, true), 1e-5);
+    EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 16, 1, {p0s.begin(), p0s.begin() + 16}, true),
+              1e-5);
+  });
 }
 
 }  // namespace
