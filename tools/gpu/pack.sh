@@ -9,6 +9,9 @@
 #   K3_GPU_TESTS="ops models"    test binaries (src/*/NAME_cuda_test; default: all of them)
 #   K3_GPU_FIXTURES="models/gpt2-tiny ops/attnres.safetensors"   fixtures under ../shared/fixtures
 #                                (default: all of them)
+#   K3_GPU_EXTRA="k3-branch=../wt/build/k3 mixers_cuda_test-branch=../wt/build/src/mixers/mixers_cuda_test"
+#                                more binaries, under their own names (another build of another
+#                                commit, say, to time both in one call)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build-cuda}"
@@ -28,6 +31,11 @@ if [ -n "${K3_GPU_TESTS:-}" ]; then
 else
   find "$build/src" -maxdepth 2 -name '*_cuda_test' -type f -exec cp {} .gpu/bin/ \;
 fi
+for e in ${K3_GPU_EXTRA:-}; do
+  name="${e%%=*}" path="${e#*=}"
+  [ -f "$path" ] && [ "$name" != "$e" ] || { echo "pack.sh: K3_GPU_EXTRA wants NAME=PATH of a binary, not '$e'" >&2; exit 1; }
+  cp "$path" ".gpu/bin/$name"
+done
 # Libraries outside glibc/libstdc++/CUDA that the binaries load.
 for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   grep -E 'openblas|gfortran|quadmath|icu|httplib|gomp|brotli|libssl|libcrypto|libz\.' |
