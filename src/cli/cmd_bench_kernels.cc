@@ -406,7 +406,6 @@ void run_kernels(const KernelArgs& args) {
   cuda::set_latent_kernel(args.mla_kernel == "wgmma" ? cuda::LatentKernel::Warpgroup
                           : args.mla_kernel == "mma" ? cuda::LatentKernel::MmaSync
                                                      : cuda::LatentKernel::Auto);
-  const std::string kernel_note = args.mla_kernel == "auto" ? "" : " [" + args.mla_kernel + "]";
   std::vector<device::Storage> caches;
   for (const std::string& d : args.cache_dtypes)
     caches.push_back(d == "bf16" ? device::Storage::BF16 : device::Storage::F32);
@@ -431,11 +430,12 @@ void run_kernels(const KernelArgs& args) {
                                  N, 1, lc.H, W, lc.R, 0.05f);
         });
         const double bw = double(N) * lc.S * W * esz / (ms * 1e-3);
-        const std::string kernel_key = bf16 && W == 576 && args.mla_kernel != "auto" ? args.mla_kernel + "_" : "";
-        rep.add("mla_decode_" + std::string(bf16 ? "bf16_" : "") + kernel_key + std::to_string(W) + "_N" +
-                    std::to_string(N) + "_ms",
+        // A forced kernel (--mla-kernel) names itself in the key and the label.
+        const std::string forced = bf16 && W == 576 && args.mla_kernel != "auto" ? args.mla_kernel : "";
+        rep.add("mla_decode_" + std::string(bf16 ? "bf16_" : "") + (forced.empty() ? "" : forced + "_") +
+                    std::to_string(W) + "_N" + std::to_string(N) + "_ms",
                 {std::string("MLA absorbed decode N") + std::to_string(N) + " " + lc.name +
-                     (bf16 ? " (bf16 latent)" : " (fp32 latent)") + (bf16 && W == 576 ? kernel_note : ""),
+                     (bf16 ? " (bf16 latent)" : " (fp32 latent)") + (forced.empty() ? "" : " [" + forced + "]"),
                  fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw),
                  "target 80% of copy"},
                 ms);

@@ -171,22 +171,19 @@ __device__ __forceinline__ int panel_off(int rows, int r, int c) {
 // stride between 64-column panels along M or N of an MN-major operand, unused for K-major), SBO
 // (between 8-row groups: 1024 bytes), 128-byte swizzle. A K-major operand's k16-step s within a
 // panel starts 32·s bytes further on; an MN-major one's, 16 rows (2048 bytes) further on.
-__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo_bytes) {
-  const uint32_t a = unsigned(__cvta_generic_to_shared(p));
-  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-// The same descriptor split in two: its low word (start address, LBO) and the high word every
-// panel here shares (SBO 1024 bytes, 128-byte swizzle). A loop that walks panels computes the low
-// word once and adds constant byte offsets (multiples of 16) to it: while address + offset stays
-// below 256 KiB (shared memory is at most 228 KiB), the start address field (address / 16, 14
-// bits) never carries into the LBO.
+// Its low word (start address, LBO) and the high word every panel here shares (SBO, swizzle) are
+// apart so that a loop walking panels computes the low word once and adds constant byte offsets
+// (multiples of 16): while address + offset stays below 256 KiB (shared memory is at most
+// 228 KiB), the start address field (address / 16, 14 bits) never carries into the LBO.
 constexpr uint32_t kSmemDescHi = (1024 >> 4) | (1u << 30);
 __device__ __forceinline__ uint32_t smem_desc_lo(const void* p, uint32_t lbo_bytes) {
   return ((unsigned(__cvta_generic_to_shared(p)) & 0x3FFFF) >> 4) | ((lbo_bytes >> 4) << 16);
 }
 __device__ __forceinline__ uint64_t smem_desc_at(uint32_t lo, uint32_t byte_off) {
   return (uint64_t(kSmemDescHi) << 32) | (lo + (byte_off >> 4));
+}
+__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo_bytes) {
+  return smem_desc_at(smem_desc_lo(p, lbo_bytes), 0);
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

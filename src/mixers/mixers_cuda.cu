@@ -567,9 +567,8 @@ __global__ void __launch_bounds__(kLatWarps * 32, 2) latent_wide16_kernel(Latent
 }
 
 // DeepSeek/K3's latent (512 + 64) over a bf16 cache on Hopper's warpgroup MMA (sm_90a): a block
-// is one warpgroup over tiles of 64 rows,
-// transposed so that the rows fill the products' M and the heads their N (16 heads as q's bf16
-// hi and lo: 32 columns, the two halves summed per head):
+// is one warpgroup over tiles of 64 rows, transposed so that the rows fill the products' M and
+// the heads their N (16 heads as q's bf16 hi and lo: 32 columns, the two halves summed per head):
 //   Sᵀ [64 rows, 32] = tile [64, W] · [q_hi q_lo]ᵀ (both K-major in shared memory; the k-steps
 //     alternate between two accumulators, so that each product need not wait for the last);
 //   Oᵀ [R, 32] += tileᵀ [R, 64 rows] · [P_hi P_lo]ᵀ (the tile read transposed: its 8 panels are
@@ -634,9 +633,9 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
 
   // Tile it goes to stage it & 1 of a two-tile ring, panel by panel (its rows' columns 64p to
   // 64p + 63), one cp.async group per panel (empty past the chunk's end), so that every tile is
-  // NP groups and "tile it landed" is "at most NP groups pending". This thread's 16-byte pieces of a panel are piece tid & 7 of rows (tid >> 3) +
-  // 16i: the 128-byte swizzle's XOR is the same for all four, and a full tile's 36 copies per
-  // thread differ by constant offsets alone. (A ring of 22 panels, 4 of tile it + 2 in flight
+  // NP groups and "tile it landed" is "at most NP groups pending". This thread's 16-byte pieces
+  // of a panel are piece tid & 7 of rows (tid >> 3) + 16i: the 128-byte swizzle's XOR is the
+  // same for all four, and a full tile's 36 copies per thread differ by constant offsets alone. (A ring of 22 panels, 4 of tile it + 2 in flight
   // beside tile it + 1, measured no faster: the loop is bound by its own latency, not the loads'.)
   const int lr = threadIdx.x >> 3, lc = threadIdx.x & 7, dst_t = lr * 64 + ((lc ^ (lr & 7)) << 3);
   auto load = [&](int it) {

@@ -251,14 +251,20 @@ TEST(MlaCudaKernels, LatentAttentionMatchesADoubleReference) {
     }
 }
 
+// 64 sequences' cached rows, 8,000 to 8,819.
+std::vector<int64_t> long_sequences() {
+  std::vector<int64_t> p0s;
+  for (int64_t b = 0; b < 64; ++b) p0s.push_back(8000 + 13 * b);
+  return p0s;
+}
+
 // 64 sequences of 8,000 to 8,820 rows: chunks of many tiles and slabs, so a chunk's last, partial
 // tile or slab lands on a ring stage already filled (its rows past the end hold earlier rows,
 // which must score −∞), in the wide and the narrow kernels of both storages (bf16 512 + 64: the
 // warpgroup kernel). Then 16 sequences of 512 + 64 with 16 heads in bf16: the warpgroup kernel's
 // chunks of four 64-row tiles, both stages taken twice.
 TEST(MlaCudaKernels, PartialTilesOnReusedStagesMatchADoubleReference) {
-  std::vector<int64_t> p0s;
-  for (int64_t b = 0; b < 64; ++b) p0s.push_back(8000 + 13 * b);
+  std::vector<int64_t> p0s = long_sequences();
   for (const device::Storage st : {device::Storage::F32, device::Storage::BF16})
     for (const LatentCase& c : {LatentCase{512, 64, 2}, LatentCase{96, 32, 6}}) {
       SCOPED_TRACE(describe(st, c));
@@ -270,17 +276,15 @@ TEST(MlaCudaKernels, PartialTilesOnReusedStagesMatchADoubleReference) {
 }
 
 // bf16 512 + 64 goes to the warpgroup kernel; the mma.sync kernel, which takes every other wide
-// bf16 latent, can take it too (cuda::set_latent_kernel): both over the shapes above.
-// Runs f with each kernel chosen for bf16 512 + 64 latents (then back to Auto), given 64
-// sequences of 8,000+ rows.
+// bf16 latent, can take it too (cuda::set_latent_kernel). Runs f with each kernel chosen (then
+// back to Auto), given long_sequences().
 template <class F>
 void on_both_kernels(F&& f) {
   struct Scope {  // the process-wide choice, restored however f ends
     explicit Scope(cuda::LatentKernel k) { cuda::set_latent_kernel(k); }
     ~Scope() { cuda::set_latent_kernel(cuda::LatentKernel::Auto); }
   };
-  std::vector<int64_t> p0s;
-  for (int64_t b = 0; b < 64; ++b) p0s.push_back(8000 + 13 * b);
+  const std::vector<int64_t> p0s = long_sequences();
   for (const cuda::LatentKernel kernel : {cuda::LatentKernel::MmaSync, cuda::LatentKernel::Warpgroup}) {
     SCOPED_TRACE(kernel == cuda::LatentKernel::MmaSync ? "mma.sync kernel" : "warpgroup kernel");
     const Scope scope(kernel);
