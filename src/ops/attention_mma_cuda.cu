@@ -20,7 +20,8 @@ namespace {
 using device::cp_async16_zfill;
 using device::panel_off;
 using device::pin;
-using device::smem_desc;
+using device::smem_desc_at;
+using device::smem_desc_lo;
 using device::wg_commit;
 using device::wg_fence;
 using device::wg_wait0;
@@ -78,14 +79,30 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat
 constexpr int kWgRows = 64;  // queries per warpgroup
 constexpr int kStages = 3;   // key/value tiles in shared memory: in use, next, loading
 
-template <int D, int THREADS>
-__device__ __forceinline__ void load_panels(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t stride, int rows,
+// ROWS rows from `base` into 64-column panels; rows at or past `valid` are zero-filled. When the
+// threads cover whole rows a multiple of 8 rows apart (THREADS / (D / 8) ≡ 0 mod 8), a thread's
+// chunk and swizzle are the same on every pass, so its copies differ by constant offsets and one
+// row stride (no address arithmetic per copy); otherwise each copy computes its place.
+template <int D, int THREADS, int ROWS>
+__device__ __forceinline__ void load_panels(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t stride,
                                             int valid) {
   constexpr int kChunks = D / 8;
-  for (int i = threadIdx.x; i < rows * kChunks; i += THREADS) {
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    const bool ok = r < valid;
-    cp_async16_zfill(tile + panel_off(rows, r, c), ok ? base + r * stride + c : base, ok);
+  if constexpr (THREADS % kChunks == 0 && (THREADS / kChunks) % 8 == 0 && ROWS % (THREADS / kChunks) == 0) {
+    constexpr int kStep = THREADS / kChunks;  // rows per pass
+    const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 8;
+    __nv_bfloat16* dst = tile + panel_off(ROWS, r0, c);
+    const __nv_bfloat16* src = base + r0 * stride + c;
+#pragma unroll
+    for (int n = 0; n < ROWS / kStep; ++n) {
+      const bool ok = r0 + n * kStep < valid;
+      cp_async16_zfill(dst + n * kStep * 64, ok ? src + n * kStep * stride : base, ok);
+    }
+  } else {
+    for (int i = threadIdx.x; i < ROWS * kChunks; i += THREADS) {
+      const int r = i / kChunks, c = (i % kChunks) * 8;
+      const bool ok = r < valid;
+      cp_async16_zfill(tile + panel_off(ROWS, r, c), ok ? base + r * stride + c : base, ok);
+    }
   }
 }
 
@@ -154,13 +171,13 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
     if (tile < ntiles) {
       const int64_t k0 = int64_t(tile) * kKeys;
       const int valid = int(min64(kKeys, a.S - k0)), st = tile % kStages;
-      load_panels<DK, kThreads>(sk + st * kKeys * DK, kb + k0 * qstride, qstride, kKeys, valid);
-      load_panels<DV, kThreads>(sv + st * kKeys * DV, vb + k0 * vstride, vstride, kKeys, valid);
+      load_panels<DK, kThreads, kKeys>(sk + st * kKeys * DK, kb + k0 * qstride, qstride, valid);
+      load_panels<DV, kThreads, kKeys>(sv + st * kKeys * DV, vb + k0 * vstride, vstride, valid);
     }
     device::cp_async_commit();
   };
-  load_panels<DK, kThreads>(sq, q + ((int64_t(b) * a.Tq + q0) * a.H + h) * DK, qstride, kRows,
-                            int(min64(kRows, a.Tq - q0)));
+  load_panels<DK, kThreads, kRows>(sq, q + ((int64_t(b) * a.Tq + q0) * a.H + h) * DK, qstride,
+                                   int(min64(kRows, a.Tq - q0)));
   load_kv(0);  // in Q's group
   load_kv(1);
   load_kv(2);
@@ -178,12 +195,15 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   float s[32];
   unsigned pa[4][4];
 
+  // Descriptors' low words (smem_desc_at adds constant byte offsets): Q's panels, the key and
+  // value stages.
+  const uint32_t d_q = smem_desc_lo(wq, 16), d_k = smem_desc_lo(sk, 16), d_v = smem_desc_lo(sv, kKeys * 128);
   auto issue_scores = [&](int tile) {  // s = Q K_tileᵀ, asynchronously
-    const __nv_bfloat16* tk = sk + (tile % kStages) * kKeys * DK;
+    const uint32_t dk = d_k + (tile % kStages) * (kKeys * DK * 2 / 16);
 #pragma unroll
     for (int kk = 0; kk < DK / 16; ++kk) {
       const int p = kk >> 2, off = (kk & 3) * 16;  // panel, and 32 bytes per step inside its rows
-      wgmma_ss(s, smem_desc(wq + p * kRows * 64 + off, 16), smem_desc(tk + p * kKeys * 64 + off, 16), kk > 0);
+      wgmma_ss(s, smem_desc_at(d_q, (p * kRows * 64 + off) * 2), smem_desc_at(dk, (p * kKeys * 64 + off) * 2), kk > 0);
     }
     wg_commit();
   };
@@ -244,12 +264,12 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   pack_p();
 
   auto issue_pv = [&](int tile) {  // o += P V_tile, asynchronously
-    const __nv_bfloat16* tv = sv + (tile % kStages) * kKeys * DV;
+    const uint32_t dv = d_v + (tile % kStages) * (kKeys * DV * 2 / 16);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int p = 0; p < DV / 64; ++p)  // keys [16j, 16j + 16) of value panel p
-        wgmma_rs(o[p], pa[j], smem_desc(tv + p * kKeys * 64 + j * 16 * 64, kKeys * 128));
+        wgmma_rs(o[p], pa[j], smem_desc_at(dv, (p * kKeys * 64 + j * 16 * 64) * 2));
     wg_commit();
   };
   // Tile j < last: the scores of tile j + 1 are computed while P_j V_j runs, and their softmax
