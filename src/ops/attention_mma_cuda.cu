@@ -199,11 +199,17 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   // value stages.
   const uint32_t d_q = smem_desc_lo(wq, 16), d_k = smem_desc_lo(sk, 16), d_v = smem_desc_lo(sv, kKeys * 128);
   auto issue_scores = [&](int tile) {  // s = Q K_tileᵀ, asynchronously
-    const uint32_t dk = d_k + (tile % kStages) * (kKeys * DK * 2 / 16);
+    // Both descriptors advance in place (32 bytes a k-step, then to the next panel): one 64-bit
+    // add per operand and product.
+    uint64_t da = smem_desc_at(d_q, 0), db = smem_desc_at(d_k + (tile % kStages) * (kKeys * DK * 2 / 16), 0);
 #pragma unroll
     for (int kk = 0; kk < DK / 16; ++kk) {
-      const int p = kk >> 2, off = (kk & 3) * 16;  // panel, and 32 bytes per step inside its rows
-      wgmma_ss(s, smem_desc_at(d_q, (p * kRows * 64 + off) * 2), smem_desc_at(dk, (p * kKeys * 64 + off) * 2), kk > 0);
+      wgmma_ss(s, da, db, kk > 0);
+      if ((kk & 3) < 3) {
+        da += 2, db += 2;
+      } else {
+        da += (kRows * 64 * 2 - 96) >> 4, db += (kKeys * 64 * 2 - 96) >> 4;
+      }
     }
     wg_commit();
   };
