@@ -1201,9 +1201,13 @@ __global__ void __launch_bounds__(NW * 32, 3) latent_narrow16_kernel(LatentArgs 
 
 // One block per (row bt, head h): ob = Σ_split 2^(m_i − M) acc_i / Σ_split 2^(m_i − M) l_i (m in
 // log₂ units). The weights are computed once per split into shared memory (splits ≤ kMaxSplits).
-constexpr int kMaxSplits = 1024, kCombineThreads = 256;
+// A thread sums four columns (float4 when R % 4 == 0) over the splits kCombineLoads at a time, so
+// that many loads are in flight at once: a loop of one dependent load per split took about a
+// microsecond a split at small batches, where the splits are many.
+constexpr int kMaxSplits = 1024, kCombineThreads = 128, kCombineLoads = 8;
 __global__ void __launch_bounds__(kCombineThreads) latent_combine_kernel(const float* part_ml, const float* part_acc,
-                                                                        int64_t H, int64_t R, int splits, float* ob) {
+                                                                        int64_t H, int64_t R, int splits, float* ob,
+                                                                        bool vec) {
   __shared__ float wts[kMaxSplits], scratch[32];
   const int64_t bt = blockIdx.x / H, h = blockIdx.x % H;
   auto at = [&](int i) { return (bt * splits + i) * H + h; };
@@ -1221,11 +1225,39 @@ __global__ void __launch_bounds__(kCombineThreads) latent_combine_kernel(const f
     L += w * part_ml[2 * at(i) + 1];
   }
   L = block_sum(L, scratch);  // its barriers also publish wts
-  for (int64_t c = threadIdx.x; c < R; c += blockDim.x) {
-    float o = 0.0f;
-    for (int i = 0; i < splits; ++i)
-      if (wts[i] != 0.0f) o += wts[i] * part_acc[at(i) * R + c];
-    ob[(bt * H + h) * R + c] = o / L;
+  // vec: R % 4 == 0 and ob 16-byte aligned. Splits of weight 0 (no rows) are skipped, whatever
+  // their acc holds.
+  if (vec) {
+    for (int64_t c = 4 * int64_t(threadIdx.x); c < R; c += 4 * blockDim.x) {
+      float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int i0 = 0; i0 < splits; i0 += kCombineLoads) {
+        float4 x[kCombineLoads];
+#pragma unroll
+        for (int u = 0; u < kCombineLoads; ++u)
+          if (i0 + u < splits) x[u] = *reinterpret_cast<const float4*>(part_acc + at(i0 + u) * R + c);
+#pragma unroll
+        for (int u = 0; u < kCombineLoads; ++u)
+          if (i0 + u < splits && wts[i0 + u] != 0.0f) {
+            const float w = wts[i0 + u];
+            o.x += w * x[u].x, o.y += w * x[u].y, o.z += w * x[u].z, o.w += w * x[u].w;
+          }
+      }
+      *reinterpret_cast<float4*>(ob + (bt * H + h) * R + c) = make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < R; c += blockDim.x) {
+      float o = 0.0f;
+      for (int i0 = 0; i0 < splits; i0 += kCombineLoads) {
+        float x[kCombineLoads];
+#pragma unroll
+        for (int u = 0; u < kCombineLoads; ++u)
+          if (i0 + u < splits) x[u] = part_acc[at(i0 + u) * R + c];
+#pragma unroll
+        for (int u = 0; u < kCombineLoads; ++u)
+          if (i0 + u < splits && wts[i0 + u] != 0.0f) o += wts[i0 + u] * x[u];
+      }
+      ob[(bt * H + h) * R + c] = o / L;
+    }
   }
 }
 
@@ -1364,8 +1396,9 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
                : wg ? kWgLat : bf16 ? kWide16 : kWide;
   kernel<<<unsigned(blocks), unsigned(warps * 32), smem, device::stream()>>>(a);
   K3_CUDA_LAUNCHED();
+  const bool vec_out = R % 4 == 0 && reinterpret_cast<uintptr_t>(ob) % 16 == 0;
   latent_combine_kernel<<<unsigned(rows * H), kCombineThreads, 0, device::stream()>>>(ml.as<float>(), acc.as<float>(), H, R,
-                                                                          splits, ob);
+                                                                          splits, ob, vec_out);
   K3_CUDA_LAUNCHED();
 }
 
