@@ -65,10 +65,21 @@ double median_ms(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
+// n values uniform in [lo, hi). Past 2^24 values the buffer repeats its first 2^24 (copied on the
+// device): the kernels timed here read every byte whatever it holds, and drawing the billions of
+// values of a 128K-row cache at 256 sequences on the host took a minute per figure.
 device::Buffer random_values(Rng& rng, int64_t n, float lo, float hi, device::Storage st) {
-  std::vector<float> h(static_cast<size_t>(n));
+  const int64_t drawn = std::min<int64_t>(n, int64_t(1) << 24);
+  std::vector<float> h(static_cast<size_t>(drawn));
   for (float& x : h) x = lo + (hi - lo) * rng.uniform();
-  return device::upload_values(h.data(), n, st);
+  device::Buffer first = device::upload_values(h.data(), drawn, st);
+  if (drawn == n) return first;
+  const size_t esz = st == device::Storage::BF16 ? 2 : 4, total = size_t(n) * esz;
+  device::Buffer all(total);
+  device::copy(all.get(), first.get(), size_t(drawn) * esz);
+  for (size_t have = size_t(drawn) * esz; have < total; have *= 2)  // doubling copies
+    device::copy(all.as<char>() + have, all.get(), std::min(have, total - have));
+  return all;
 }
 
 struct Row {
