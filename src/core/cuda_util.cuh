@@ -24,7 +24,6 @@ namespace k3::device {
 #define K3_CUDA_LAUNCHED() K3_CUDA_CHECK(cudaGetLastError())
 
 cudaStream_t stream();  // k3's stream (non-blocking, created on first use)
-int sm_count();         // streaming multiprocessors of the device (read once)
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 

@@ -19,6 +19,7 @@ void require_cuda(const char* who) {
                    "use --device cpu");
 }
 const char* describe() { return "no CUDA backend in this build"; }
+int sm_count() { unavailable(); }
 Buffer::Buffer(size_t bytes) {
   if (bytes) unavailable();
 }

@@ -20,6 +20,8 @@ int cuda_device_count();
 void require_cuda(const char* who);
 // "NVIDIA H200, 132 SMs, 139.8 GiB, sm_90" (or why there is none).
 const char* describe();
+// Streaming multiprocessors of the device (read once; throws without the backend).
+int sm_count();
 
 // Device memory from the caching allocator: freed blocks are kept by size class and reused, so
 // the steady state of a training or decode loop makes no cudaMalloc/cudaFree calls.
