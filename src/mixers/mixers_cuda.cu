@@ -126,6 +126,7 @@ struct LatentArgs {
   float scale;
   float* part_ml;
   float* part_acc;
+  float* ob;  // set (one split, warpgroup kernel): ob = acc / l written by the kernel, no partials
 };
 
 // Hopper bulk copies (cp.async.bulk, the TMA's 1-D form): `bytes` (a multiple of 16; both
@@ -824,6 +825,26 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
 #pragma unroll
     for (int j = 0; j < 2; ++j) red[warp * 16 + 8 * j + 2 * tq] = l[j][0], red[warp * 16 + 8 * j + 2 * tq + 1] = l[j][1];
   __syncthreads();
+  if (a.ob) {  // one split: what the combine step would compute (its weight 2^(m − m) = 1), here
+    float L[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int h = 8 * j + 2 * tq + c;
+        L[j][c] = red[h] + red[16 + h] + red[32 + h] + red[48 + h];
+      }
+#pragma unroll
+    for (int p = 0; p < kWgLatRankPanels; ++p)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = 8 * j + 2 * tq + (e & 1), col = 64 * p + 16 * warp + g + 8 * (e >> 1);
+          if (h < k.G) a.ob[(k.bt * a.H + k.h0 + h) * R + col] = (o[p][4 * j + e] + o[p][4 * (j + 2) + e]) / L[j][e & 1];
+        }
+    return;
+  }
   if (warp == 0 && g == 0)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
@@ -1319,6 +1340,25 @@ LatentKernel g_latent_kernel = LatentKernel::Auto;
 
 void set_latent_kernel(LatentKernel k) { g_latent_kernel = k; }
 
+// Tiles per block of latent_wgmma_kernel for `items` (token, head group) rows over at most
+// `tiles` tiles each, on `sms` SMs (one block each). The warpgroup kernel pays about two tiles'
+// time per block beyond its tiles (filling its ring, its partial results), so the chunk minimises
+// waves · (2 + tiles per chunk), as if every sequence were the longest: one wave of long chunks
+// rather than four of short ones (at 256 sequences of 4,096 rows, 0.318 against 0.356 ms; at 16,
+// 0.042 against 0.077; a single chunk then also skips the combine step). Chunks are at most 64 tiles (4,096 rows), so that a batch of unequal
+// lengths, whose longest sequence the rule takes for all, splits its long ones finely enough.
+inline int64_t wgmma_latent_chunk(int64_t items, int64_t tiles, int64_t sms) {
+  constexpr int64_t kFixed = 2, kMaxTiles = 64;
+  const int64_t lo = std::max<int64_t>(1, (tiles + kMaxSplits - 1) / kMaxSplits);  // ≤ kMaxSplits chunks
+  int64_t best = lo, best_cost = INT64_MAX;
+  for (int64_t ct = lo; ct <= std::max(lo, std::min(tiles, kMaxTiles)); ++ct) {
+    const int64_t splits = (tiles + ct - 1) / ct;
+    const int64_t cost = (items * splits + sms - 1) / sms * (kFixed + ct);
+    if (cost <= best_cost) best = ct, best_cost = cost;  // ties: the longer chunk (fewer partials)
+  }
+  return best;
+}
+
 void latent_attention(const float* qt, const void* const* lats, device::Storage storage, const int64_t* p0s,
                       int64_t longest, float* ob, int64_t B, int64_t T, int64_t H, int64_t W, int64_t R, float scale) {
   if (R > kMaxRank) throw error("mla", "kv_lora_rank ", R, " exceeds the CUDA decode kernel's ", kMaxRank);
@@ -1335,27 +1375,34 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
                           : W <= kNarrow && R <= kNarrow ? (G0 <= 8 ? 1 : 2) : upto128 ? 3 : 0;
   // bf16 latents of DeepSeek/K3's shape (512 + 64): the warpgroup kernel (unless
   // set_latent_kernel says otherwise). At 16, 64 and 256 sequences of 4,096 rows (16 heads) it
-  // takes 0.079, 0.129 and 0.371 ms against the mma.sync kernel's 0.103, 0.174 and 0.534
-  // (tools/gpu/NOTES.md, nineteenth session).
+  // takes 0.042, 0.097 and 0.307 ms against the mma.sync kernel's 0.103, 0.174 and 0.534
+  // (tools/gpu/NOTES.md, twentieth session).
   const int64_t rows = B * T, groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock;
   const bool wg = bf16 && !narrow && W == kWgLatWidth && R == kMaxRank && g_latent_kernel != LatentKernel::MmaSync;
   const int warps = narrow == 3 ? 4 : narrow == 4 ? kNarrow16Warps : wg ? kWgLatThreads / 32 : kLatWarps;
   constexpr int RT = kWideRows;
-  // About four waves of resident blocks (two per SM) over all (sequence, token, head group) rows,
-  // so the last wave's idle SMs cost little; chunks of whole tiles (tiles or slabs of 16 rows, 32
-  // in bf16), at least 64 latent rows (256 narrow ones, whose partial results weigh more against
-  // their rows), at most kMaxSplits.
-  // The warpgroup kernel: one block per SM, so about four waves of single blocks.
+  // The warpgroup kernel: wgmma_latent_chunk. The others: about four waves of resident blocks
+  // (two per SM) over all (sequence, token, head group) rows, so the last wave's idle SMs cost
+  // little; chunks of whole tiles (tiles or slabs of 16 rows, 32 in bf16), at least 64 latent
+  // rows (256 narrow ones, whose partial results weigh more against their rows), at most
+  // kMaxSplits.
   const int64_t tile_rows = wg ? kWgLatRows : bf16 ? kWide16Rows : RT;
   static_assert(kWide16Rows == kNarrow16Rows, "one chunk granularity for the bf16 kernels");
-  const int64_t target = (wg ? 4 : 8) * device::sm_count();
-  const int64_t min_chunk = narrow ? 256 : 64;
-  int splits = int(std::max<int64_t>(1, std::min<int64_t>({(target + rows * groups - 1) / (rows * groups),
-                                                           (longest + min_chunk - 1) / min_chunk, int64_t(kMaxSplits)})));
-  int64_t chunk = (longest + splits - 1) / splits;
-  chunk = (chunk + tile_rows - 1) / tile_rows * tile_rows;
-  splits = int((longest + chunk - 1) / chunk);
-  device::Buffer ml(size_t(rows * splits * H * 2) * 4), acc(size_t(rows * splits * H * R) * 4);
+  int64_t chunk = 0;
+  if (wg) {
+    chunk = wgmma_latent_chunk(rows * groups, (longest + kWgLatRows - 1) / kWgLatRows, device::sm_count()) * kWgLatRows;
+  } else {
+    const int64_t target = 8 * device::sm_count(), min_chunk = narrow ? 256 : 64;
+    const int64_t splits0 = std::max<int64_t>(1, std::min<int64_t>({(target + rows * groups - 1) / (rows * groups),
+                                                                     (longest + min_chunk - 1) / min_chunk,
+                                                                     int64_t(kMaxSplits)}));
+    chunk = (longest + splits0 - 1) / splits0;
+    chunk = (chunk + tile_rows - 1) / tile_rows * tile_rows;
+  }
+  const int splits = int((longest + chunk - 1) / chunk);
+  const bool direct = wg && splits == 1;  // the kernel writes ob itself: no partials, no combine
+  device::Buffer ml, acc;
+  if (!direct) ml = device::Buffer(size_t(rows * splits * H * 2) * 4), acc = device::Buffer(size_t(rows * splits * H * R) * 4);
   LatentArgs a{};
   a.qt = qt, a.lats = lats, a.p0s = p0s, a.T = T, a.H = H, a.chunk = chunk;
   a.W = int(W), a.R = int(R), a.splits = splits, a.groups = int(groups), a.scale = scale;
@@ -1367,7 +1414,7 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   const int span = std::max(int((W + kstep - 1) / kstep * kstep), narrow ? int((R + 15) / 16 * 16) : 0);
   a.stride = span + ((8 - span) % period + period) % period;
   a.vec = W % (bf16 ? 8 : 4) == 0;
-  a.part_ml = ml.as<float>(), a.part_acc = acc.as<float>();
+  a.part_ml = ml.as<float>(), a.part_acc = acc.as<float>(), a.ob = direct ? ob : nullptr;
   // Two-stage rings of tiles (block) or slabs (warp), then per warp Pᵀ (narrow), or the partial
   // scores, P and corr (wide); the narrow kernels' merge reuses the rings.
   const size_t ring = size_t(2 * tile_rows * a.stride) * (bf16 ? 2 : 4);
@@ -1396,6 +1443,7 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
                : wg ? kWgLat : bf16 ? kWide16 : kWide;
   kernel<<<unsigned(blocks), unsigned(warps * 32), smem, device::stream()>>>(a);
   K3_CUDA_LAUNCHED();
+  if (direct) return;
   const bool vec_out = R % 4 == 0 && reinterpret_cast<uintptr_t>(ob) % 16 == 0;
   latent_combine_kernel<<<unsigned(rows * H), kCombineThreads, 0, device::stream()>>>(ml.as<float>(), acc.as<float>(), H, R,
                                                                           splits, ob, vec_out);

@@ -262,7 +262,7 @@ std::vector<int64_t> long_sequences() {
 // tile or slab lands on a ring stage already filled (its rows past the end hold earlier rows,
 // which must score −∞), in the wide and the narrow kernels of both storages (bf16 512 + 64: the
 // warpgroup kernel). Then 16 sequences of 512 + 64 with 16 heads in bf16: the warpgroup kernel's
-// chunks of four 64-row tiles, both stages taken twice.
+// chunks of several 64-row tiles, both stages taken more than once.
 TEST(MlaCudaKernels, PartialTilesOnReusedStagesMatchADoubleReference) {
   std::vector<int64_t> p0s = long_sequences();
   for (const device::Storage st : {device::Storage::F32, device::Storage::BF16})
@@ -302,13 +302,23 @@ TEST(MlaCudaKernels, BothKernelsOfDeepSeekLatentsMatchADoubleReference) {
 // Scores that climb by more than the slack every third tile (latent_attention_error's `climb`):
 // the warpgroup kernel's maxima move mid-chunk and its sums are rescaled (the random scores
 // above move them by 1–2 units at most after a chunk's first tile), and so are the mma.sync
-// kernel's. 64 and 16 sequences of 8,000+ rows: chunks of 14 and 4 tiles on 132 SMs.
+// kernel's. 64 and 16 sequences of 8,000+ rows: the warpgroup kernel's chunks are 35 and 17 tiles
+// long on 132 SMs.
 TEST(MlaCudaKernels, MaximaThatMoveMidChunkRescaleWhatWasSummed) {
   on_both_kernels([](const std::vector<int64_t>& p0s) {
     EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 2, 1, p0s, true), 1e-5);
     EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 16, 1, {p0s.begin(), p0s.begin() + 16}, true),
               1e-5);
   });
+}
+
+// Two blocks per SM's worth of (sequence, head group) rows of 901 to 1,090 latent rows (at most
+// 18 tiles): the warpgroup kernel takes each in one chunk (two waves of 18 tiles beat four of 9)
+// and writes ob = acc / l itself, without partial results or the combine step.
+TEST(MlaCudaKernels, OneChunkPerRowWritesTheOutputItself) {
+  std::vector<int64_t> p0s;
+  for (int64_t b = 0; b < 2 * device::sm_count(); ++b) p0s.push_back(900 + (7 * b) % 190);
+  EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 16, 1, p0s), 1e-5);
 }
 
 }  // namespace
