@@ -276,7 +276,7 @@ void register_bench(CLI::App& app) {
         // Greedy decoding: each step's tokens are the last step's picks (on the device, only the
         // ids come back).
         std::vector<int64_t> next(static_cast<size_t>(nb), 1), fed(next);
-        GreedyDecoder decoder(*model, cp, !no_graph);
+        Decoder decoder(*model, cp, !no_graph);
         auto step = [&] {
           fed.swap(next);
           decoder.step(fed.data(), next.data());

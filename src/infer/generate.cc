@@ -21,15 +21,18 @@ std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, 
   std::vector<float> logits(static_cast<size_t>(V));
   std::vector<int64_t> ids = prompt;
   auto t0 = clock::now();
-  // Greedy decoding takes the model's own pick (on the device only the id comes back; from the
-  // third token on each step is one CUDA graph replay where the model's step allows it).
+  // Greedy decoding takes the model's own pick (on the device only the id comes back); a sampler
+  // takes the last position's logits. From the third token on each step is one CUDA graph replay
+  // where the model's step allows it.
   const bool greedy = sampler.greedy();
   Context* ctxs[1] = {&ctx};
-  GreedyDecoder decoder(model, {&ctx});
+  Decoder decoder(model, {&ctx}, true, greedy ? Decoder::Output::Picks : Decoder::Output::Logits);
   int64_t picked = 0;
   auto step_on = [&](const int64_t* in, int64_t T) {
     if (greedy && T == 1)
       decoder.step(in, &picked);
+    else if (T == 1)
+      decoder.step(in, logits.data());
     else if (greedy)
       model.greedy(TokenBatch{in, 1, T, ctxs}, &picked);
     else

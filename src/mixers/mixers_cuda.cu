@@ -91,7 +91,8 @@ __global__ void convs_tails_kernel(ConvStreams st, float* const* tails, int64_t 
 // hi·lo + lo·hi; hi = x truncated to TF32, lo = the rest, truncated): fp32 accuracy, which the
 // decode's agreement with the full forward needs. Row strides ≡ 8 (mod 32) floats keep both
 // products' fragment loads free of bank conflicts; columns past W and rows past the chunk are
-// zeros. Partial (m, l, acc) per split go to scratch; latent_combine_kernel merges them.
+// zeros. Partial (m, l, acc) per split go to scratch; latent_combine_kernel merges them (the
+// warpgroup kernel with one split per row writes ob itself).
 //
 // Wide latents (DeepSeek/K3's 512 + 64, and any the narrow kernels do not take): tiles of 16 rows
 // land by cp.async in a two-stage block-wide ring (the next tile loads while this one is used);
@@ -1222,9 +1223,10 @@ __global__ void __launch_bounds__(NW * 32, 3) latent_narrow16_kernel(LatentArgs 
 
 // One block per (row bt, head h): ob = Σ_split 2^(m_i − M) acc_i / Σ_split 2^(m_i − M) l_i (m in
 // log₂ units). The weights are computed once per split into shared memory (splits ≤ kMaxSplits).
-// A thread sums four columns (float4 when R % 4 == 0) over the splits kCombineLoads at a time, so
-// that many loads are in flight at once: a loop of one dependent load per split took about a
-// microsecond a split at small batches, where the splits are many.
+// A thread sums four columns (as float4 when R % 4 == 0 and ob is 16-byte aligned; else one column
+// per pass) over the splits, loading kCombineLoads splits before summing them, so that many loads
+// are in flight at once: a loop of one dependent load per split took about a microsecond a split
+// at small batches, where the splits are many.
 constexpr int kMaxSplits = 1024, kCombineThreads = 128, kCombineLoads = 8;
 __global__ void __launch_bounds__(kCombineThreads) latent_combine_kernel(const float* part_ml, const float* part_acc,
                                                                         int64_t H, int64_t R, int splits, float* ob,
@@ -1246,8 +1248,8 @@ __global__ void __launch_bounds__(kCombineThreads) latent_combine_kernel(const f
     L += w * part_ml[2 * at(i) + 1];
   }
   L = block_sum(L, scratch);  // its barriers also publish wts
-  // vec: R % 4 == 0 and ob 16-byte aligned. Splits of weight 0 (no rows) are skipped, whatever
-  // their acc holds.
+  // vec: R % 4 == 0 and ob 16-byte aligned. Splits of weight 0 (no rows) are loaded but not
+  // summed, whatever their acc holds.
   if (vec) {
     for (int64_t c = 4 * int64_t(threadIdx.x); c < R; c += 4 * blockDim.x) {
       float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1344,8 +1346,10 @@ void set_latent_kernel(LatentKernel k) { g_latent_kernel = k; }
 // `tiles` tiles each, on `sms` SMs (one block each). The warpgroup kernel pays about two tiles'
 // time per block beyond its tiles (filling its ring, its partial results), so the chunk minimises
 // waves · (2 + tiles per chunk), as if every sequence were the longest: one wave of long chunks
-// rather than four of short ones (at 256 sequences of 4,096 rows, 0.318 against 0.356 ms; at 16,
-// 0.042 against 0.077; a single chunk then also skips the combine step). Chunks are at most 64 tiles (4,096 rows), so that a batch of unequal
+// rather than four of short ones (at 256 sequences of 4,096 rows, 0.318 against 0.356 ms, and
+// 0.307 once a single chunk writes ob itself, without the combine step; at 16, 0.042 against
+// 0.077). A decode step's rows are the cache's plus its new token: 4,097 rows there are 65 tiles,
+// two chunks. Chunks are at most 64 tiles (4,096 rows), so that a batch of unequal
 // lengths, whose longest sequence the rule takes for all, splits its long ones finely enough.
 inline int64_t wgmma_latent_chunk(int64_t items, int64_t tiles, int64_t sms) {
   constexpr int64_t kFixed = 2, kMaxTiles = 64;

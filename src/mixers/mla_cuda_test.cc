@@ -312,13 +312,18 @@ TEST(MlaCudaKernels, MaximaThatMoveMidChunkRescaleWhatWasSummed) {
   });
 }
 
-// Two blocks per SM's worth of (sequence, head group) rows of 901 to 1,090 latent rows (at most
-// 18 tiles): the warpgroup kernel takes each in one chunk (two waves of 18 tiles beat four of 9)
-// and writes ob = acc / l itself, without partial results or the combine step.
+// Two blocks per SM's worth of (token, head group) rows of 901 to 1,090 latent rows (at most 18
+// tiles): the warpgroup kernel takes each in one chunk (two waves of 18 tiles beat four of 9)
+// and writes ob = acc / l itself, without partial results or the combine step. Then as many
+// sequences with two tokens each and 20 heads (a group of 16 and one of 4): four waves of one
+// chunk beat eight of two.
 TEST(MlaCudaKernels, OneChunkPerRowWritesTheOutputItself) {
   std::vector<int64_t> p0s;
   for (int64_t b = 0; b < 2 * device::sm_count(); ++b) p0s.push_back(900 + (7 * b) % 190);
   EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 16, 1, p0s), 1e-5);
+  p0s.resize(size_t(device::sm_count()));
+  SCOPED_TRACE("two tokens per sequence, 20 heads");
+  EXPECT_LT(latent_attention_error(device::Storage::BF16, 512, 64, 20, 2, p0s), 1e-5);
 }
 
 }  // namespace

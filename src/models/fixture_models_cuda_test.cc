@@ -76,13 +76,13 @@ TEST_P(FixtureModelCuda, DecodeOverDeviceMemoriesEqualsPrefill) {
   EXPECT_LT(rel_l2(step.data() + (T - 3) * V, full.data() + (T - 3) * V, 3 * V), 1e-5);
 }
 
-// GreedyDecoder: after one eager step the step is captured as a CUDA graph and replayed. Two
+// Decoder (picks): after one eager step the step is captured as a CUDA graph and replayed. Two
 // sequences (the reference prompt, and the same prompt less its last two tokens) continue
 // together: the first must give the reference's greedy ids, both the ids of the same steps
 // queued from the host (Model::greedy), and the memories they leave must give the same logits
 // for one more token. gpt2-tiny's KV-cache step is not replayable: the decoder says so and runs
 // every step from the host.
-TEST_P(FixtureModelCuda, GreedyDecoderReplaysMatchTheReference) {
+TEST_P(FixtureModelCuda, DecoderReplaysMatchTheReference) {
   auto model = load_model(fixture_model(GetParam()));
   move_to(*model, Device::CUDA);
   SafeTensors expected = SafeTensors::open(fixture_model(GetParam()) + "/expected.safetensors");
@@ -102,7 +102,7 @@ TEST_P(FixtureModelCuda, GreedyDecoderReplaysMatchTheReference) {
     }
   ASSERT_EQ(first[0], want[P]);
   std::vector<Context*> gp = {&graphed[0], &graphed[1]}, qp = {&queued[0], &queued[1]};
-  GreedyDecoder decoder(*model, gp);
+  Decoder decoder(*model, gp);
   std::vector<int64_t> g_ids = first, q_ids = first, g_next(2), q_next(2);
   for (int64_t t = 1; t < N; ++t) {
     decoder.step(g_ids.data(), g_next.data());
@@ -148,6 +148,46 @@ TEST_P(FixtureModelCuda, GreedyDecoderReplaysMatchTheReference) {
     g_ids = g_next, q_ids = q_next;
   }
   EXPECT_EQ(graphed[1].position, queued[1].position);
+}
+
+// Decoder (logits, for samplers): the replayed steps' logits of two sequences (the reference
+// prompt and the same prompt less its last two tokens) equal the same steps queued from the host
+// (Model::logits over contexts fed the same ids). gpt2-tiny runs queued, as for the picks.
+TEST_P(FixtureModelCuda, LogitsDecoderReplaysMatchTheQueuedSteps) {
+  auto model = load_model(fixture_model(GetParam()));
+  move_to(*model, Device::CUDA);
+  SafeTensors expected = SafeTensors::open(fixture_model(GetParam()) + "/expected.safetensors");
+  Tensor prompt = expected.get("prompt_ids");
+  const int64_t P = prompt.numel(), V = model->vocab_size(), steps = 6;
+  const int64_t lens[2] = {P, P - 2};
+  std::vector<Context> graphed, queued;
+  std::vector<float> last(static_cast<size_t>(V));
+  std::vector<int64_t> ids(2);
+  for (int run = 0; run < 2; ++run)
+    for (int b = 0; b < 2; ++b) {
+      std::vector<Context>& cs = run ? queued : graphed;
+      cs.push_back(model->new_context(P + steps + 4));
+      model->forward(prompt.data<int64_t>(), lens[b], &cs.back(), last.data(), Logits::Last);
+      ids[size_t(b)] = int64_t(std::max_element(last.begin(), last.end()) - last.begin());
+    }
+  std::vector<Context*> gp = {&graphed[0], &graphed[1]}, qp = {&queued[0], &queued[1]};
+  Decoder decoder(*model, gp, true, Decoder::Output::Logits);
+  std::vector<float> got(static_cast<size_t>(2 * V)), want(static_cast<size_t>(2 * V));
+  for (int64_t t = 0; t < steps; ++t) {
+    decoder.step(ids.data(), got.data());
+    model->logits(TokenBatch{ids.data(), 2, 1, qp.data()}, want.data(), Logits::Last);
+    for (int b = 0; b < 2; ++b) {
+      EXPECT_LT(rel_l2(got.data() + b * V, want.data() + b * V, V), 1e-5) << "step " << t << ", sequence " << b;
+      // The next ids: the queued logits' second-best token, so that the ids differ from greedy's.
+      std::vector<int64_t> order(static_cast<size_t>(V));
+      for (int64_t v = 0; v < V; ++v) order[size_t(v)] = v;
+      const float* row = want.data() + b * V;
+      std::partial_sort(order.begin(), order.begin() + 2, order.end(), [&](int64_t x, int64_t y) { return row[x] > row[y]; });
+      ids[size_t(b)] = order[1];
+    }
+  }
+  EXPECT_EQ(decoder.replaying(), GetParam() != "gpt2-tiny") << decoder.refusal();
+  for (int b = 0; b < 2; ++b) EXPECT_EQ(graphed[size_t(b)].position, queued[size_t(b)].position);
 }
 
 // Two sequences of different lengths decoded together (one batch of B = 2, T = 1) over device

@@ -63,25 +63,41 @@ TEST_P(FixtureModel, DecodeEqualsPrefill) {
   EXPECT_EQ(ctx.position, T);
 }
 
-// On the CPU the greedy decoder is Model::greedy step by step (the graph is a CUDA matter), and
+// On the CPU a decoder is Model::greedy (or Model::forward's logits) step by step (the graph is a
+// CUDA matter), and
 // bad input is a clear error: no contexts, a null one; a host memory cannot have its length set
 // without its contents (what a replayed device step does).
-TEST_P(FixtureModel, GreedyDecoderOnTheCpuIsModelGreedy) {
+TEST_P(FixtureModel, DecoderOnTheCpuIsModelGreedy) {
   Tensor prompt = expected->get("prompt_ids"), greedy = expected->get("greedy_ids");
   const int64_t P = prompt.numel(), N = greedy.numel() - P, V = model->vocab_size();
   Context ctx = model->new_context(P + N);
   std::vector<float> last(static_cast<size_t>(V));
   model->forward(prompt.data<int64_t>(), P, &ctx, last.data(), Logits::Last);
   int64_t id = int64_t(std::max_element(last.begin(), last.end()) - last.begin()), next = 0;
-  GreedyDecoder decoder(*model, {&ctx});
+  Decoder decoder(*model, {&ctx});
   for (int64_t t = 1; t < N; ++t, id = next) {
     decoder.step(&id, &next);
     EXPECT_EQ(next, greedy.data<int64_t>()[P + t]) << "step " << t;
   }
   EXPECT_FALSE(decoder.replaying());
   EXPECT_EQ(ctx.position, P + N - 1);
-  EXPECT_THROW(GreedyDecoder(*model, {}), Error);
-  EXPECT_THROW(GreedyDecoder(*model, {nullptr}), Error);
+  // Output::Logits: each step's logits are Model::forward's over a context fed the same ids.
+  Context lc = model->new_context(P + 4), fc = model->new_context(P + 4);
+  model->forward(prompt.data<int64_t>(), P, &lc, last.data(), Logits::Last);
+  model->forward(prompt.data<int64_t>(), P, &fc, last.data(), Logits::Last);
+  Decoder logits_decoder(*model, {&lc}, true, Decoder::Output::Logits);
+  std::vector<float> got(static_cast<size_t>(V)), want(static_cast<size_t>(V));
+  id = int64_t(std::max_element(last.begin(), last.end()) - last.begin());
+  for (int t = 0; t < 3; ++t) {
+    logits_decoder.step(&id, got.data());
+    model->forward(&id, 1, &fc, want.data(), Logits::Last);
+    EXPECT_LT(rel_l2(got.data(), want.data(), V), 1e-6) << "step " << t;
+    id = int64_t(std::max_element(want.begin(), want.end()) - want.begin());
+  }
+  EXPECT_THROW(logits_decoder.step(&id, &next), Error);  // picks from a logits decoder
+  EXPECT_THROW(decoder.step(&id, got.data()), Error);    // and the reverse
+  EXPECT_THROW(Decoder(*model, {}), Error);
+  EXPECT_THROW(Decoder(*model, {nullptr}), Error);
   EXPECT_THROW(ctx.layers.front()->set_length(1), Error);
 }
 

@@ -130,29 +130,50 @@ void Model::greedy(const TokenBatch& batch, int64_t* next) const {
   });
 }
 
-GreedyDecoder::GreedyDecoder(const Model& model, std::vector<Context*> contexts, bool use_graph)
-    : model_(model), contexts_(std::move(contexts)), use_graph_(use_graph) {
-  if (contexts_.empty()) throw error("decode", "a greedy decoder needs at least one context");
+Decoder::Decoder(const Model& model, std::vector<Context*> contexts, bool use_graph, Output output)
+    : model_(model), contexts_(std::move(contexts)), use_graph_(use_graph), output_(output) {
+  if (contexts_.empty()) throw error("decode", "a decoder needs at least one context");
   for (Context* c : contexts_)
-    if (!c) throw error("decode", "a greedy decoder was given a null context");
+    if (!c) throw error("decode", "a decoder was given a null context");
 }
-GreedyDecoder::~GreedyDecoder() = default;
+Decoder::~Decoder() = default;
 
-bool GreedyDecoder::replaying() const { return graph_ && graph_->ready(); }
+bool Decoder::replaying() const { return graph_ && graph_->ready(); }
 
-void GreedyDecoder::step(const int64_t* ids, int64_t* next) {
+size_t Decoder::out_bytes() const {
+  const size_t B = contexts_.size();
+  return output_ == Output::Picks ? B * sizeof(int64_t) : B * size_t(model_.vocab_size()) * sizeof(float);
+}
+
+void Decoder::step(const int64_t* ids, int64_t* next) {
+  if (output_ != Output::Picks) throw error("decode", "this decoder gives logits, not picks");
+  run(ids, next);
+}
+void Decoder::step(const int64_t* ids, float* logits) {
+  if (output_ != Output::Logits) throw error("decode", "this decoder gives picks, not logits");
+  run(ids, logits);
+}
+
+void Decoder::eager(const int64_t* ids, void* out) {
+  const TokenBatch batch{ids, int64_t(contexts_.size()), 1, contexts_.data()};
+  if (output_ == Output::Picks)
+    model_.greedy(batch, static_cast<int64_t*>(out));
+  else
+    model_.logits(batch, static_cast<float*>(out), Logits::Last);
+}
+
+void Decoder::run(const int64_t* ids, void* out) {
   const int64_t B = int64_t(contexts_.size());
-  const TokenBatch batch{ids, B, 1, contexts_.data()};
   const bool device = model_.head_weight()->value.device() == Device::CUDA;
   // The first step runs eagerly: the allocator, GEMM plans and lazily made copies settle first.
   if (!device || !use_graph_ || !refusal_.empty() || steps_ == 0) {
-    model_.greedy(batch, next);
+    eager(ids, out);
     ++steps_;
     return;
   }
   if (graph_ && counts() != after_) graph_.reset();  // moved outside the decoder: capture again
   if (!graph_) {
-    capture(ids, next);
+    capture(ids, out);
     ++steps_;
     return;
   }
@@ -170,7 +191,7 @@ void GreedyDecoder::step(const int64_t* ids, int64_t* next) {
   try {
     graph_->set_input(ids, B);
     graph_->replay();
-    device::download(next, picks_->get(), size_t(B) * sizeof(int64_t));
+    device::download(out, result_->get(), out_bytes());
   } catch (...) {
     graph_.reset();  // whatever ran, the host's counts did not move: a later step captures again
     throw;
@@ -185,7 +206,7 @@ void GreedyDecoder::step(const int64_t* ids, int64_t* next) {
 
 // With each memory's identity: a context whose memories were replaced (a clone assigned over it,
 // a new context prefilled to the same length) holds other device arrays than the graph's tables.
-std::vector<int64_t> GreedyDecoder::counts() const {
+std::vector<int64_t> Decoder::counts() const {
   std::vector<int64_t> v;
   for (const Context* c : contexts_) {
     v.push_back(c->position);
@@ -194,17 +215,21 @@ std::vector<int64_t> GreedyDecoder::counts() const {
   return v;
 }
 
-void GreedyDecoder::capture(const int64_t* ids, int64_t* next) {
-  const int64_t B = int64_t(contexts_.size());
-  const TokenBatch batch{ids, B, 1, contexts_.data()};
+void Decoder::capture(const int64_t* ids, void* out) {
 #if defined(K3_HAS_CUDA)
+  const TokenBatch batch{ids, int64_t(contexts_.size()), 1, contexts_.data()};
   // What the host's bookkeeping was, to set back if the capture fails (nothing captured ran).
   const std::vector<int64_t> before = counts();
-  picks_ = std::make_unique<device::Buffer>(size_t(B) * sizeof(int64_t));
+  result_ = std::make_unique<device::Buffer>(out_bytes());
   graph_ = std::make_unique<device::Graph>();
   try {
     graph_->begin(/*step_tokens=*/1);
-    device_greedy(model_, batch, picks_->as<int64_t>());
+    if (output_ == Output::Picks) {
+      device_greedy(model_, batch, result_->as<int64_t>());
+    } else {  // the logits into the decoder's own buffer, which outlives the graph's intermediates
+      const Tensor lg = device_logits(model_.hidden(batch), batch, Logits::Last, model_.head_weight());
+      device::copy(result_->get(), lg.raw(), out_bytes());
+    }
     graph_->end();
   } catch (const std::exception& e) {
     graph_.reset();  // ends the capture, releases what it held
@@ -214,15 +239,14 @@ void GreedyDecoder::capture(const int64_t* ids, int64_t* next) {
       c->position = before[i++];
       for (auto& m : c->layers) m->set_length(before[i]), i += 2;
     }
-    model_.greedy(batch, next);
+    eager(ids, out);
     return;
   }
   graph_->replay();  // the captured step itself
-  device::download(next, picks_->get(), size_t(B) * sizeof(int64_t));
+  device::download(out, result_->get(), out_bytes());
   after_ = counts();
 #else
-  (void)B;
-  model_.greedy(batch, next);
+  eager(ids, out);
 #endif
 }
 

@@ -79,39 +79,49 @@ class Model {
   std::optional<int64_t> eos_token_id;
 };
 
-// Greedy decoding of a fixed batch of contexts, one token per sequence per step, as
-// Model::greedy. On CUDA the second step is captured once as a CUDA graph (device::Graph) and
-// replayed for it and every step after: one launch instead of a few hundred, and none of the
-// host's per-op work. The replays find their token ids, positions and cache lengths through the
-// capture's refreshed uploads; the contexts' counts move on the host after each. A step that
-// cannot be replayed (a KV cache's per-sequence launches, routing read back to the host) throws
-// during the capture: the capture is dropped, the contexts are set back, and every step runs as
-// Model::greedy does (refusal() says why). Contexts moved by anything else between two steps (a
-// forward over them, memories replaced by a clone) no longer fit the graph: it is dropped and
-// captured again. The weights must not change while a decoder replays (the graph reads them where
-// they were). A replayed step splits the latent attention for the caches' capacity, so its sums
-// may differ from a queued step's in the last bits.
-class GreedyDecoder {
+// Decoding of a fixed batch of contexts, one token per sequence per step: each step gives every
+// sequence's greedy pick (Output::Picks, as Model::greedy) or its last-position logits
+// (Output::Logits, as Model::logits with Logits::Last, for samplers and logprobs). On CUDA the
+// second step is captured once as a CUDA graph (device::Graph) and replayed for it and every step
+// after: one launch instead of a few hundred, and none of the host's per-op work. The replays
+// find their token ids, positions and cache lengths through the capture's refreshed uploads; the
+// contexts' counts move on the host after each. A step that cannot be replayed (a KV cache's
+// per-sequence launches, routing read back to the host) throws during the capture: the capture is
+// dropped, the contexts are set back, and every step runs as Model::greedy / Model::logits do
+// (refusal() says why). Contexts moved by anything else between two steps (a forward over them,
+// memories replaced by a clone) no longer fit the graph: it is dropped and captured again. The
+// weights must not change while a decoder replays (the graph reads them where they were). A
+// replayed step splits the latent attention for the caches' capacity, so its sums may differ
+// from a queued step's in the last bits.
+class Decoder {
  public:
-  GreedyDecoder(const Model& model, std::vector<Context*> contexts, bool use_graph = true);
-  ~GreedyDecoder();
-  GreedyDecoder(const GreedyDecoder&) = delete;
-  GreedyDecoder& operator=(const GreedyDecoder&) = delete;
-  // next[b] = sequence b's pick after ids[b].
+  enum class Output { Picks, Logits };
+  Decoder(const Model& model, std::vector<Context*> contexts, bool use_graph = true, Output output = Output::Picks);
+  ~Decoder();
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+  // Output::Picks: next[b] = sequence b's pick after ids[b].
   void step(const int64_t* ids, int64_t* next);
+  // Output::Logits: logits [B, V] after ids.
+  void step(const int64_t* ids, float* logits);
+  Output output() const { return output_; }
   bool replaying() const;                               // the steps now run as graph replays
   const std::string& refusal() const { return refusal_; }  // why not, once a capture failed
 
  private:
-  void capture(const int64_t* ids, int64_t* next);
+  void run(const int64_t* ids, void* out);      // one step, either output
+  void eager(const int64_t* ids, void* out);    // queued from the host
+  void capture(const int64_t* ids, void* out);
+  size_t out_bytes() const;
   std::vector<int64_t> counts() const;  // every context's position, memory lengths and identities
   const Model& model_;
   std::vector<Context*> contexts_;
   bool use_graph_;
+  Output output_;
   int64_t steps_ = 0;
   std::string refusal_;
   std::unique_ptr<device::Graph> graph_;
-  std::unique_ptr<device::Buffer> picks_;
+  std::unique_ptr<device::Buffer> result_;  // the graph's picks or logits, on the device
   std::vector<int64_t> after_;  // counts() after the last replay: what the graph's uploads assume
 };
 

@@ -291,17 +291,19 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
     ctxs[size_t(b)] = &active[size_t(b)]->ctx_;
   }
   // A batch of greedy requests without logprobs takes the model's picks: on the device the step
-  // brings back B ids instead of B·V logits, and while the batch stays the same jobs the step is
-  // one CUDA graph replay (GreedyDecoder; a new batch starts a new decoder).
+  // brings back B ids instead of B·V logits. Other batches take the logits for their samplers.
+  // While the batch stays the same jobs (and the same kind) the step is one CUDA graph replay
+  // (Decoder; a new batch starts a new decoder).
   const bool greedy = std::all_of(active.begin(), active.end(), [](const std::shared_ptr<Job>& j) {
     return j->sampler_->greedy() && j->params_.logprobs < 0;
   });
-  if (!greedy || active != decoder_jobs_) {
+  const Decoder::Output output = greedy ? Decoder::Output::Picks : Decoder::Output::Logits;
+  if (active != decoder_jobs_ || (decoder_ && decoder_->output() != output)) {
     decoder_.reset();
     decoder_jobs_.clear();
   }
-  if (greedy && !decoder_) {
-    decoder_ = std::make_unique<GreedyDecoder>(model_, ctxs);
+  if (!decoder_) {
+    decoder_ = std::make_unique<Decoder>(model_, ctxs, true, output);
     decoder_jobs_ = active;
   }
   std::vector<float> logits(static_cast<size_t>(greedy ? 0 : B * V_));
@@ -309,12 +311,12 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
   if (greedy)
     decoder_->step(ids.data(), picks.data());
   else
-    model_.logits(TokenBatch{ids.data(), B, 1, ctxs.data()}, logits.data(), Logits::Last);
+    decoder_->step(ids.data(), logits.data());
   {
     std::lock_guard<std::mutex> lock(mu_);
     m_.decode_steps++;
     m_.decode_rows += B;
-    if (greedy && decoder_->replaying()) m_.replayed_steps++;
+    if (decoder_->replaying()) m_.replayed_steps++;
   }
   count_tokens(B);
   for (int64_t b = 0; b < B; ++b) {

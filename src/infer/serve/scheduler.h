@@ -126,7 +126,7 @@ struct SchedulerMetrics {
   int64_t finished[7] = {};             // by Finish
   int64_t prompt_tokens = 0, prefill_tokens = 0, generated_tokens = 0;
   int64_t decode_steps = 0, decode_rows = 0;
-  int64_t replayed_steps = 0;  // decode steps run as one CUDA graph replay (GreedyDecoder)
+  int64_t replayed_steps = 0;  // decode steps run as one CUDA graph replay (Decoder)
   int64_t preemptions = 0, recomputed_tokens = 0;  // recomputed: tokens run again after a preemption
   int64_t queue_depth = 0, active = 0;
   MemoryStats memory;                   // the manager's pages and reservations
@@ -176,10 +176,10 @@ class Scheduler {
   SchedulerMetrics m_;
   std::deque<std::pair<std::chrono::steady_clock::time_point, int64_t>> recent_;  // (time, tokens)
   std::vector<std::shared_ptr<Job>> active_;  // loop thread only, in admission order; sizes mirrored into m_
-  // Greedy batches replay their decode step as a CUDA graph while the batch stays the same jobs
-  // (GreedyDecoder; loop thread only). The jobs are held so that no new job takes an old one's
-  // address while the decoder lives.
-  std::unique_ptr<GreedyDecoder> decoder_;
+  // Batches replay their decode step as a CUDA graph while the batch stays the same jobs (Decoder,
+  // picks for greedy batches, logits for the rest; loop thread only). The jobs are held so that no
+  // new job takes an old one's address while the decoder lives.
+  std::unique_ptr<Decoder> decoder_;
   std::vector<std::shared_ptr<Job>> decoder_jobs_;
   std::thread thread_;
 };
