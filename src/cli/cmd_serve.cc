@@ -601,7 +601,7 @@ class Server {
     value("k3_decode_batch_rows_total", "counter", "Sequences summed over decode steps (rows / steps = mean batch)",
           m.decode_rows);
     value("k3_decode_steps_replayed_total", "counter",
-          "Decode steps replayed as one CUDA graph (greedy batches that stay the same sequences)", m.replayed_steps);
+          "Decode steps replayed as one CUDA graph (batches that stay the same sequences)", m.replayed_steps);
     metric("k3_time_to_first_token_seconds", "summary", "Submit to first token");
     o << "k3_time_to_first_token_seconds_sum " << m.ttft_sum_s << "\nk3_time_to_first_token_seconds_count "
       << m.ttft_count << "\n";

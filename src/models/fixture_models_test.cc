@@ -64,10 +64,9 @@ TEST_P(FixtureModel, DecodeEqualsPrefill) {
 }
 
 // On the CPU a decoder is Model::greedy (or Model::forward's logits) step by step (the graph is a
-// CUDA matter), and
-// bad input is a clear error: no contexts, a null one; a host memory cannot have its length set
-// without its contents (what a replayed device step does).
-TEST_P(FixtureModel, DecoderOnTheCpuIsModelGreedy) {
+// CUDA matter), and bad input is a clear error: no contexts, a null one, the other output; a host
+// memory cannot have its length set without its contents (what a replayed device step does).
+TEST_P(FixtureModel, DecoderOnTheCpuIsTheQueuedStep) {
   Tensor prompt = expected->get("prompt_ids"), greedy = expected->get("greedy_ids");
   const int64_t P = prompt.numel(), N = greedy.numel() - P, V = model->vocab_size();
   Context ctx = model->new_context(P + N);

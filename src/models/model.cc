@@ -218,32 +218,44 @@ std::vector<int64_t> Decoder::counts() const {
 void Decoder::capture(const int64_t* ids, void* out) {
 #if defined(K3_HAS_CUDA)
   const TokenBatch batch{ids, int64_t(contexts_.size()), 1, contexts_.data()};
-  // What the host's bookkeeping was, to set back if the capture fails (nothing captured ran).
+  // What the host's bookkeeping was, to set back if the capture or its first replay fails.
   const std::vector<int64_t> before = counts();
+  auto set_back = [&] {
+    size_t i = 0;  // counts()'s order: a position, then each memory's length and identity
+    for (Context* c : contexts_) {
+      c->position = before[i++];
+      for (auto& m : c->layers) m->set_length(before[i]), i += 2;
+    }
+  };
   result_ = std::make_unique<device::Buffer>(out_bytes());
   graph_ = std::make_unique<device::Graph>();
   try {
     graph_->begin(/*step_tokens=*/1);
     if (output_ == Output::Picks) {
       device_greedy(model_, batch, result_->as<int64_t>());
-    } else {  // the logits into the decoder's own buffer, which outlives the graph's intermediates
-      const Tensor lg = device_logits(model_.hidden(batch), batch, Logits::Last, model_.head_weight());
+    } else {  // lg is freed (into the capture's reserve) before the capture ends: its rows are
+              // copied into the decoder's own buffer, which the replays download
+      Var h = model_.hidden(batch);
+      const profile::Scope scope("lm head");
+      const Tensor lg = device_logits(h, batch, Logits::Last, model_.head_weight());
       device::copy(result_->get(), lg.raw(), out_bytes());
     }
     graph_->end();
   } catch (const std::exception& e) {
     graph_.reset();  // ends the capture, releases what it held
     refusal_ = e.what();
-    size_t i = 0;  // counts()'s order: a position, then each memory's length and identity
-    for (Context* c : contexts_) {
-      c->position = before[i++];
-      for (auto& m : c->layers) m->set_length(before[i]), i += 2;
-    }
+    set_back();
     eager(ids, out);
     return;
   }
-  graph_->replay();  // the captured step itself
-  device::download(out, result_->get(), out_bytes());
+  try {
+    graph_->replay();  // the captured step itself
+    device::download(out, result_->get(), out_bytes());
+  } catch (...) {
+    graph_.reset();  // as a failed replay: the counts set back, a later step captures again
+    set_back();
+    throw;
+  }
   after_ = counts();
 #else
   eager(ids, out);

@@ -13,7 +13,9 @@
 // and holds them all, so it is never preempted again. It then prefills its prompt as before and
 // replays its generated tokens one decode step at a time, keeping its sampler, so its output is
 // what it would have been (the same forwards in the same order; a single prefill of the history
-// would be faster but not bit-identical to decode). No request fails for want of pages: submit()
+// would be faster but not bit-identical to decode; on CUDA the first run's steps were graph
+// replays, whose latent attention is split for the caches' capacity, so its logits may differ
+// from the rerun's in the last bits). No request fails for want of pages: submit()
 // refuses one whose prompt + max_tokens could not fit the budget alone.
 //
 // Each request has its own seeded Sampler and feeds the same logits to it as k3::generate, so a
