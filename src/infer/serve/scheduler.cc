@@ -306,12 +306,15 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
     decoder_ = std::make_unique<Decoder>(model_, ctxs, true, output);
     decoder_jobs_ = active;
   }
-  std::vector<float> logits(static_cast<size_t>(greedy ? 0 : B * V_));
+  // The logits' buffer is kept from step to step (64 sequences of a 160K vocabulary are 42 MB,
+  // which a fresh vector would zero every step); the decoder writes every element.
+  if (!greedy && step_logits_.size() < size_t(B * V_)) step_logits_.resize(size_t(B * V_));
+  float* logits = step_logits_.data();
   std::vector<int64_t> picks(static_cast<size_t>(B));
   if (greedy)
     decoder_->step(ids.data(), picks.data());
   else
-    decoder_->step(ids.data(), logits.data());
+    decoder_->step(ids.data(), logits);
   {
     std::lock_guard<std::mutex> lock(mu_);
     m_.decode_steps++;
@@ -323,7 +326,7 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
     if (greedy)
       accept(*active[size_t(b)], picks[size_t(b)], TokenLogprob{});
     else
-      sample(*active[size_t(b)], logits.data() + b * V_);
+      sample(*active[size_t(b)], logits + b * V_);
   }
 }
 

@@ -182,6 +182,7 @@ class Scheduler {
   // picks for greedy batches, logits for the rest; loop thread only). The jobs are held so that no
   // new job takes an old one's address while the decoder lives.
   std::unique_ptr<Decoder> decoder_;
+  std::vector<float> step_logits_;  // a sampled decode step's [B, V] logits, reused (loop thread only)
   std::vector<std::shared_ptr<Job>> decoder_jobs_;
   std::thread thread_;
 };
