@@ -16,6 +16,7 @@
 #include "core/profile.h"
 #include "core/parallel.h"
 #include "core/random.h"
+#include "infer/sampler.h"
 #include "models/registry.h"
 #include "ops/gemm.h"
 #include "train/optimizer.h"
@@ -170,7 +171,7 @@ void register_bench(CLI::App& app) {
   static RuntimeOptions rt;
   static std::string cache_dtype = "f32", dtype = "f32";
   static bool profile_steps = false, profile_host = false, no_graph = false;
-  static double memory_mb = 0;
+  static double memory_mb = 0, temperature = 0;
   auto* batch_opt = dec->add_option("--batch", batch, "Sequences decoded together, each at the context (tok/s counts all)")
                         ->capture_default_str()
                         ->check(CLI::Range(int64_t(1), kMaxDecodeBatch));
@@ -194,6 +195,11 @@ void register_bench(CLI::App& app) {
   dec->add_flag("--profile-host", profile_host,
                 "As --profile, but without waiting for the device: each scope's time is what the host takes to queue "
                 "its work (and any wait inside it), which shows where a launch-bound step goes");
+  dec->add_option("--temperature", temperature,
+                  "Sample each step's tokens at this temperature (0: greedy picks); the step then brings back B·V "
+                  "logits and the host samples them, as serve does for sampled requests")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   dec->add_flag("--no-graph", no_graph,
                 "On CUDA, queue every step's kernels from the host instead of replaying the step as a CUDA graph "
                 "(the graph is captured on the second step; models whose step cannot be replayed run without it "
@@ -274,14 +280,31 @@ void register_bench(CLI::App& app) {
         }
         for (auto& x : cx) cp.push_back(&x);
         // Greedy decoding: each step's tokens are the last step's picks (on the device, only the
-        // ids come back).
+        // ids come back). With --temperature, the last position's logits come back and each
+        // sequence's own sampler draws from them.
         std::vector<int64_t> next(static_cast<size_t>(nb), 1), fed(next);
-        Decoder decoder(*model, cp, !no_graph);
+        const bool sampled = temperature > 0;
+        const int64_t V = model->vocab_size();
+        std::vector<float> logits(static_cast<size_t>(sampled ? nb * V : 0));
+        std::vector<Sampler> samplers;
+        for (int64_t b = 0; sampled && b < nb; ++b) {
+          SamplingOptions so;
+          so.temperature = float(temperature), so.seed = uint64_t(b + 1);
+          samplers.emplace_back(so);
+        }
+        Decoder decoder(*model, cp, !no_graph, sampled ? Decoder::Output::Logits : Decoder::Output::Picks);
+        const std::vector<int64_t> no_history;
         auto step = [&] {
           fed.swap(next);
-          decoder.step(fed.data(), next.data());
+          if (!sampled) return decoder.step(fed.data(), next.data());
+          decoder.step(fed.data(), logits.data());
+          for (int64_t b = 0; b < nb; ++b)
+            next[size_t(b)] = samplers[size_t(b)].sample(logits.data() + b * V, V, no_history);
         };
         for (int64_t s = 0; s < kWarmup; ++s) step();
+        if (sampled && c == ctxs.front())
+          std::printf("  (tokens sampled at temperature %g: the step brings back %lld x %lld logits)\n", temperature,
+                      (long long)nb, (long long)V);
         if (gpu && !no_graph && c == ctxs.front())
           std::printf("%s\n", decoder.replaying() ? "  (each step replayed as one CUDA graph; --no-graph queues them)"
                                                    : ("  (no CUDA graph: " + decoder.refusal() + ")").c_str());
