@@ -637,8 +637,9 @@ __global__ void __launch_bounds__(kWgLatThreads, 1) latent_wgmma_kernel(LatentAr
   // 64p + 63), one cp.async group per panel (empty past the chunk's end), so that every tile is
   // NP groups and "tile it landed" is "at most NP groups pending". This thread's 16-byte pieces
   // of a panel are piece tid & 7 of rows (tid >> 3) + 16i: the 128-byte swizzle's XOR is the
-  // same for all four, and a full tile's 36 copies per thread differ by constant offsets alone. (A ring of 22 panels, 4 of tile it + 2 in flight
-  // beside tile it + 1, measured no faster: the loop is bound by its own latency, not the loads'.)
+  // same for all four, and a full tile's 36 copies per thread differ by constant offsets alone.
+  // (A ring of 22 panels, 4 of tile it + 2 in flight beside tile it + 1, measured no faster: the
+  // loop is bound by its own latency, not the loads'.)
   const int lr = threadIdx.x >> 3, lc = threadIdx.x & 7, dst_t = lr * 64 + ((lc ^ (lr & 7)) << 3);
   auto load = [&](int it) {
     uint16_t* dst = ring + (it & 1) * NP * PE + dst_t;

@@ -292,13 +292,13 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
   }
   // A batch of greedy requests without logprobs takes the model's picks: on the device the step
   // brings back B ids instead of B·V logits. Other batches take the logits for their samplers.
-  // While the batch stays the same jobs (and the same kind) the step is one CUDA graph replay
-  // (Decoder; a new batch starts a new decoder).
+  // While the batch stays the same jobs (whose requests fix the output too) the step is one CUDA
+  // graph replay (Decoder; a new batch starts a new decoder).
   const bool greedy = std::all_of(active.begin(), active.end(), [](const std::shared_ptr<Job>& j) {
     return j->sampler_->greedy() && j->params_.logprobs < 0;
   });
   const Decoder::Output output = greedy ? Decoder::Output::Picks : Decoder::Output::Logits;
-  if (active != decoder_jobs_ || (decoder_ && decoder_->output() != output)) {
+  if (active != decoder_jobs_) {
     decoder_.reset();
     decoder_jobs_.clear();
   }
