@@ -180,16 +180,46 @@ bool is_device_memory(const Memory* m) {
 Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
                         Memory* const* memories) {
   profile::Scope scope("cached attention");
-  // Each sequence's kernel takes its cache's length as a launch parameter: not replayable.
-  if (device::capturing()) throw error("attention", "a KV-cache step cannot be captured in a graph");
   const int64_t D = H * hd;
   K3_CHECK(qkv.numel() == B * T * 3 * D, "attention: qkv ", qkv.describe(), " for B=", B, " T=", T, " width ", 3 * D);
   // Every cache must take the new tokens before any changes: a failure leaves the batch intact.
-  for (int64_t b = 0; b < B; ++b) device_memory<DeviceRows>(memories[b], "attention")->reserve(T);
+  std::vector<DeviceRows*> caches(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    caches[size_t(b)] = device_memory<DeviceRows>(memories[b], "attention");
+    caches[size_t(b)]->reserve(T);
+  }
   Tensor att = dev_empty({B * T, D});
+  if (T == 1) {
+    // A decode step: every sequence's key and value rows appended and attended over in one launch
+    // each, through device tables of the caches (replayable: a replay finds the lengths moved on).
+    std::vector<void*> ks(static_cast<size_t>(B)), vs(static_cast<size_t>(B));
+    std::vector<int64_t> p0s(static_cast<size_t>(B));
+    int64_t longest = 1;
+    for (int64_t b = 0; b < B; ++b) {
+      DeviceRows* cache = caches[size_t(b)];
+      ks[size_t(b)] = cache->raw_mut(0), vs[size_t(b)] = cache->raw_mut(1);
+      p0s[size_t(b)] = cache->length();
+      longest = std::max(longest, device::capturing() ? cache->capacity() : cache->length() + 1);
+    }
+    const device::Buffer d_ks = device::upload_new(ks.data(), ks.size() * sizeof(void*), device::Refresh::Constant);
+    const device::Buffer d_vs = device::upload_new(vs.data(), vs.size() * sizeof(void*), device::Refresh::Constant);
+    const device::Buffer d_p0s = device::upload_new(p0s.data(), p0s.size() * 8, device::Refresh::Advance);
+    const float* base = qkv.cuda_f32();
+    k3::cuda::append_rows(base + D, 3 * D, B, 1, D, d_ks.as<void* const>(), d_p0s.as<int64_t>(), device::Storage::F32);
+    k3::cuda::append_rows(base + 2 * D, 3 * D, B, 1, D, d_vs.as<void* const>(), d_p0s.as<int64_t>(),
+                          device::Storage::F32);
+    k3::cuda::attention_cached(base, 3 * D, d_ks.as<const void* const>(), d_vs.as<const void* const>(),
+                               d_p0s.as<int64_t>(), longest, att.cuda_f32(), B, 1, H, hd, hd, scale,
+                               device::Storage::F32);
+    for (DeviceRows* cache : caches) cache->advance(1);
+    return att;
+  }
+  // A prefill: sequence by sequence through the flash kernels, each launch taking its cache's
+  // length as a parameter (not replayable).
+  if (device::capturing()) throw error("attention", "a KV-cache prefill cannot be captured in a graph");
   Tensor q = dev_empty({T, D});
   for (int64_t b = 0; b < B; ++b) {
-    auto* cache = device_memory<DeviceRows>(memories[b], "attention");
+    DeviceRows* cache = caches[size_t(b)];
     const float* base = qkv.cuda_f32() + b * T * 3 * D;
     k3::cuda::copy_blocks(base, 3 * D, 0, q.cuda_f32(), D, 0, T, 1, D);
     cache->append(0, base + D, 3 * D, T);

@@ -80,8 +80,7 @@ TEST_P(FixtureModelCuda, DecodeOverDeviceMemoriesEqualsPrefill) {
 // sequences (the reference prompt, and the same prompt less its last two tokens) continue
 // together: the first must give the reference's greedy ids, both the ids of the same steps
 // queued from the host (Model::greedy), and the memories they leave must give the same logits
-// for one more token. gpt2-tiny's KV-cache step is not replayable: the decoder says so and runs
-// every step from the host.
+// for one more token. Every fixture model's step replays, gpt2-tiny's over its KV caches too.
 TEST_P(FixtureModelCuda, DecoderReplaysMatchTheReference) {
   auto model = load_model(fixture_model(GetParam()));
   move_to(*model, Device::CUDA);
@@ -111,11 +110,7 @@ TEST_P(FixtureModelCuda, DecoderReplaysMatchTheReference) {
     EXPECT_EQ(g_next, q_next) << "step " << t;
     g_ids = g_next, q_ids = q_next;
   }
-  const bool kv_cache = GetParam() == "gpt2-tiny";
-  EXPECT_EQ(decoder.replaying(), !kv_cache) << decoder.refusal();
-  if (kv_cache) {
-    EXPECT_NE(decoder.refusal().find("KV-cache"), std::string::npos) << decoder.refusal();
-  }
+  EXPECT_TRUE(decoder.replaying()) << decoder.refusal();
   for (int b = 0; b < 2; ++b) {
     EXPECT_EQ(graphed[size_t(b)].position, queued[size_t(b)].position);
     for (size_t l = 0; l < graphed[size_t(b)].layers.size(); ++l)
@@ -133,7 +128,7 @@ TEST_P(FixtureModelCuda, DecoderReplaysMatchTheReference) {
     EXPECT_EQ(g_next, q_next) << "after the outside forward, step " << t;
     g_ids = g_next, q_ids = q_next;
   }
-  EXPECT_EQ(decoder.replaying(), !kv_cache);
+  EXPECT_TRUE(decoder.replaying()) << decoder.refusal();
   EXPECT_EQ(graphed[0].position, queued[0].position);
   // A token outside the vocabulary is refused before the replay, as the queued step refuses it.
   const int64_t bad[2] = {V, 0};
@@ -152,7 +147,7 @@ TEST_P(FixtureModelCuda, DecoderReplaysMatchTheReference) {
 
 // Decoder (logits, for samplers): the replayed steps' logits of two sequences (the reference
 // prompt and the same prompt less its last two tokens) equal the same steps queued from the host
-// (Model::logits over contexts fed the same ids). gpt2-tiny runs queued, as for the picks.
+// (Model::logits over contexts fed the same ids).
 TEST_P(FixtureModelCuda, LogitsDecoderReplaysMatchTheQueuedSteps) {
   auto model = load_model(fixture_model(GetParam()));
   move_to(*model, Device::CUDA);
@@ -186,7 +181,7 @@ TEST_P(FixtureModelCuda, LogitsDecoderReplaysMatchTheQueuedSteps) {
       ids[size_t(b)] = order[1];
     }
   }
-  EXPECT_EQ(decoder.replaying(), GetParam() != "gpt2-tiny") << decoder.refusal();
+  EXPECT_TRUE(decoder.replaying()) << decoder.refusal();
   for (int b = 0; b < 2; ++b) EXPECT_EQ(graphed[size_t(b)].position, queued[size_t(b)].position);
 }
 

@@ -9,6 +9,7 @@
 // Backward: D_i = Σ_d dy·y first; then one block per (sequence, head, 32 keys) walks the queries
 // that see those keys, recomputing p = exp(s − lse): dv += p·dy, ds = p (dy·v − D), dk += ds·q,
 // and dq += ds·k through atomic adds (FlashAttention-2's scheme).
+#include <algorithm>
 #include <cfloat>
 #include <type_traits>
 
@@ -197,103 +198,231 @@ __global__ void __launch_bounds__(kThreads) bwd_kernel(const T* __restrict__ q, 
   }
 }
 
-// Decode (Tq = 1), split over the keys (flash-decoding): block (sequence·head, split) scores its
-// keys with one warp per key (lanes over dimensions, coalesced rows), keeps a running max,
-// denominator and weighted sum per warp, merges its 4 warps, and writes (m, l, acc[hdv]); a
-// second kernel merges the splits. Bound by reading the KV cache once.
-constexpr int kDecWarps = 4, kDecKeys = 256, kDecDims = kMaxHd / 32;
+// Decode-shaped attention (flash-decoding): a few new queries per sequence over that sequence's
+// keys. Block (query row · head, split) walks the split's keys with 4 warps; a warp takes U keys
+// per pass, lanes over the head's dimensions (DPL each: 2, 4 or 8 for head dims ≤ 64, 128, 256),
+// so U rows of K and of V are in flight per warp and the U scores' shuffles interleave. A head
+// that fills the lanes exactly is read as one vector per lane (dims lane·DPL + i), any other
+// dimension strided (lane + 32·i). The warps' (m, l, acc) meet in shared memory; with one split
+// the block writes y itself, else a partial (m, l, acc[hdv]) that a second kernel merges.
+// Scores in log₂ units. Bound by reading the keys and values once.
+constexpr int kDecWarps = 4, kDecMaxSplits = 256;
+constexpr float kLog2e = 1.44269504f;
 
 template <class T>
-__global__ void __launch_bounds__(kDecWarps * 32) decode_split_kernel(const T* __restrict__ q, const T* __restrict__ k,
-                                                                      const T* __restrict__ v, float* __restrict__ part,
-                                                                      int nsplit, AttnShape a) {
-  __shared__ float sm[kDecWarps], sl[kDecWarps], sacc[kDecWarps][kMaxHd];
-  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t nkeys = a.pos0 + 1;  // keys visible to the single query
-  const int64_t j0 = int64_t(blockIdx.y) * kDecKeys, j1 = min64(j0 + kDecKeys, nkeys);
-  float qv[kDecDims], acc[kDecDims];
+struct DecArgs {
+  const T* q;  // query row b·Tq + t, head h at q + row·ldq + h·hd
+  int64_t ldq;
+  const T* k;  // contiguous caches: sequence b's rows at k + b·kseq, v + b·vseq (ks null) ...
+  const T* v;
+  int64_t kseq, vseq;
+  const T* const* ks;  // ... or per-sequence rows ([rows, H·hd] and [rows, H·hdv] each), device arrays
+  const T* const* vs;
+  const int64_t* p0s;  // query t of sequence b sees keys 0 .. p0 + t: p0 = p0s[b], or pos0 when null
+  int64_t pos0;
+  T* y;        // [B·Tq, H, hdv]
+  float* lse;  // [B, H, Tq] (natural log) or null
+  float* part;
+  int64_t Tq, H, hd, hdv, keys;  // keys per split
+  float scale;                   // the softmax scale · log₂ e
+  int nsplit;
+};
+
+// DPL values of T from p (vector loads of DPL·sizeof(T) bytes, aligned to min(16, that)).
+template <class T, int DPL>
+__device__ __forceinline__ void load_packed(const T* p, float (&x)[DPL]) {
+  constexpr int W = DPL * int(sizeof(T)) / 4;  // 32-bit words
+  uint32_t w[W];
+  if constexpr (W % 4 == 0) {
 #pragma unroll
-  for (int i = 0; i < kDecDims; ++i) {
+    for (int c = 0; c < W / 4; ++c) {
+      const uint4 u = reinterpret_cast<const uint4*>(p)[c];
+      w[4 * c] = u.x, w[4 * c + 1] = u.y, w[4 * c + 2] = u.z, w[4 * c + 3] = u.w;
+    }
+  } else if constexpr (W == 2) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    w[0] = u.x, w[1] = u.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    if constexpr (sizeof(T) == 4) {
+      x[i] = __uint_as_float(w[i]);
+    } else {  // two bf16, the lower address in the low half
+      x[2 * i] = __uint_as_float(w[i] << 16);
+      x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+}
+template <class T, int DPL>
+__device__ __forceinline__ void load_dims(const T* row, int lane, int64_t n, bool packed, float (&x)[DPL]) {
+  if (packed) return load_packed<T, DPL>(row + lane * DPL, x);
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) {
     const int d = lane + 32 * i;
-    qv[i] = d < a.hd ? to_f32(q[(b * a.H + h) * a.hd + d]) * a.scale : 0.0f;
+    x[i] = d < n ? to_f32(row[d]) : 0.0f;
+  }
+}
+
+template <class T, int DPL>
+__global__ void __launch_bounds__(kDecWarps * 32) decode_split_kernel(DecArgs<T> a) {
+  constexpr int U = DPL <= 4 ? 4 : 2;
+  __shared__ float sm[kDecWarps], sl[kDecWarps], sacc[kDecWarps][32 * DPL];
+  const int64_t pair = blockIdx.x, row = pair / a.H, h = pair % a.H, b = row / a.Tq, t = row % a.Tq;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t visible = (a.p0s ? a.p0s[b] : a.pos0) + t + 1;
+  const int64_t j0 = int64_t(blockIdx.y) * a.keys, j1 = min64(j0 + a.keys, visible);
+  if (j0 >= j1) return;  // past this row's keys (a grid sized for longer caches): the merge skips it
+  const T* kb = (a.ks ? a.ks[b] : a.k + b * a.kseq) + h * a.hd;
+  const T* vb = (a.vs ? a.vs[b] : a.v + b * a.vseq) + h * a.hdv;
+  const int64_t ldk = a.H * a.hd, ldv = a.H * a.hdv;
+  constexpr uintptr_t kAlign = DPL * sizeof(T) < 16 ? DPL * sizeof(T) : 16;
+  const bool packed = a.hd == 32 * DPL && a.hdv == 32 * DPL &&
+                      ((reinterpret_cast<uintptr_t>(kb) | reinterpret_cast<uintptr_t>(vb)) % kAlign) == 0;
+  auto dim = [&](int i) { return packed ? lane * DPL + i : lane + 32 * i; };
+  float qv[DPL], acc[DPL];
+  const T* qr = a.q + row * a.ldq + h * a.hd;
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) {
+    qv[i] = dim(i) < a.hd ? to_f32(qr[dim(i)]) * a.scale : 0.0f;
     acc[i] = 0.0f;
   }
   float m = -FLT_MAX, l = 0.0f;
-  for (int64_t j = j0 + warp; j < j1; j += kDecWarps) {
-    const T* kr = k + ((b * a.S + j) * a.H + h) * a.hd;
-    const T* vr = v + ((b * a.S + j) * a.H + h) * a.hdv;
-    float sc = 0.0f;
+  for (int64_t j = j0 + warp * U; j < j1; j += kDecWarps * U) {
+    float kx[U][DPL], vx[U][DPL], s[U];
 #pragma unroll
-    for (int i = 0; i < kDecDims; ++i) {
-      const int d = lane + 32 * i;
-      if (d < a.hd) sc += qv[i] * to_f32(kr[d]);
+    for (int u = 0; u < U; ++u) {  // past j1: the last key again, its weight zero below
+      const int64_t jj = min64(j + u, j1 - 1);
+      load_dims<T, DPL>(kb + jj * ldk, lane, a.hd, packed, kx[u]);
+      load_dims<T, DPL>(vb + jj * ldv, lane, a.hdv, packed, vx[u]);
     }
-    sc = device::warp_sum(sc);
-    const float m_new = fmaxf(m, sc), corr = __expf(m - m_new), pj = __expf(sc - m_new);
-    l = l * corr + pj;
 #pragma unroll
-    for (int i = 0; i < kDecDims; ++i) {
-      const int d = lane + 32 * i;
-      acc[i] = acc[i] * corr + (d < a.hdv ? pj * to_f32(vr[d]) : 0.0f);
+    for (int u = 0; u < U; ++u) {
+      s[u] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) s[u] = fmaf(qv[i], kx[u][i], s[u]);
     }
-    m = m_new;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int u = 0; u < U; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+    float mx = m;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (j + u < j1) mx = fmaxf(mx, s[u]);
+    const float corr = exp2f(m - mx);
+    l *= corr;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[i] *= corr;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const float p = j + u < j1 ? exp2f(s[u] - mx) : 0.0f;
+      l += p;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[i] = fmaf(p, vx[u][i], acc[i]);
+    }
+    m = mx;
   }
+  // The block's warps: warp 0 always has a key, so M is finite; a warp without one has l = acc = 0.
   if (lane == 0) sm[warp] = m, sl[warp] = l;
 #pragma unroll
-  for (int i = 0; i < kDecDims; ++i) {
-    const int d = lane + 32 * i;
-    if (d < a.hdv) sacc[warp][d] = acc[i];
-  }
+  for (int i = 0; i < DPL; ++i)
+    if (dim(i) < a.hdv) sacc[warp][dim(i)] = acc[i];
   __syncthreads();
-  float M = -FLT_MAX;
-  for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, sm[w]);
-  float* out = part + (bh * nsplit + blockIdx.y) * (a.hdv + 2);
+  float M = sm[0];
+  for (int w = 1; w < kDecWarps; ++w) M = fmaxf(M, sm[w]);
+  float wt[kDecWarps], L = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kDecWarps; ++w) wt[w] = exp2f(sm[w] - M), L += sl[w] * wt[w];
+  const bool direct = a.nsplit == 1;
+  float* out = a.part + (pair * a.nsplit + blockIdx.y) * (a.hdv + 2);
   for (int d = threadIdx.x; d < a.hdv; d += blockDim.x) {
     float x = 0.0f;
-    for (int w = 0; w < kDecWarps; ++w)
-      if (sm[w] != -FLT_MAX) x += sacc[w][d] * __expf(sm[w] - M);
-    out[2 + d] = x;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) x += sacc[w][d] * wt[w];
+    if (direct)
+      a.y[pair * a.hdv + d] = from_f32<T>(x / L);
+    else
+      out[2 + d] = x;
   }
   if (threadIdx.x == 0) {
-    float L = 0.0f;
-    for (int w = 0; w < kDecWarps; ++w)
-      if (sm[w] != -FLT_MAX) L += sl[w] * __expf(sm[w] - M);
-    out[0] = M;
-    out[1] = L;
+    if (!direct)
+      out[0] = M, out[1] = L;
+    else if (a.lse)
+      a.lse[(b * a.H + h) * a.Tq + t] = (M + log2f(L)) * 0.69314718f;
   }
 }
 
+// The splits of one (query row, head): those that hold its visible keys wrote (m, l, acc).
 template <class T>
-__global__ void decode_merge_kernel(const float* __restrict__ part, int nsplit, T* __restrict__ y,
-                                    float* __restrict__ lse, AttnShape a) {
-  const int64_t bh = blockIdx.x;
-  const float* p = part + bh * nsplit * (a.hdv + 2);
-  float M = -FLT_MAX;
-  for (int s = 0; s < nsplit; ++s) M = fmaxf(M, p[s * (a.hdv + 2)]);
-  float L = 0.0f;
-  for (int s = 0; s < nsplit; ++s)
-    if (p[s * (a.hdv + 2)] != -FLT_MAX) L += p[s * (a.hdv + 2) + 1] * __expf(p[s * (a.hdv + 2)] - M);
+__global__ void __launch_bounds__(128) decode_merge_kernel(DecArgs<T> a) {
+  __shared__ float wt[kDecMaxSplits];
+  __shared__ float red[2];
+  const int64_t pair = blockIdx.x, row = pair / a.H, h = pair % a.H, b = row / a.Tq, t = row % a.Tq;
+  const int64_t visible = (a.p0s ? a.p0s[b] : a.pos0) + t + 1;
+  const int n = int(min64((visible + a.keys - 1) / a.keys, a.nsplit));
+  const int64_t stride = a.hdv + 2;
+  const float* p = a.part + pair * a.nsplit * stride;
+  if (threadIdx.x < 32) {
+    float M = -FLT_MAX;
+    for (int s = threadIdx.x; s < n; s += 32) M = fmaxf(M, p[s * stride]);
+    M = device::warp_max(M);
+    float L = 0.0f;
+    for (int s = threadIdx.x; s < n; s += 32) {
+      wt[s] = exp2f(p[s * stride] - M);
+      L += p[s * stride + 1] * wt[s];
+    }
+    L = device::warp_sum(L);
+    if (threadIdx.x == 0) red[0] = M, red[1] = L;
+  }
+  __syncthreads();
+  const float L = red[1];
   for (int d = threadIdx.x; d < a.hdv; d += blockDim.x) {
     float x = 0.0f;
-    for (int s = 0; s < nsplit; ++s)
-      if (p[s * (a.hdv + 2)] != -FLT_MAX) x += p[s * (a.hdv + 2) + 2 + d] * __expf(p[s * (a.hdv + 2)] - M);
-    y[bh * a.hdv + d] = from_f32<T>(x / L);  // [B, 1, H, hdv]: row b·H + h
+    for (int s = 0; s < n; ++s) x += p[s * stride + 2 + d] * wt[s];
+    a.y[pair * a.hdv + d] = from_f32<T>(x / L);
   }
-  if (lse && threadIdx.x == 0) lse[bh] = M + logf(L);  // [B, H, 1]
+  if (a.lse && threadIdx.x == 0) a.lse[(b * a.H + h) * a.Tq + t] = (red[0] + log2f(L)) * 0.69314718f;
 }
 
+// Splits for `longest` keys (every row's p0 + Tq ≤ longest): the count (≤ kDecMaxSplits, ≥ 64
+// keys each) that minimises waves of resident blocks × (keys per split + 64), the 64 standing for
+// a block's fixed cost and its partial's write and merge.
+template <class T, int DPL>
+void launch_decode_dpl(DecArgs<T> a, int64_t B, int64_t longest) {
+  static const int per_sm = [] {
+    int n = 0;
+    K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_split_kernel<T, DPL>, kDecWarps * 32, 0));
+    return n > 0 ? n : 1;
+  }();
+  const int64_t pairs = B * a.Tq * a.H, resident = int64_t(device::sm_count()) * per_sm;
+  int64_t nsplit = 1, best = INT64_MAX;
+  for (int64_t ns = 1; ns <= std::min<int64_t>(kDecMaxSplits, (longest + 63) / 64); ++ns) {
+    const int64_t cost = (pairs * ns + resident - 1) / resident * ((longest + ns - 1) / ns + 64);
+    if (cost < best) best = cost, nsplit = ns;
+  }
+  a.keys = (longest + nsplit - 1) / nsplit;
+  a.nsplit = int((longest + a.keys - 1) / a.keys);
+  if (pairs > INT32_MAX) throw error("attention", "a decode step takes at most 2^31 - 1 (query, head) pairs, got ", pairs);
+  device::Buffer part;
+  if (a.nsplit > 1) part = device::Buffer(size_t(pairs) * size_t(a.nsplit) * size_t(a.hdv + 2) * sizeof(float));
+  a.part = part.as<float>();
+  decode_split_kernel<T, DPL><<<dim3(unsigned(pairs), unsigned(a.nsplit)), kDecWarps * 32, 0, device::stream()>>>(a);
+  K3_CUDA_LAUNCHED();
+  if (a.nsplit == 1) return;
+  decode_merge_kernel<T><<<unsigned(pairs), 128, 0, device::stream()>>>(a);
+  K3_CUDA_LAUNCHED();
+}
 template <class T>
-void launch_decode(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a) {
-  const int nsplit = int((a.pos0 + 1 + kDecKeys - 1) / kDecKeys);
-  device::Buffer part(size_t(a.B * a.H) * size_t(nsplit) * size_t(a.hdv + 2) * sizeof(float));
-  const dim3 grid(unsigned(a.B * a.H), unsigned(nsplit));
-  decode_split_kernel<T><<<grid, kDecWarps * 32, 0, device::stream()>>>(
-      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), part.as<float>(), nsplit, a);
-  K3_CUDA_LAUNCHED();
-  decode_merge_kernel<T><<<unsigned(a.B * a.H), 128, 0, device::stream()>>>(part.as<float>(), nsplit,
-                                                                           static_cast<T*>(y), lse, a);
-  K3_CUDA_LAUNCHED();
+void launch_decode(DecArgs<T> a, int64_t B, int64_t longest) {
+  const int64_t widest = std::max(a.hd, a.hdv);
+  if (widest <= 64)
+    launch_decode_dpl<T, 2>(a, B, longest);
+  else if (widest <= 128)
+    launch_decode_dpl<T, 4>(a, B, longest);
+  else
+    launch_decode_dpl<T, 8>(a, B, longest);
 }
 
 void check(const AttnShape& a) {
@@ -339,12 +468,39 @@ void attention_forward(const void* q, const void* k, const void* v, void* y, flo
   check(a);
   if (!a.B || !a.Tq || !a.H) return;
   if (a.Tq == 1) {  // a decode step: split the keys across blocks
-    K3_DISPATCH_STORAGE(st, T, launch_decode<T>(q, k, v, y, lse, a));
+    K3_DISPATCH_STORAGE(st, T, {
+      DecArgs<T> d{};
+      d.q = static_cast<const T*>(q), d.ldq = a.H * a.hd;
+      d.k = static_cast<const T*>(k), d.v = static_cast<const T*>(v);
+      d.kseq = a.S * a.H * a.hd, d.vseq = a.S * a.H * a.hdv;
+      d.pos0 = a.pos0;
+      d.y = static_cast<T*>(y), d.lse = lse;
+      d.Tq = 1, d.H = a.H, d.hd = a.hd, d.hdv = a.hdv, d.scale = a.scale * kLog2e;
+      launch_decode<T>(d, a.B, a.pos0 + 1);
+    });
     return;
   }
   if (st == device::Storage::BF16 && attention_forward_mma(q, k, v, y, lse, a)) return;  // tensor cores
   const bool wide = a.hd > 128 || a.hdv > 128;  // two register layouts: head dims ≤ 128 and ≤ 256
   K3_DISPATCH_STORAGE(st, T, wide ? launch_fwd<T, 64>(q, k, v, y, lse, a) : launch_fwd<T, 32>(q, k, v, y, lse, a));
+}
+
+void attention_cached(const void* q, int64_t ldq, const void* const* ks, const void* const* vs, const int64_t* p0s,
+                      int64_t longest, void* y, int64_t B, int64_t Tq, int64_t H, int64_t hd, int64_t hdv, float scale,
+                      Storage st) {
+  if (hd < 1 || hdv < 1 || hd > kMaxHd || hdv > kMaxHd)
+    throw error("attention", "the CUDA kernels take head dims 1..", kMaxHd, ", got hd = ", hd, ", hdv = ", hdv);
+  if (longest < Tq) throw error("attention", "longest = ", longest, " cannot hold ", Tq, " new queries");
+  if (!B || !Tq || !H) return;
+  K3_DISPATCH_STORAGE(st, T, {
+    DecArgs<T> d{};
+    d.q = static_cast<const T*>(q), d.ldq = ldq;
+    d.ks = reinterpret_cast<const T* const*>(ks), d.vs = reinterpret_cast<const T* const*>(vs);
+    d.p0s = p0s;
+    d.y = static_cast<T*>(y);
+    d.Tq = Tq, d.H = H, d.hd = hd, d.hdv = hdv, d.scale = scale * kLog2e;
+    launch_decode<T>(d, B, longest);
+  });
 }
 
 void attention_backward(const void* q, const void* k, const void* v, const void* y, const float* lse,

@@ -69,6 +69,15 @@ struct AttnShape {
 };
 void attention_forward(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a,
                        Storage st);
+// The same over per-sequence caches, all sequences in one launch (a decode step over KV caches,
+// replayable in a CUDA graph): B sequences of Tq new queries each, query row b·Tq + t, head h at
+// q + row·ldq + h·hd; sequence b's keys and values are the rows of ks[b] ([rows, H·hd]) and vs[b]
+// ([rows, H·hdv]); query t sees keys 0 .. p0s[b] + t. ks, vs and p0s are device arrays of B
+// entries. longest ≥ every p0s[b] + Tq sizes the split over the keys:
+// a graph captured for the caches' capacity replays for every shorter length. y [B·Tq, H, hdv].
+void attention_cached(const void* q, int64_t ldq, const void* const* ks, const void* const* vs, const int64_t* p0s,
+                      int64_t longest, void* y, int64_t B, int64_t Tq, int64_t H, int64_t hd, int64_t hdv, float scale,
+                      Storage st);
 // Gradients (fp32, accumulated: zero them first) from the forward's y and lse: recomputes the
 // probabilities tile by tile (FlashAttention-2's backward).
 void attention_backward(const void* q, const void* k, const void* v, const void* y, const float* lse,

@@ -220,6 +220,64 @@ TEST_P(OpsCuda, CausalAttentionForwardBackward) {
   }
 }
 
+// The decode-shaped attention over per-sequence caches (attention_cached) against the CPU's direct
+// softmax, sequence by sequence: unequal lengths (one key to several thousand), 1–3 new queries,
+// packed heads (hd = 32·2, 32·4, 32·8) and strided ones (80 / 48, 200 / 136), a grid sized for
+// the caches' capacity (as a captured step is), and one sequence's rows starting off the vector
+// alignment (the strided reads). Rows past each sequence's keys hold NaN: reading one would show.
+TEST_P(OpsCuda, CachedAttentionOverPerSequenceRows) {
+  const Storage st = GetParam();
+  Rng rng(21);
+  struct Case {
+    int64_t H, hd, hdv, Tq;
+    std::vector<int64_t> p0;
+    int64_t cap;  // rows per cache; the grid is sized for it when `for_capacity`
+    bool for_capacity;
+  };
+  const std::vector<Case> cases = {
+      {12, 64, 64, 1, {0, 69, 1023, 5}, 1024, false},          {4, 128, 128, 3, {4094, 17, 300}, 4100, false},
+      {3, 80, 48, 2, {0, 250, 1999}, 2001, false},             {2, 256, 256, 1, {700, 3}, 701, false},
+      {2, 200, 136, 1, {64, 129}, 130, false},                 {6, 64, 64, 1, {5, 900, 31}, 6000, true},
+      {16, 128, 128, 1, std::vector<int64_t>(40, 2047), 2048, false}};
+  for (const Case& c : cases) {
+    const int64_t B = int64_t(c.p0.size()), H = c.H, Tq = c.Tq, ldq = H * c.hd + 5;
+    const float scale = 1.0f / std::sqrt(float(c.hd));
+    auto q = randv(rng, B * Tq * ldq);
+    if (st == Storage::BF16) q = bf16_round(q);
+    std::vector<Buffer> kbuf, vbuf;
+    std::vector<const void*> ks, vs;
+    std::vector<float> y = zeros(B * Tq * H * c.hdv);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t S = c.p0[size_t(b)] + Tq, shift = b == 1 ? 1 : 0;  // sequence 1 starts one element in
+      auto k = randv(rng, c.cap * H * c.hd + shift), v = randv(rng, c.cap * H * c.hdv + shift);
+      if (st == Storage::BF16) k = bf16_round(k), v = bf16_round(v);
+      std::fill(k.begin() + shift + S * H * c.hd, k.end(), NAN);
+      std::fill(v.begin() + shift + S * H * c.hdv, v.end(), NAN);
+      const AttentionShape as{Tq, S, H, c.hd, c.p0[size_t(b)], scale, c.hdv};
+      std::vector<float> probs = zeros(H * Tq * S);
+      attention_forward(HeadView{q.data() + b * Tq * ldq, ldq, c.hd}, HeadView{k.data() + shift, H * c.hd, c.hd},
+                        HeadView{v.data() + shift, H * c.hdv, c.hdv},
+                        HeadView{y.data() + b * Tq * H * c.hdv, H * c.hdv, c.hdv}, as, probs.data());
+      kbuf.push_back(up(k, st)), vbuf.push_back(up(v, st));
+      ks.push_back(static_cast<const char*>(kbuf.back().get()) + shift * esize(st));
+      vs.push_back(static_cast<const char*>(vbuf.back().get()) + shift * esize(st));
+    }
+    int64_t longest = c.cap;
+    if (!c.for_capacity) longest = *std::max_element(c.p0.begin(), c.p0.end()) + Tq;
+    Buffer gq = up(q, st), gy(y.size() * esize(st)), gks = device::upload_new(ks.data(), ks.size() * sizeof(void*)),
+           gvs = device::upload_new(vs.data(), vs.size() * sizeof(void*)),
+           gp0 = device::upload_new(c.p0.data(), c.p0.size() * 8);
+    cuda::attention_cached(gq.get(), ldq, gks.as<const void* const>(), gvs.as<const void* const>(), gp0.as<int64_t>(),
+                           longest, gy.get(), B, Tq, H, c.hd, c.hdv, scale, st);
+    EXPECT_LE(rel(down(gy, int64_t(y.size()), st), y), tol(st))
+        << "B " << B << " H " << H << " hd " << c.hd << "/" << c.hdv << " Tq " << Tq << " longest " << longest;
+  }
+  Buffer dummy(64);
+  EXPECT_THROW(cuda::attention_cached(dummy.get(), 1, nullptr, nullptr, nullptr, 4, dummy.get(), 1, 1, 1, 300, 64, 1.0f,
+                                      st),
+               Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Storage, OpsCuda, ::testing::Values(Storage::F32, Storage::BF16),
                          [](const ::testing::TestParamInfo<Storage>& p) {
                            return std::string(p.param == Storage::BF16 ? "bf16" : "f32");
