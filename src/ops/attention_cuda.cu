@@ -201,11 +201,12 @@ __global__ void __launch_bounds__(kThreads) bwd_kernel(const T* __restrict__ q, 
 // Decode-shaped attention (flash-decoding): a few new queries per sequence over that sequence's
 // keys. Block (query row · head, split) walks the split's keys with 4 warps; a warp takes U keys
 // per pass, lanes over the head's dimensions (DPL each: 2, 4 or 8 for head dims ≤ 64, 128, 256),
-// so U rows of K and of V are in flight per warp and the U scores' shuffles interleave. A head
-// that fills the lanes exactly is read as one vector per lane (dims lane·DPL + i), any other
-// dimension strided (lane + 32·i). The warps' (m, l, acc) meet in shared memory; with one split
-// the block writes y itself, else a partial (m, l, acc[hdv]) that a second kernel merges.
-// Scores in log₂ units. Bound by reading the keys and values once.
+// and the U scores' shuffles interleave. Heads that fill the lanes exactly (hd = hdv = 32·DPL)
+// stream through a cp.async ring in shared memory (decode_ring_kernel; each lane reads dims
+// lane·DPL + i as one vector); other dims load into registers, strided (lane + 32·i). The
+// warps' (m, l, acc) meet in shared memory; with one split the block writes y itself, else a
+// partial (m, l, acc[hdv]) that a second kernel merges. Scores in log₂ units. Bound by reading
+// the keys and values once.
 constexpr int kDecWarps = 4, kDecMaxSplits = 256;
 constexpr float kLog2e = 1.44269504f;
 
@@ -228,7 +229,8 @@ struct DecArgs {
   int nsplit;
 };
 
-// DPL values of T from p (vector loads of DPL·sizeof(T) bytes, aligned to min(16, that)).
+// DPL values of T from p (vector loads of DPL·sizeof(T) bytes, aligned to min(16, that); the
+// ring's shared rows).
 template <class T, int DPL>
 __device__ __forceinline__ void load_packed(const T* p, float (&x)[DPL]) {
   constexpr int W = DPL * int(sizeof(T)) / 4;  // 32-bit words
@@ -255,9 +257,9 @@ __device__ __forceinline__ void load_packed(const T* p, float (&x)[DPL]) {
     }
   }
 }
+// This lane's dims lane + 32·i of a row (zeros past n).
 template <class T, int DPL>
-__device__ __forceinline__ void load_dims(const T* row, int lane, int64_t n, bool packed, float (&x)[DPL]) {
-  if (packed) return load_packed<T, DPL>(row + lane * DPL, x);
+__device__ __forceinline__ void load_dims(const T* row, int lane, int64_t n, float (&x)[DPL]) {
 #pragma unroll
   for (int i = 0; i < DPL; ++i) {
     const int d = lane + 32 * i;
@@ -265,70 +267,78 @@ __device__ __forceinline__ void load_dims(const T* row, int lane, int64_t n, boo
   }
 }
 
+// What a split block works on: its (query row, head), keys [j0, j1) and the head's rows.
+template <class T>
+struct Split {
+  int64_t pair, b, h, t, j0, j1, ldk, ldv;
+  const T* kb;  // key 0 of this head
+  const T* vb;
+};
+template <class T>
+__device__ __forceinline__ Split<T> split_of(const DecArgs<T>& a) {
+  Split<T> s;
+  s.pair = blockIdx.x;
+  const int64_t row = s.pair / a.H;
+  s.h = s.pair % a.H, s.b = row / a.Tq, s.t = row % a.Tq;
+  const int64_t visible = (a.p0s ? a.p0s[s.b] : a.pos0) + s.t + 1;
+  s.j0 = int64_t(blockIdx.y) * a.keys, s.j1 = min64(s.j0 + a.keys, visible);
+  s.kb = (a.ks ? a.ks[s.b] : a.k + s.b * a.kseq) + s.h * a.hd;
+  s.vb = (a.vs ? a.vs[s.b] : a.v + s.b * a.vseq) + s.h * a.hdv;
+  s.ldk = a.H * a.hd, s.ldv = a.H * a.hdv;
+  return s;
+}
+// This lane's dims of the scaled query: lane·DPL + i (packed) or lane + 32·i.
 template <class T, int DPL>
-__global__ void __launch_bounds__(kDecWarps * 32) decode_split_kernel(DecArgs<T> a) {
-  constexpr int U = DPL <= 4 ? 4 : 2;
-  __shared__ float sm[kDecWarps], sl[kDecWarps], sacc[kDecWarps][32 * DPL];
-  const int64_t pair = blockIdx.x, row = pair / a.H, h = pair % a.H, b = row / a.Tq, t = row % a.Tq;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t visible = (a.p0s ? a.p0s[b] : a.pos0) + t + 1;
-  const int64_t j0 = int64_t(blockIdx.y) * a.keys, j1 = min64(j0 + a.keys, visible);
-  if (j0 >= j1) return;  // past this row's keys (a grid sized for longer caches): the merge skips it
-  const T* kb = (a.ks ? a.ks[b] : a.k + b * a.kseq) + h * a.hd;
-  const T* vb = (a.vs ? a.vs[b] : a.v + b * a.vseq) + h * a.hdv;
-  const int64_t ldk = a.H * a.hd, ldv = a.H * a.hdv;
-  constexpr uintptr_t kAlign = DPL * sizeof(T) < 16 ? DPL * sizeof(T) : 16;
-  const bool packed = a.hd == 32 * DPL && a.hdv == 32 * DPL &&
-                      ((reinterpret_cast<uintptr_t>(kb) | reinterpret_cast<uintptr_t>(vb)) % kAlign) == 0;
-  auto dim = [&](int i) { return packed ? lane * DPL + i : lane + 32 * i; };
-  float qv[DPL], acc[DPL];
-  const T* qr = a.q + row * a.ldq + h * a.hd;
+__device__ __forceinline__ void load_query(const DecArgs<T>& a, const Split<T>& s, bool packed, int lane,
+                                           float (&qv)[DPL]) {
+  const T* qr = a.q + (s.b * a.Tq + s.t) * a.ldq + s.h * a.hd;
 #pragma unroll
   for (int i = 0; i < DPL; ++i) {
-    qv[i] = dim(i) < a.hd ? to_f32(qr[dim(i)]) * a.scale : 0.0f;
-    acc[i] = 0.0f;
+    const int d = packed ? lane * DPL + i : lane + 32 * i;
+    qv[i] = d < a.hd ? to_f32(qr[d]) * a.scale : 0.0f;
   }
-  float m = -FLT_MAX, l = 0.0f;
-  for (int64_t j = j0 + warp * U; j < j1; j += kDecWarps * U) {
-    float kx[U][DPL], vx[U][DPL], s[U];
+}
+// One pass of the online softmax over U keys whose partial dots (this lane's dims) are in s; the
+// first `valid` of them are keys (≥ 1). value(u, x) gives key u's value dims.
+template <int U, int DPL, class Value>
+__device__ __forceinline__ void softmax_pass(float (&s)[U], int64_t valid, float& m, float& l, float (&acc)[DPL],
+                                             Value value) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {  // past j1: the last key again, its weight zero below
-      const int64_t jj = min64(j + u, j1 - 1);
-      load_dims<T, DPL>(kb + jj * ldk, lane, a.hd, packed, kx[u]);
-      load_dims<T, DPL>(vb + jj * ldv, lane, a.hdv, packed, vx[u]);
-    }
+  for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      s[u] = 0.0f;
+    for (int u = 0; u < U; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+  float mx = m;
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) s[u] = fmaf(qv[i], kx[u][i], s[u]);
-    }
+  for (int u = 0; u < U; ++u)
+    if (u < valid) mx = fmaxf(mx, s[u]);
+  const float corr = exp2f(m - mx);
+  l *= corr;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
+  for (int i = 0; i < DPL; ++i) acc[i] *= corr;
 #pragma unroll
-      for (int u = 0; u < U; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
-    float mx = m;
+  for (int u = 0; u < U; ++u) {
+    const float p = u < valid ? exp2f(s[u] - mx) : 0.0f;
+    l += p;
+    float vx[DPL];
+    value(u, vx);
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (j + u < j1) mx = fmaxf(mx, s[u]);
-    const float corr = exp2f(m - mx);
-    l *= corr;
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[i] *= corr;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const float p = j + u < j1 ? exp2f(s[u] - mx) : 0.0f;
-      l += p;
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) acc[i] = fmaf(p, vx[u][i], acc[i]);
-    }
-    m = mx;
+    for (int i = 0; i < DPL; ++i) acc[i] = fmaf(p, vx[i], acc[i]);
   }
-  // The block's warps: warp 0 always has a key, so M is finite; a warp without one has l = acc = 0.
+  m = mx;
+}
+// The block's warps meet: warp 0 always has a key, so M is finite; a warp without one has l = acc
+// = 0. One split: y = acc / l (and lse); else the partial (m, l, acc).
+template <class T, int DPL>
+__device__ __forceinline__ void finish_split(const DecArgs<T>& a, const Split<T>& s, bool packed, float m, float l,
+                                             const float (&acc)[DPL]) {
+  __shared__ float sm[kDecWarps], sl[kDecWarps], sacc[kDecWarps][32 * DPL];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   if (lane == 0) sm[warp] = m, sl[warp] = l;
 #pragma unroll
-  for (int i = 0; i < DPL; ++i)
-    if (dim(i) < a.hdv) sacc[warp][dim(i)] = acc[i];
+  for (int i = 0; i < DPL; ++i) {
+    const int d = packed ? lane * DPL + i : lane + 32 * i;
+    if (d < a.hdv) sacc[warp][d] = acc[i];
+  }
   __syncthreads();
   float M = sm[0];
   for (int w = 1; w < kDecWarps; ++w) M = fmaxf(M, sm[w]);
@@ -336,13 +346,13 @@ __global__ void __launch_bounds__(kDecWarps * 32) decode_split_kernel(DecArgs<T>
 #pragma unroll
   for (int w = 0; w < kDecWarps; ++w) wt[w] = exp2f(sm[w] - M), L += sl[w] * wt[w];
   const bool direct = a.nsplit == 1;
-  float* out = a.part + (pair * a.nsplit + blockIdx.y) * (a.hdv + 2);
+  float* out = direct ? nullptr : a.part + (s.pair * a.nsplit + blockIdx.y) * (a.hdv + 2);
   for (int d = threadIdx.x; d < a.hdv; d += blockDim.x) {
     float x = 0.0f;
 #pragma unroll
     for (int w = 0; w < kDecWarps; ++w) x += sacc[w][d] * wt[w];
     if (direct)
-      a.y[pair * a.hdv + d] = from_f32<T>(x / L);
+      a.y[s.pair * a.hdv + d] = from_f32<T>(x / L);
     else
       out[2 + d] = x;
   }
@@ -350,8 +360,118 @@ __global__ void __launch_bounds__(kDecWarps * 32) decode_split_kernel(DecArgs<T>
     if (!direct)
       out[0] = M, out[1] = L;
     else if (a.lse)
-      a.lse[(b * a.H + h) * a.Tq + t] = (M + log2f(L)) * 0.69314718f;
+      a.lse[(s.b * a.H + s.h) * a.Tq + s.t] = (M + log2f(L)) * 0.69314718f;
   }
+}
+
+// Head dims that do not fill the lanes (hd or hdv ≠ 32·DPL): a warp loads its U keys' rows into
+// registers, dims strided over the lanes, then scores and sums them.
+template <class T, int DPL>
+__global__ void __launch_bounds__(kDecWarps * 32) decode_split_kernel(DecArgs<T> a) {
+  constexpr int U = DPL <= 4 ? 4 : 2;
+  const Split<T> sp = split_of(a);
+  if (sp.j0 >= sp.j1) return;  // past this row's keys (a grid sized for longer caches): the merge skips it
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  float qv[DPL], acc[DPL] = {};
+  load_query(a, sp, false, lane, qv);
+  float m = -FLT_MAX, l = 0.0f;
+  for (int64_t j = sp.j0 + warp * U; j < sp.j1; j += kDecWarps * U) {
+    float kx[U][DPL], vx[U][DPL], s[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // past j1: the last key again, its weight zero
+      const int64_t jj = min64(j + u, sp.j1 - 1);
+      load_dims<T, DPL>(sp.kb + jj * sp.ldk, lane, a.hd, kx[u]);
+      load_dims<T, DPL>(sp.vb + jj * sp.ldv, lane, a.hdv, vx[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      s[u] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) s[u] = fmaf(qv[i], kx[u][i], s[u]);
+    }
+    softmax_pass<U, DPL>(s, sp.j1 - j, m, l, acc, [&](int u, float (&x)[DPL]) {
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) x[i] = vx[u][i];
+    });
+  }
+  finish_split(a, sp, false, m, l, acc);
+}
+
+// Heads that fill the lanes (hd = hdv = 32·DPL): each warp streams its groups of U keys through
+// a ring of S stages in shared memory by cp.async (16-byte pieces; rows off 16-byte alignment
+// are copied by plain loads instead), so S − 1 groups' rows are in flight while one is scored.
+template <class T, int DPL>
+struct DecRing {
+  static constexpr int U = 4;
+  static constexpr int R = 32 * DPL * int(sizeof(T));        // bytes per row
+  static constexpr int S = R >= 1024 ? 2 : R >= 512 ? 4 : 8;  // stages per warp
+  static constexpr int kStage = 2 * U * R;                    // K rows then V rows
+  static constexpr int kSmem = kDecWarps * S * kStage;        // ≤ 64 KB
+};
+template <class T, int DPL>
+__global__ void __launch_bounds__(kDecWarps * 32) decode_ring_kernel(DecArgs<T> a) {
+  using Ring = DecRing<T, DPL>;
+  constexpr int U = Ring::U, S = Ring::S, R = Ring::R, kPieces = 2 * U * R / 16;
+  extern __shared__ __align__(16) unsigned char dec_ring[];
+  const Split<T> sp = split_of(a);
+  if (sp.j0 >= sp.j1) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const bool async = ((reinterpret_cast<uintptr_t>(sp.kb) | reinterpret_cast<uintptr_t>(sp.vb)) & 15) == 0;
+  unsigned char* ring = dec_ring + warp * S * Ring::kStage;
+  const int64_t groups = (sp.j1 - sp.j0 + U - 1) / U;  // the warps take groups warp, warp + 4, ...
+  const int64_t passes = groups > warp ? (groups - warp + kDecWarps - 1) / kDecWarps : 0;
+  auto issue = [&](int64_t it) {  // pass it's rows into stage it % S (zeros past j1)
+    if (it >= passes) return;
+    unsigned char* st = ring + (it % S) * Ring::kStage;
+    const int64_t key0 = sp.j0 + (warp + kDecWarps * it) * U;
+    if (async) {
+#pragma unroll
+      for (int c = lane; c < kPieces; c += 32) {
+        const int kv = c / (U * R / 16), u = (c / (R / 16)) % U, piece = c % (R / 16);
+        const bool ok = key0 + u < sp.j1;
+        const T* row = kv ? sp.vb + (ok ? key0 + u : sp.j0) * sp.ldv : sp.kb + (ok ? key0 + u : sp.j0) * sp.ldk;
+        device::cp_async16_zfill(st + c * 16, reinterpret_cast<const char*>(row) + piece * 16, ok);
+      }
+    } else {
+      constexpr int E = R / int(sizeof(T));  // elements per row
+      T* dst = reinterpret_cast<T*>(st);
+      for (int e = lane; e < 2 * U * E; e += 32) {
+        const int kv = e / (U * E), u = (e / E) % U, d = e % E;
+        const bool ok = key0 + u < sp.j1;
+        dst[e] = ok ? (kv ? sp.vb[(key0 + u) * sp.ldv + d] : sp.kb[(key0 + u) * sp.ldk + d]) : from_f32<T>(0.0f);
+      }
+    }
+  };
+#pragma unroll
+  for (int it = 0; it < S - 1; ++it) {
+    issue(it);
+    device::cp_async_commit();
+  }
+  float qv[DPL], acc[DPL] = {};
+  load_query(a, sp, true, lane, qv);
+  float m = -FLT_MAX, l = 0.0f;
+  for (int64_t it = 0; it < passes; ++it) {
+    issue(it + S - 1);
+    device::cp_async_commit();
+    device::cp_async_wait<S - 1>();  // this lane's pieces of pass it have landed ...
+    __syncwarp();                    // ... and the other lanes'
+    const T* st = reinterpret_cast<const T*>(ring + (it % S) * Ring::kStage);
+    float s[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float kx[DPL];
+      load_packed<T, DPL>(st + u * (R / int(sizeof(T))) + lane * DPL, kx);
+      s[u] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) s[u] = fmaf(qv[i], kx[i], s[u]);
+    }
+    const int64_t key0 = sp.j0 + (warp + kDecWarps * it) * U;
+    softmax_pass<U, DPL>(s, sp.j1 - key0, m, l, acc, [&](int u, float (&x)[DPL]) {
+      load_packed<T, DPL>(st + (U + u) * (R / int(sizeof(T))) + lane * DPL, x);
+    });
+    __syncwarp();  // the stage is refilled by the next pass's issue (and orders the reads before it)
+  }
+  finish_split(a, sp, true, m, l, acc);
 }
 
 // The splits of one (query row, head): those that hold its visible keys wrote (m, l, acc).
@@ -386,17 +506,26 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(DecArgs<T> a) {
   if (a.lse && threadIdx.x == 0) a.lse[(b * a.H + h) * a.Tq + t] = (red[0] + log2f(L)) * 0.69314718f;
 }
 
-// Splits for `longest` keys (every row's p0 + Tq ≤ longest): the count (≤ kDecMaxSplits, ≥ 64
-// keys each) that minimises waves of resident blocks × (keys per split + 64), the 64 standing for
+// Splits for `longest` keys (every row's p0 + Tq ≤ longest; keys past it would be dropped): the
+// count (≤ kDecMaxSplits and ≤ ⌈longest / 64⌉) that minimises waves of resident blocks × (keys per split + 64), the 64 standing for
 // a block's fixed cost and its partial's write and merge.
 template <class T, int DPL>
 void launch_decode_dpl(DecArgs<T> a, int64_t B, int64_t longest) {
-  static const int per_sm = [] {
+  // The ring kernel where a head fills the lanes, else the register kernel.
+  const bool ring = a.hd == 32 * DPL && a.hdv == 32 * DPL;
+  static const int per_sm_regs = [] {
     int n = 0;
     K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_split_kernel<T, DPL>, kDecWarps * 32, 0));
     return n > 0 ? n : 1;
   }();
-  const int64_t pairs = B * a.Tq * a.H, resident = int64_t(device::sm_count()) * per_sm;
+  constexpr int kSmem = DecRing<T, DPL>::kSmem;
+  static const int per_sm_ring = [] {
+    K3_CUDA_CHECK(cudaFuncSetAttribute(decode_ring_kernel<T, DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    int n = 0;
+    K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_ring_kernel<T, DPL>, kDecWarps * 32, kSmem));
+    return n > 0 ? n : 1;
+  }();
+  const int64_t pairs = B * a.Tq * a.H, resident = int64_t(device::sm_count()) * (ring ? per_sm_ring : per_sm_regs);
   int64_t nsplit = 1, best = INT64_MAX;
   for (int64_t ns = 1; ns <= std::min<int64_t>(kDecMaxSplits, (longest + 63) / 64); ++ns) {
     const int64_t cost = (pairs * ns + resident - 1) / resident * ((longest + ns - 1) / ns + 64);
@@ -408,7 +537,11 @@ void launch_decode_dpl(DecArgs<T> a, int64_t B, int64_t longest) {
   device::Buffer part;
   if (a.nsplit > 1) part = device::Buffer(size_t(pairs) * size_t(a.nsplit) * size_t(a.hdv + 2) * sizeof(float));
   a.part = part.as<float>();
-  decode_split_kernel<T, DPL><<<dim3(unsigned(pairs), unsigned(a.nsplit)), kDecWarps * 32, 0, device::stream()>>>(a);
+  const dim3 grid(unsigned(pairs), unsigned(a.nsplit));
+  if (ring)
+    decode_ring_kernel<T, DPL><<<grid, kDecWarps * 32, kSmem, device::stream()>>>(a);
+  else
+    decode_split_kernel<T, DPL><<<grid, kDecWarps * 32, 0, device::stream()>>>(a);
   K3_CUDA_LAUNCHED();
   if (a.nsplit == 1) return;
   decode_merge_kernel<T><<<unsigned(pairs), 128, 0, device::stream()>>>(a);

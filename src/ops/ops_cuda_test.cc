@@ -222,9 +222,11 @@ TEST_P(OpsCuda, CausalAttentionForwardBackward) {
 
 // The decode-shaped attention over per-sequence caches (attention_cached) against the CPU's direct
 // softmax, sequence by sequence: unequal lengths (one key to several thousand), 1–3 new queries,
-// packed heads (hd = 32·2, 32·4, 32·8) and strided ones (80 / 48, 200 / 136), a grid sized for
-// the caches' capacity (as a captured step is), and one sequence's rows starting off the vector
-// alignment (the strided reads). Rows past each sequence's keys hold NaN: reading one would show.
+// heads that fill the lanes (hd = hdv = 32·2, 32·4, 32·8: the cp.async ring) and others (80 / 48,
+// 200 / 136, 32: registers), one split (≤ 64 keys: y written by the split kernel) and many, grids
+// sized for the caches' capacity (as a captured step is), and one sequence's rows starting off
+// the 16-byte alignment (the ring's plain-load copies, over many passes). Rows past each
+// sequence's keys hold NaN: reading one would show.
 TEST_P(OpsCuda, CachedAttentionOverPerSequenceRows) {
   const Storage st = GetParam();
   Rng rng(21);
@@ -235,10 +237,12 @@ TEST_P(OpsCuda, CachedAttentionOverPerSequenceRows) {
     bool for_capacity;
   };
   const std::vector<Case> cases = {
-      {12, 64, 64, 1, {0, 69, 1023, 5}, 1024, false},          {4, 128, 128, 3, {4094, 17, 300}, 4100, false},
-      {3, 80, 48, 2, {0, 250, 1999}, 2001, false},             {2, 256, 256, 1, {700, 3}, 701, false},
-      {2, 200, 136, 1, {64, 129}, 130, false},                 {6, 64, 64, 1, {5, 900, 31}, 6000, true},
-      {16, 128, 128, 1, std::vector<int64_t>(40, 2047), 2048, false}};
+      {12, 64, 64, 1, {0, 900, 1023, 5}, 1024, false},        {4, 128, 128, 3, {4094, 1700, 300}, 4100, false},
+      {3, 80, 48, 2, {0, 250, 1999}, 2001, false},            {2, 256, 256, 1, {700, 650}, 701, false},
+      {2, 200, 136, 1, {64, 129}, 130, false},                {6, 64, 64, 1, {5, 900, 31}, 6000, true},
+      {16, 128, 128, 1, std::vector<int64_t>(40, 2047), 2048, false},
+      {4, 64, 64, 1, {0, 20, 63}, 64, false},                 {5, 32, 32, 2, {3, 500}, 700, true},
+      {8, 128, 128, 2, {100, 2000, 7}, 3000, true}};
   for (const Case& c : cases) {
     const int64_t B = int64_t(c.p0.size()), H = c.H, Tq = c.Tq, ldq = H * c.hd + 5;
     const float scale = 1.0f / std::sqrt(float(c.hd));
