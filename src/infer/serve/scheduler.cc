@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <tuple>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace k3::serve {
 
@@ -243,11 +245,16 @@ void Scheduler::prefill(Job& j) {
   sample(j, last);
 }
 
-void Scheduler::sample(Job& j, float* logits) {
+std::pair<int64_t, TokenLogprob> Scheduler::draw(Job& j, float* logits) const {
   std::vector<float> raw;
   if (j.params_.logprobs >= 0) raw.assign(logits, logits + V_);  // the sampler edits logits in place
   const int64_t next = j.sampler_->sample(logits, V_, j.history_);
-  accept(j, next, raw.empty() ? TokenLogprob{} : token_logprob(raw.data(), V_, next, j.params_.logprobs));
+  return {next, raw.empty() ? TokenLogprob{} : token_logprob(raw.data(), V_, next, j.params_.logprobs)};
+}
+
+void Scheduler::sample(Job& j, float* logits) {
+  const auto [next, lp] = draw(j, logits);
+  accept(j, next, lp);
 }
 
 void Scheduler::accept(Job& j, int64_t next, const TokenLogprob& lp) {
@@ -322,12 +329,15 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
     if (decoder_->replaying()) m_.replayed_steps++;
   }
   count_tokens(B);
-  for (int64_t b = 0; b < B; ++b) {
-    if (greedy)
-      accept(*active[size_t(b)], picks[size_t(b)], TokenLogprob{});
-    else
-      sample(*active[size_t(b)], logits + b * V_);
-  }
+  // Sampled rows draw on the thread pool (each job its own sampler: the same tokens as drawn in
+  // order), then every sequence takes its token in order.
+  std::vector<TokenLogprob> lps(static_cast<size_t>(greedy ? 0 : B));
+  if (!greedy)
+    parallel_for(B, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        std::tie(picks[size_t(b)], lps[size_t(b)]) = draw(*active[size_t(b)], logits + b * V_);
+    });
+  for (int64_t b = 0; b < B; ++b) accept(*active[size_t(b)], picks[size_t(b)], greedy ? TokenLogprob{} : lps[size_t(b)]);
 }
 
 void Scheduler::loop() {

@@ -161,6 +161,9 @@ class Scheduler {
   void decode(std::vector<std::shared_ptr<Job>>& active);
   bool check_stop(Job& j);  // cancelled / timed out -> finished
   void sample(Job& j, float* logits);  // draws, emits and records the next token
+  // The draw alone (the job's sampler and its logprobs), no shared state touched: a decode
+  // step's sequences draw in parallel, then accept in order.
+  std::pair<int64_t, TokenLogprob> draw(Job& j, float* logits) const;
   void accept(Job& j, int64_t next, const TokenLogprob& lp);  // emits and records a drawn token
   void retire(Job& j, Finish f, const std::string& err = {});
   void count_tokens(int64_t n);
