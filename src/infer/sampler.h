@@ -2,7 +2,6 @@
 // Hugging Face's order: repetition penalty, temperature, top-k, top-p, then a draw.
 #pragma once
 
-#include <bit>
 #include <cstdint>
 #include <vector>
 
@@ -18,23 +17,6 @@ struct SamplingOptions {
   uint64_t seed = 0;
   void validate() const;           // k3::Error on out-of-range values
 };
-
-// e^x for −87 ≤ x ≤ 0 (callers clamp: the sampler's weights are relative to the largest, 1):
-// Cephes' expf (range reduction by ln 2 in two parts, a degree-5 polynomial, 2^n by the exponent
-// bits), within a few ulp of exp in plain arithmetic that the compiler vectorises (a clamp inside
-// the same loop keeps GCC from vectorising it).
-inline float exp_nonpositive(float x) {
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2), |·| < 2^22
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;                // x − n ln 2, ln 2 in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((int32_t(n) + 127) << 23);  // 2^n, n in [−126, 0]
-}
 
 class Sampler {
  public:

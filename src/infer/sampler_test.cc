@@ -32,19 +32,6 @@ std::vector<double> softmax(const std::vector<float>& l, float temp, size_t keep
 
 const std::vector<float> kLogits = {2.0f, 1.5f, 1.0f, 0.0f, -1.0f};  // sorted, descending
 
-// The weights' exponential against the C library's in double, over its whole range (each value a
-// float ulp or two: relative error under 3e-7, and e^0 = 1 exactly).
-TEST(Sampler, ExpOfNonPositiveMatchesTheLibrary) {
-  EXPECT_EQ(exp_nonpositive(0.0f), 1.0f);
-  double worst = 0;
-  for (int i = 0; i <= 870000; ++i) {
-    const float x = -0.0001f * float(i);
-    const double want = std::exp(double(x));
-    worst = std::max(worst, std::fabs(double(exp_nonpositive(x)) - want) / want);
-  }
-  EXPECT_LT(worst, 3e-7);
-}
-
 // A whole vocabulary (no top-k or top-p: the sampler's unsorted path) of 1,000 logits spread over
 // 30 units, some far below the rest: the draws' frequencies of the 8 likeliest tokens and of the
 // tail match the softmax.

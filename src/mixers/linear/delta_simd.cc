@@ -3,20 +3,9 @@
 
 #include <cstring>
 
-// One clone per ISA level, dispatched through an ifunc at load time. GCC only: clang's
-// target_clones differs, and sanitizer / fuzz builds do not need the speed.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define K3_SIMD_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
-#else
-#define K3_SIMD_CLONES
-#endif
+// K3_SIMD_CLONES (core/fastmath.h): one clone per ISA level, dispatched at load time.
 
 namespace k3::linear::detail {
-
-K3_SIMD_CLONES void exp_array(const float* x, float* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = exp_approx(x[i]);
-}
 
 K3_SIMD_CLONES void exp_diff(const double* a, const double* b, float* y, int64_t n) {
   if (!b) {

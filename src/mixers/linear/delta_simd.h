@@ -1,5 +1,5 @@
-// Vectorised kernels of the chunked delta-rule form (delta_chunked.cc): a branch-free fp32 exp
-// and the per-channel decayed gram of the diagonal 16×16 sub-chunk blocks (spec §5.2).
+// Vectorised kernels of the chunked delta-rule form (delta_chunked.cc): the per-channel decayed
+// gram of the diagonal 16×16 sub-chunk blocks (spec §5.2), over core/fastmath.h's branch-free exp.
 //
 // Why: the per-channel gram needs exp(G_r[d] − G_s[d]) for every pair of a diagonal block and
 // every channel. glibc's scalar expf cannot be vectorised, and this build targets baseline
@@ -7,37 +7,17 @@
 // picked once at load time) around `#pragma omp simd` loops that inline exp_approx.
 #pragma once
 
-#include <bit>
 #include <cstdint>
 #if defined(__SSE__) || defined(__x86_64__)
 #include <xmmintrin.h>
 #endif
 
+#include "core/fastmath.h"
+
 namespace k3::linear::detail {
 
-// exp(x) in fp32 without calls or branches, so that loops using it vectorise. Cody–Waite range
-// reduction x = n ln2 + r (|r| ≤ ln2/2), a degree-7 polynomial for e^r (the classic Cephes
-// coefficients), and 2^n built from the exponent bits. Max relative error ≈ 1.4 ulp over
-// [−87.3, 88]; below −87.3 (e^x < FLT_MIN) it returns 0 instead of a denormal, above 88 it
-// saturates at e^88. The chunked form only evaluates exponents ≤ 0.
-inline float exp_approx(float x) {
-  constexpr float kLo = -87.33654f, kHi = 88.0f;
-  const float xc = x < kLo ? kLo : (x > kHi ? kHi : x);
-  // Round to nearest by the 1.5·2^23 trick (vectorises without SSE4.1's roundps).
-  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
-  float r = xc - n * 0.693359375f;  // ln2 split in a short high part and a correction
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  // n ∈ [−126, 127] after the clamp, so the biased exponent is a normal one.
-  const float y = p * std::bit_cast<float>((int32_t(n) + 127) << 23);
-  return x < kLo ? 0.0f : y;
-}
+using k3::exp_approx;  // core/fastmath.h
+using k3::exp_array;
 
 // Sets flush-to-zero and denormals-are-zero on the calling thread for its lifetime, then restores
 // the previous mode. Why: with strong decay, e^G ⊙ Q, e^G ⊙ K, the decayed state and many gram
@@ -60,8 +40,6 @@ class FlushDenormals {
   FlushDenormals& operator=(const FlushDenormals&) = delete;
 };
 
-// y[i] = exp(x[i]).
-void exp_array(const float* x, float* y, int64_t n);
 // y[i] = exp(float(a[i] − b[i])): a difference of double cumulative log-decays, then fp32 exp
 // (b null: exp(float(a[i]))).
 void exp_diff(const double* a, const double* b, float* y, int64_t n);
