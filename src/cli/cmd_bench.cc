@@ -286,6 +286,7 @@ void register_bench(CLI::App& app) {
         const bool sampled = temperature > 0;
         const int64_t V = model->vocab_size();
         std::vector<float> logits(static_cast<size_t>(sampled ? nb * V : 0));
+        const device::HostPin pin = gpu ? device::HostPin(logits.data(), logits.size() * sizeof(float)) : device::HostPin();
         std::vector<Sampler> samplers;
         for (int64_t b = 0; sampled && b < nb; ++b) {
           SamplingOptions so;

@@ -24,6 +24,12 @@ Buffer::Buffer(size_t bytes) {
   if (bytes) unavailable();
 }
 Buffer::~Buffer() = default;
+HostPin::HostPin(void*, size_t) {}  // nothing to lock without the backend
+HostPin::~HostPin() = default;
+HostPin& HostPin::operator=(HostPin&& o) noexcept {
+  ptr_ = std::exchange(o.ptr_, nullptr);
+  return *this;
+}
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   ptr_ = std::exchange(o.ptr_, nullptr);
   bytes_ = std::exchange(o.bytes_, 0);

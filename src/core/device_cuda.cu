@@ -207,6 +207,24 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
   return *this;
 }
 
+HostPin::HostPin(void* host, size_t bytes) {
+  if (!host || !bytes || cuda_device_count() == 0) return;
+  if (cudaHostRegister(host, bytes, cudaHostRegisterDefault) == cudaSuccess)
+    ptr_ = host;
+  else
+    (void)cudaGetLastError();  // not locked: copies stay pageable (and correct)
+}
+HostPin::~HostPin() {
+  if (ptr_) (void)cudaHostUnregister(ptr_);
+}
+HostPin& HostPin::operator=(HostPin&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) (void)cudaHostUnregister(ptr_);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+  }
+  return *this;
+}
+
 AllocatorStats allocator_stats() {
   std::lock_guard<std::mutex> lock(allocator().mu);
   return allocator().stats;

@@ -315,7 +315,14 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
   }
   // The logits' buffer is kept from step to step (64 sequences of a 160K vocabulary are 42 MB,
   // which a fresh vector would zero every step); the decoder writes every element.
-  if (!greedy && step_logits_.size() < size_t(B * V_)) step_logits_.resize(size_t(B * V_));
+  if (!greedy && step_logits_.size() < size_t(B * V_)) {
+    step_pin_ = {};  // unlocked before the vector moves
+    step_logits_.resize(size_t(B * V_));
+    // Downloaded into every step: locked, they come back at the link's rate (13 MB at 64 GPT-2
+    // sequences took ~2 ms a step through pageable staging).
+    if (model_.head_weight()->value.device() == Device::CUDA)
+      step_pin_ = device::HostPin(step_logits_.data(), step_logits_.size() * sizeof(float));
+  }
   float* logits = step_logits_.data();
   std::vector<int64_t> picks(static_cast<size_t>(B));
   if (greedy)

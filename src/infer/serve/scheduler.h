@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/device.h"
 #include "infer/sampler.h"
 #include "infer/serve/memory_manager.h"
 #include "infer/serve/prefix_cache.h"
@@ -186,6 +187,7 @@ class Scheduler {
   // new job takes an old one's address while the decoder lives.
   std::unique_ptr<Decoder> decoder_;
   std::vector<float> step_logits_;  // a sampled decode step's [B, V] logits, reused (loop thread only)
+  device::HostPin step_pin_;        // step_logits_ page-locked when the model is on the device
   std::vector<std::shared_ptr<Job>> decoder_jobs_;
   std::thread thread_;
 };
