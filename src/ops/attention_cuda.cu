@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) bwd_kernel(const T* __restrict__ q, 
 // partial (m, l, acc[hdv]) that a second kernel merges. Scores in log₂ units. Bound by reading
 // the keys and values once.
 constexpr int kDecWarps = 4, kDecMaxSplits = 256;
-constexpr float kLog2e = 1.44269504f;
+constexpr float kLog2e = 1.44269504f, kLn2 = 0.69314718f;
 
 template <class T>
 struct DecArgs {
@@ -360,7 +360,7 @@ __device__ __forceinline__ void finish_split(const DecArgs<T>& a, const Split<T>
     if (!direct)
       out[0] = M, out[1] = L;
     else if (a.lse)
-      a.lse[(s.b * a.H + s.h) * a.Tq + s.t] = (M + log2f(L)) * 0.69314718f;
+      a.lse[(s.b * a.H + s.h) * a.Tq + s.t] = (M + log2f(L)) * kLn2;
   }
 }
 
@@ -503,12 +503,12 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(DecArgs<T> a) {
     for (int s = 0; s < n; ++s) x += p[s * stride + 2 + d] * wt[s];
     a.y[pair * a.hdv + d] = from_f32<T>(x / L);
   }
-  if (a.lse && threadIdx.x == 0) a.lse[(b * a.H + h) * a.Tq + t] = (red[0] + log2f(L)) * 0.69314718f;
+  if (a.lse && threadIdx.x == 0) a.lse[(b * a.H + h) * a.Tq + t] = (red[0] + log2f(L)) * kLn2;
 }
 
 // Splits for `longest` keys (every row's p0 + Tq ≤ longest; keys past it would be dropped): the
-// count (≤ kDecMaxSplits and ≤ ⌈longest / 64⌉) that minimises waves of resident blocks × (keys per split + 64), the 64 standing for
-// a block's fixed cost and its partial's write and merge.
+// count (≤ kDecMaxSplits and ≤ ⌈longest / 64⌉) that minimises waves of resident blocks × (keys
+// per split + 64), the 64 standing for a block's fixed cost and its partial's write and merge.
 template <class T, int DPL>
 void launch_decode_dpl(DecArgs<T> a, int64_t B, int64_t longest) {
   // The ring kernel where a head fills the lanes, else the register kernel.
@@ -533,7 +533,8 @@ void launch_decode_dpl(DecArgs<T> a, int64_t B, int64_t longest) {
   }
   a.keys = (longest + nsplit - 1) / nsplit;
   a.nsplit = int((longest + a.keys - 1) / a.keys);
-  if (pairs > INT32_MAX) throw error("attention", "a decode step takes at most 2^31 - 1 (query, head) pairs, got ", pairs);
+  if (pairs > INT32_MAX)
+    throw error("attention", "a decode step takes at most 2^31 - 1 (query, head) pairs, got ", pairs);
   device::Buffer part;
   if (a.nsplit > 1) part = device::Buffer(size_t(pairs) * size_t(a.nsplit) * size_t(a.hdv + 2) * sizeof(float));
   a.part = part.as<float>();
@@ -558,9 +559,12 @@ void launch_decode(DecArgs<T> a, int64_t B, int64_t longest) {
     launch_decode_dpl<T, 8>(a, B, longest);
 }
 
+void check_dims(int64_t hd, int64_t hdv) {
+  if (hd < 1 || hdv < 1 || hd > kMaxHd || hdv > kMaxHd)
+    throw error("attention", "the CUDA kernels take head dims 1..", kMaxHd, ", got hd = ", hd, ", hdv = ", hdv);
+}
 void check(const AttnShape& a) {
-  if (a.hd < 1 || a.hdv < 1 || a.hd > kMaxHd || a.hdv > kMaxHd)
-    throw error("attention", "the CUDA kernels take head dims 1..", kMaxHd, ", got hd = ", a.hd, ", hdv = ", a.hdv);
+  check_dims(a.hd, a.hdv);
   if (a.S < a.pos0 + a.Tq)
     throw error("attention", "S = ", a.S, " keys cannot cover queries at positions ", a.pos0, "..", a.pos0 + a.Tq - 1);
 }
@@ -621,8 +625,7 @@ void attention_forward(const void* q, const void* k, const void* v, void* y, flo
 void attention_cached(const void* q, int64_t ldq, const void* const* ks, const void* const* vs, const int64_t* p0s,
                       int64_t longest, void* y, int64_t B, int64_t Tq, int64_t H, int64_t hd, int64_t hdv, float scale,
                       Storage st) {
-  if (hd < 1 || hdv < 1 || hd > kMaxHd || hdv > kMaxHd)
-    throw error("attention", "the CUDA kernels take head dims 1..", kMaxHd, ", got hd = ", hd, ", hdv = ", hdv);
+  check_dims(hd, hdv);
   if (longest < Tq) throw error("attention", "longest = ", longest, " cannot hold ", Tq, " new queries");
   if (!B || !Tq || !H) return;
   K3_DISPATCH_STORAGE(st, T, {
