@@ -344,10 +344,10 @@ void run_kernels(const KernelArgs& args) {
                fmt2("%.3f ms %.0f GB/s", gms, gbw / 1e9), fmt("%.0f%% of copy", 100.0 * gbw / copy_bw), "-"},
               gms);
     }
-  // Softmax attention: causal prefill (B = 1, 16 heads; hd 128, and MLA's hd 192 / hdv 128), bf16
+  // Softmax attention: causal prefill (B = 1, 16 heads; hd 128, MLA's hd 192 / hdv 128, GPT-2's hd 64), bf16
   // storage (the tensor-core kernel), and a decode step over a KV cache.
   for (int64_t T : section("attention") ? args.seq_lens : none)
-    for (const auto& [hd, hdv] : {std::pair<int64_t, int64_t>{128, 128}, {192, 128}}) {
+    for (const auto& [hd, hdv] : {std::pair<int64_t, int64_t>{128, 128}, {192, 128}, {64, 64}}) {
       const int64_t H = 16;
       device::Buffer q = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
       device::Buffer k = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
@@ -359,7 +359,7 @@ void run_kernels(const KernelArgs& args) {
       });
       // Causal: half of the 2·T²·H·(hd + hdv) FLOPs of the two products.
       const double tf = double(T) * T * H * (hd + hdv) / (ms * 1e-3) / 1e12;
-      const std::string suffix = hd == hdv ? "" : "_hd192";
+      const std::string suffix = hd != hdv ? "_hd192" : hd == 64 ? "_hd64" : "";
       const std::string key = "sdpa_fwd_T" + std::to_string(T) + "_H16" + suffix;
       std::string anchor = fmt2("anchors cuDNN %.0f TFLOP/s: %.2fx", 605.0, tf / 605.0);
       if (fla.contains(key) && fla[key].is_number())
@@ -382,7 +382,7 @@ void run_kernels(const KernelArgs& args) {
                                  dk.as<float>(), dv.as<float>(), shape, device::Storage::BF16);
       });
       const double fb_tf = 3.5 * double(T) * T * H * (hd + hdv) / (fb_ms * 1e-3) / 1e12;
-      const std::string fb_key = "sdpa_fwdbwd_T" + std::to_string(T) + "_H16";
+      const std::string fb_key = "sdpa_fwdbwd_T" + std::to_string(T) + "_H16" + suffix;
       std::string fb_anchor = "-";
       if (fla.contains(fb_key) && fla[fb_key].is_number())
         fb_anchor = fmt2("torch SDPA %.3f ms: %.2fx", fla[fb_key].get<double>(), fla[fb_key].get<double>() / fb_ms);

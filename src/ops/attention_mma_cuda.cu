@@ -9,6 +9,8 @@
 // layout of two adjacent 8-column blocks, rounded to bf16, is the A-operand layout of one 16-wide
 // k step, so P and dS feed the next product from registers. The softmax runs in base 2 (exp2 of
 // scores prescaled by scale·log2 e); lse is written in natural log as the SIMT kernel does.
+#include <cudaTypedefs.h>
+
 #include <cfloat>
 
 #include "core/cuda_util.cuh"
@@ -18,7 +20,6 @@ namespace k3::cuda {
 namespace {
 
 using device::cp_async16_zfill;
-using device::panel_off;
 using device::pin;
 using device::smem_desc_at;
 using device::smem_desc_lo;
@@ -27,7 +28,7 @@ using device::wg_fence;
 using device::wg_wait0;
 using device::wg_wait1;
 
-constexpr int kKeys = 64;  // keys per tile
+constexpr int kKeys = 64;  // keys per tile of the backward
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
@@ -68,63 +69,63 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat
 }
 
 // Forward on Hopper's warpgroup MMA (wgmma, sm_90a): a block of 2 warpgroups takes 128 queries,
-// 64 per warpgroup. S = Q Kᵀ reads both operands from shared memory through matrix descriptors
-// (m64n64k16 per 16 dimensions); O += P V takes P from registers (the accumulator layout of S,
-// rounded to bf16, is wgmma's A-fragment layout) and V from shared memory transposed (V's rows
-// are keys, so its N dimension, the value columns, is the contiguous one). Tiles are stored in
-// the 128-byte swizzle the descriptors name: 64-column panels of 128-byte rows, 16-byte chunk c of
-// row r at c ^ (r mod 8), each panel 1024-byte aligned. Keys and values stream through a 3-stage
-// cp.async ring, and each warpgroup overlaps the next tile's scores with this tile's P V
-// (FlashAttention-3's intra-warpgroup schedule; the loop's comments say how).
+// 64 per warpgroup, and walks tiles of KEYS keys. S = Q Kᵀ reads both operands from shared memory
+// through matrix descriptors (m64nKEYSk16 per 16 dimensions); O += P V takes P from registers (the
+// accumulator layout of S, rounded to bf16, is wgmma's A-fragment layout) and V from shared memory
+// transposed (V's rows are keys, so its N dimension, the value columns, is the contiguous one).
+// Tiles are stored in the 128-byte swizzle the descriptors name: 64-column panels of 128-byte
+// rows, 16-byte chunk c of row r at c ^ (r mod 8), each panel 1024-byte aligned, which is the
+// layout the TMA writes a box of 64 columns in with CU_TENSOR_MAP_SWIZZLE_128B. So Q and the key
+// and value tiles arrive by tensor copies (one thread issues a tile's boxes; no thread computes
+// an address), into a ring of STAGES stages, each with an mbarrier the copies complete. A stage
+// is refilled by the last of the 8 warps to finish with it (a counter per stage): no block-wide
+// barrier in the loop, so the warpgroups drift apart and overlap each other's softmax. Each
+// warpgroup also overlaps the next tile's scores with this tile's P V (FlashAttention-3's
+// intra-warpgroup schedule; the loop's comments say how). Rows past the tensor's end (queries
+// past Tq, keys past S) arrive as zeros from the TMA and are masked or not written.
 constexpr int kWgRows = 64;  // queries per warpgroup
-constexpr int kStages = 3;   // key/value tiles in shared memory: in use, next, loading
 
-// ROWS rows from `base` into 64-column panels; rows at or past `valid` are zero-filled. When the
-// threads cover whole rows a multiple of 8 rows apart (THREADS / (D / 8) ≡ 0 mod 8), a thread's
-// chunk and swizzle are the same on every pass, so its copies differ by constant offsets and one
-// row stride (no address arithmetic per copy); otherwise each copy computes its place.
-template <int D, int THREADS, int ROWS>
-__device__ __forceinline__ void load_panels(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t stride,
-                                            int valid) {
-  constexpr int kChunks = D / 8;
-  if constexpr (THREADS % kChunks == 0 && (THREADS / kChunks) % 8 == 0 && ROWS % (THREADS / kChunks) == 0) {
-    constexpr int kStep = THREADS / kChunks;  // rows per pass
-    const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 8;
-    __nv_bfloat16* dst = tile + panel_off(ROWS, r0, c);
-    const __nv_bfloat16* src = base + r0 * stride + c;
-#pragma unroll
-    for (int n = 0; n < ROWS / kStep; ++n) {
-      const bool ok = r0 + n * kStep < valid;
-      cp_async16_zfill(dst + n * kStep * 64, ok ? src + n * kStep * stride : base, ok);
-    }
-  } else {
-    for (int i = threadIdx.x; i < ROWS * kChunks; i += THREADS) {
-      const int r = i / kChunks, c = (i % kChunks) * 8;
-      const bool ok = r < valid;
-      cp_async16_zfill(tile + panel_off(ROWS, r, c), ok ? base + r * stride + c : base, ok);
-    }
-  }
-}
+struct FwdMaps {
+  CUtensorMap q, k, v;  // [B, T, H, d] bf16 as 4-D maps (d, H, T, B), boxes of 64 × 1 × rows × 1
+};
 
 #define K3_WG_D32                                                                                              \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define K3_WG_OUT32(d)                                                                                       \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
-      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
-      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define K3_WG_D64                                                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
+  "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define K3_WG_OUT32(d, o)                                                                                       \
+  "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]),             \
+      "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]),       \
+      "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15]), "+f"(d[o + 16]), "+f"(d[o + 17]),   \
+      "+f"(d[o + 18]), "+f"(d[o + 19]), "+f"(d[o + 20]), "+f"(d[o + 21]), "+f"(d[o + 22]), "+f"(d[o + 23]),   \
+      "+f"(d[o + 24]), "+f"(d[o + 25]), "+f"(d[o + 26]), "+f"(d[o + 27]), "+f"(d[o + 28]), "+f"(d[o + 29]),   \
+      "+f"(d[o + 30]), "+f"(d[o + 31])
 
-// d (+)= A B, m64n64k16: A and B K-major in shared memory. accumulate 0 overwrites d.
+// d (+)= A B, m64nNk16 with N = 2·(d's size): A and B K-major in shared memory. accumulate 0
+// overwrites d.
 __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " K3_WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : K3_WG_OUT32(d)
+      : K3_WG_OUT32(d, 0)
       : "l"(da), "l"(db), "r"(accumulate));
 #else
   __trap();  // built for sm_90a only (CMAKE_CUDA_ARCHITECTURES 90a)
+#endif
+}
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " K3_WG_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : K3_WG_OUT32(d, 0), K3_WG_OUT32(d, 32)
+      : "l"(da), "l"(db), "r"(accumulate));
+#else
+  __trap();
 #endif
 }
 // d += A B, m64n64k16: A in registers (the mma.sync A-fragment layout per warp), B MN-major.
@@ -134,53 +135,83 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const unsigned (&a)[4],
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " K3_WG_D32
       ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : K3_WG_OUT32(d)
+      : K3_WG_OUT32(d, 0)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 #else
   __trap();
 #endif
 }
 
+// Tile shapes: 128-key tiles and a 3-stage ring where shared memory holds them (hd ≤ 128);
+// MLA's 192-column keys take 64-key tiles (3 stages of 128 keys would not fit).
 template <int DK, int DV>
-__global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __restrict__ q,
-                                                        const __nv_bfloat16* __restrict__ k,
-                                                        const __nv_bfloat16* __restrict__ v,
-                                                        __nv_bfloat16* __restrict__ y, float* __restrict__ lse,
-                                                        AttnShape a) {
-  constexpr int kThreads = 256, kRows = 2 * kWgRows;
+struct FwdTiles {
+  static constexpr int kKeys = DK <= 128 ? 128 : 64;
+  static constexpr int kStages = 3;
+  static constexpr int kRows = 2 * kWgRows;
+  static constexpr unsigned kStageBytes = unsigned(kKeys) * (DK + DV) * 2;
+  static constexpr size_t kSmem = size_t(kRows) * DK * 2 + kStages * size_t(kStageBytes) + 1024;
+  // The barriers take ~1 KB of static shared memory beside it (1,072 bytes as built).
+  static_assert(kSmem + 2048 <= 227 * 1024, "the ring and the barriers must fit in shared memory");
+};
+
+// The counter's previous value, the increment ordered after this thread's earlier accesses and
+// before its later ones (acq_rel), so the warp that sees the last release and refills the stage
+// is ordered after every warp's use of it.
+__device__ __forceinline__ unsigned count_release(unsigned* counter) {
+  unsigned old;
+  asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
+               : "=r"(old)
+               : "r"(device::smem_u32(counter))
+               : "memory");
+  return old;
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(256, 1) fwd_wgmma_kernel(const __grid_constant__ FwdMaps maps,
+                                                           __nv_bfloat16* __restrict__ y, float* __restrict__ lse,
+                                                           AttnShape a) {
+  using Tiles = FwdTiles<DK, DV>;
+  constexpr int kTileKeys = Tiles::kKeys, kStages = Tiles::kStages, kRows = Tiles::kRows;
   static_assert(DK % 64 == 0 && DV % 64 == 0, "64-column panels");
   extern __shared__ unsigned char smem_raw[];
+  __shared__ uint64_t full[kStages], q_full;
+  __shared__ unsigned released[kStages];  // warps done with the stage, over its fills
   // Panels must start on 1024-byte boundaries (the swizzle's period): align the base.
   const uint32_t raw = unsigned(__cvta_generic_to_shared(smem_raw));
   __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (raw & 1023)) & 1023));  // [kRows][DK]
-  __nv_bfloat16* sk = sq + kRows * DK;                 // [kStages][kKeys][DK]
-  __nv_bfloat16* sv = sk + kStages * kKeys * DK;       // [kStages][kKeys][DV]
+  __nv_bfloat16* sk = sq + kRows * DK;            // [kStages][kTileKeys][DK]
+  __nv_bfloat16* sv = sk + kStages * kTileKeys * DK;  // [kStages][kTileKeys][DV]
 
-  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest tiles first
+  const int q0 = int(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest tiles first
   const int h = blockIdx.y, b = blockIdx.z;
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
             t = lane & 3;
-  const int64_t qstride = a.H * DK, vstride = a.H * DV;
-  const __nv_bfloat16* kb = k + (int64_t(b) * a.S * a.H + h) * DK;
-  const __nv_bfloat16* vb = v + (int64_t(b) * a.S * a.H + h) * DV;
   const int64_t last_key = a.pos0 + min64(q0 + kRows, a.Tq) - 1;
-  const int ntiles = int(last_key / kKeys) + 1;
-  // Tile j lives in stage j mod 3, loaded two tiles ahead; one cp.async group per tile (empty
-  // past the last), so "tile j landed" is always "at most N groups pending".
-  auto load_kv = [&](int tile) {
-    if (tile < ntiles) {
-      const int64_t k0 = int64_t(tile) * kKeys;
-      const int valid = int(min64(kKeys, a.S - k0)), st = tile % kStages;
-      load_panels<DK, kThreads, kKeys>(sk + st * kKeys * DK, kb + k0 * qstride, qstride, valid);
-      load_panels<DV, kThreads, kKeys>(sv + st * kKeys * DV, vb + k0 * vstride, vstride, valid);
-    }
-    device::cp_async_commit();
+  const int ntiles = int(last_key / kTileKeys) + 1;
+  // Tile j lives in stage j mod kStages: fill j / kStages of that stage's barrier.
+  auto load_kv = [&](int tile) {  // one thread
+    const int st = tile % kStages, k0 = tile * kTileKeys;
+    device::mbar_arrive_expect_tx(&full[st], Tiles::kStageBytes);
+#pragma unroll
+    for (int p = 0; p < DK / 64; ++p)
+      device::tma_load_4d(sk + (st * DK + p * 64) * kTileKeys, &maps.k, p * 64, h, k0, b, &full[st]);
+#pragma unroll
+    for (int p = 0; p < DV / 64; ++p)
+      device::tma_load_4d(sv + (st * DV + p * 64) * kTileKeys, &maps.v, p * 64, h, k0, b, &full[st]);
   };
-  load_panels<DK, kThreads, kRows>(sq, q + ((int64_t(b) * a.Tq + q0) * a.H + h) * DK, qstride,
-                                   int(min64(kRows, a.Tq - q0)));
-  load_kv(0);  // in Q's group
-  load_kv(1);
-  load_kv(2);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) device::mbar_init(&full[s], 1), released[s] = 0;
+    device::mbar_init(&q_full, 1);
+    device::fence_mbar_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    device::mbar_arrive_expect_tx(&q_full, unsigned(kRows) * DK * 2);
+#pragma unroll
+    for (int p = 0; p < DK / 64; ++p) device::tma_load_4d(sq + p * kRows * 64, &maps.q, p * 64, h, q0, b, &q_full);
+    for (int j = 0; j < kStages && j < ntiles; ++j) load_kv(j);
+  }
 
   float o[DV / 64][32];
 #pragma unroll
@@ -192,23 +223,23 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   const int64_t row_q[2] = {q0 + wg * kWgRows + warp * 16 + g, q0 + wg * kWgRows + warp * 16 + g + 8};
   // This warpgroup's 64 query rows: panel p starts at sq + p·kRows·64 + wg·64·64.
   const __nv_bfloat16* wq = sq + wg * kWgRows * 64;
-  float s[32];
-  unsigned pa[4][4];
+  float s[kTileKeys / 2];
+  unsigned pa[kTileKeys / 16][4];
 
   // Descriptors' low words (smem_desc_at adds constant byte offsets): Q's panels, the key and
   // value stages.
-  const uint32_t d_q = smem_desc_lo(wq, 16), d_k = smem_desc_lo(sk, 16), d_v = smem_desc_lo(sv, kKeys * 128);
+  const uint32_t d_q = smem_desc_lo(wq, 16), d_k = smem_desc_lo(sk, 16), d_v = smem_desc_lo(sv, kTileKeys * 128);
   auto issue_scores = [&](int tile) {  // s = Q K_tileᵀ, asynchronously
     // Both descriptors advance in place (32 bytes a k-step, then to the next panel): one 64-bit
     // add per operand and product.
-    uint64_t da = smem_desc_at(d_q, 0), db = smem_desc_at(d_k + (tile % kStages) * (kKeys * DK * 2 / 16), 0);
+    uint64_t da = smem_desc_at(d_q, 0), db = smem_desc_at(d_k + (tile % kStages) * (kTileKeys * DK * 2 / 16), 0);
 #pragma unroll
     for (int kk = 0; kk < DK / 16; ++kk) {
       wgmma_ss(s, da, db, kk > 0);
       if ((kk & 3) < 3) {
         da += 2, db += 2;
       } else {
-        da += (kRows * 64 * 2 - 96) >> 4, db += (kKeys * 64 * 2 - 96) >> 4;
+        da += (kRows * 64 * 2 - 96) >> 4, db += (kTileKeys * 64 * 2 - 96) >> 4;
       }
     }
     wg_commit();
@@ -216,10 +247,10 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   // Mask, online softmax of tile `tile`'s scores in s: s becomes P (fp32), corr the factor the
   // accumulator must take before P V is added.
   auto softmax = [&](int tile) {
-    const int64_t k0 = int64_t(tile) * kKeys;
-    if (k0 + kKeys - 1 > a.pos0 + q0 + wg * kWgRows) {
+    const int64_t k0 = int64_t(tile) * kTileKeys;
+    if (k0 + kTileKeys - 1 > a.pos0 + q0 + wg * kWgRows) {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < kTileKeys / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int64_t key = k0 + nt * 8 + 2 * t + (e & 1);
@@ -231,7 +262,7 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
+      for (int nt = 0; nt < kTileKeys / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[r], mx * sl2);
@@ -241,7 +272,7 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
       l[r] *= corr[r];
     }
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
+    for (int i = 0; i < kTileKeys / 2; ++i) {
       const float pv = exp2f(fmaf(s[i], sl2, -mref[(i >> 1) & 1]));
       s[i] = pv;
       l[(i >> 1) & 1] += pv;
@@ -249,7 +280,7 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   };
   auto pack_p = [&] {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kTileKeys / 16; ++j) {
       pa[j][0] = pack_bf16(s[8 * j + 0], s[8 * j + 1]);
       pa[j][1] = pack_bf16(s[8 * j + 2], s[8 * j + 3]);
       pa[j][2] = pack_bf16(s[8 * j + 4], s[8 * j + 5]);
@@ -257,10 +288,8 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
     }
   };
 
-  device::cp_async_wait2();  // Q and tile 0
-  // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
-  device::fence_proxy_async();
-  __syncthreads();
+  device::mbar_wait(&q_full, 0);
+  device::mbar_wait(&full[0], 0);
   pin(s);
   wg_fence();
   issue_scores(0);
@@ -270,21 +299,19 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   pack_p();
 
   auto issue_pv = [&](int tile) {  // o += P V_tile, asynchronously
-    const uint32_t dv = d_v + (tile % kStages) * (kKeys * DV * 2 / 16);
+    const uint32_t dv = d_v + (tile % kStages) * (kTileKeys * DV * 2 / 16);
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kTileKeys / 16; ++j)
 #pragma unroll
       for (int p = 0; p < DV / 64; ++p)  // keys [16j, 16j + 16) of value panel p
-        wgmma_rs(o[p], pa[j], smem_desc_at(dv, (p * kKeys * 64 + j * 16 * 64) * 2));
+        wgmma_rs(o[p], pa[j], smem_desc_at(dv, (p * kTileKeys * 64 + j * 16 * 64) * 2));
     wg_commit();
   };
   // Tile j < last: the scores of tile j + 1 are computed while P_j V_j runs, and their softmax
   // while the tensor cores finish it; the accumulator takes the new factor once P_j V_j is in.
   // (The last tile is peeled off, so every pass commits the same two groups.)
   for (int tile = 0; tile + 1 < ntiles; ++tile) {
-    device::cp_async_wait1();  // tile + 1 landed
-    device::fence_proxy_async();
-    __syncthreads();
+    device::mbar_wait(&full[(tile + 1) % kStages], unsigned((tile + 1) / kStages) & 1u);  // tile + 1 landed
 #pragma unroll
     for (int p = 0; p < DV / 64; ++p) pin(o[p]);
     pin(s);
@@ -297,8 +324,11 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
     wg_wait0();
 #pragma unroll
     for (int p = 0; p < DV / 64; ++p) pin(o[p]);
-    __syncthreads();  // both warpgroups are done with stage tile mod 3 (K read last pass, V now)
-    load_kv(tile + 3);
+    // This warp is done with stage tile mod kStages (K read by the scores last pass, V now); the
+    // last of the 8 warps refills it with tile + kStages.
+    if (lane == 0 && (count_release(&released[tile % kStages]) & 7u) == 7u && tile + kStages < ntiles)
+      load_kv(tile + kStages);
+    __syncwarp();
     pack_p();
 #pragma unroll
     for (int p = 0; p < DV / 64; ++p)
@@ -331,16 +361,46 @@ __global__ void __launch_bounds__(256) fwd_wgmma_kernel(const __nv_bfloat16* __r
   }
 }
 
+// cuTensorMapEncodeTiled, from the driver through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    K3_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || !f)
+      throw error("attention", "the CUDA driver has no cuTensorMapEncodeTiled (tensor copies need CUDA 12 or later)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [B, T, H, d] bf16 array as the 4-D map (d, H, T, B) with boxes of 64 columns × `rows` rows of
+// one head, 128-byte swizzled; reads past T (or any edge) give zeros.
+CUtensorMap head_rows_map(const void* base, int64_t B, int64_t T, int64_t H, int64_t d, int rows) {
+  CUtensorMap m;
+  const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(H), cuuint64_t(T), cuuint64_t(B)};
+  const cuuint64_t strides[3] = {cuuint64_t(d) * 2, cuuint64_t(H * d) * 2, cuuint64_t(T * H * d) * 2};
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(rows), 1}, unit[4] = {1, 1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims,
+                                          strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw error("attention", "cuTensorMapEncodeTiled failed (CUresult ", int(r), ") for a [", B, ", ", T, ", ", H, ", ",
+                d, "] bf16 array");
+  return m;
+}
+
 template <int DK, int DV>
 void launch_wgmma(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a) {
-  constexpr int kRows = 2 * kWgRows;
-  const size_t smem = (size_t(kRows) * DK + kStages * size_t(kKeys) * (DK + DV)) * sizeof(__nv_bfloat16) + 1024;
+  using Tiles = FwdTiles<DK, DV>;
+  const FwdMaps maps{head_rows_map(q, a.B, a.Tq, a.H, DK, Tiles::kRows),
+                     head_rows_map(k, a.B, a.S, a.H, DK, Tiles::kKeys),
+                     head_rows_map(v, a.B, a.S, a.H, DV, Tiles::kKeys)};
   auto kernel = fwd_wgmma_kernel<DK, DV>;
-  K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned((a.Tq + kRows - 1) / kRows), unsigned(a.H), unsigned(a.B));
-  kernel<<<grid, 256, smem, device::stream()>>>(
-      static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
-      static_cast<const __nv_bfloat16*>(v), static_cast<__nv_bfloat16*>(y), lse, a);
+  K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tiles::kSmem)));
+  const dim3 grid(unsigned((a.Tq + Tiles::kRows - 1) / Tiles::kRows), unsigned(a.H), unsigned(a.B));
+  kernel<<<grid, 256, Tiles::kSmem, device::stream()>>>(maps, static_cast<__nv_bfloat16*>(y), lse, a);
   K3_CUDA_LAUNCHED();
 }
 

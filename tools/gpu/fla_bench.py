@@ -81,7 +81,7 @@ del a, b
 
 # PyTorch's SDPA on k3's causal prefill shapes, each backend timed on its own (cuDNN, flash,
 # memory-efficient); the key without a backend holds the fastest. hd 192 / hdv 128 is MLA's
-# prefill (the flash backend needs hd = hdv).
+# prefill (the flash backend needs hd = hdv), hd 64 GPT-2's.
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 SDPA_BACKENDS = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
@@ -105,7 +105,7 @@ def time_backends(what, fn):
 
 
 for T in args.seq_len:
-    for hd, hdv, suffix in ((128, 128, ""), (192, 128, "_hd192")):
+    for hd, hdv, suffix in ((128, 128, ""), (192, 128, "_hd192"), (64, 64, "_hd64")):
         q = torch.randn(1, 16, T, hd, device=dev, dtype=bf)
         k_ = torch.randn_like(q)
         v_ = torch.randn(1, 16, T, hdv, device=dev, dtype=bf)
@@ -117,7 +117,7 @@ for T in args.seq_len:
         dout = torch.randn_like(v_)
         for t_ in (q, k_, v_):
             t_.requires_grad_(True)
-        time_backends(f"fwdbwd_T{T}_H16", lambda: torch.nn.functional.scaled_dot_product_attention(
+        time_backends(f"fwdbwd_T{T}_H16{suffix}", lambda: torch.nn.functional.scaled_dot_product_attention(
             q, k_, v_, is_causal=True).backward(dout))
 
 for kind in args.kinds:
