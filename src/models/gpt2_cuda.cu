@@ -107,8 +107,7 @@ std::vector<float> Gpt2Runner::logits(const int64_t* ids_host, int64_t B, int64_
     const std::string p = "h." + std::to_string(l) + ".";
     layernorm_forward(x.get(), m.f(p + "ln_1.weight"), m.f(p + "ln_1.bias"), eps, M, D, h.get(), nullptr, nullptr, s);
     matmul(h.as<float>(), D, p + "attn.c_attn.weight", 3 * D, qkv.as<float>(), 0.0f);
-    add_bias(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), M, 3 * D);
-    split_qkv(qkv.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(), M, D);
+    split_qkv_to(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), q.get(), k.get(), v.get(), M, D, s);
     const AttnShape as{B, T, T, H, hd, hd, 0, 1.0f / std::sqrt(float(hd))};
     attention_forward(q.get(), k.get(), v.get(), y.get(), nullptr, as, s);
     matmul(y.as<float>(), D, p + "attn.c_proj.weight", D, x.as<float>(), 1.0f);
@@ -165,11 +164,13 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
          tgt = device::upload_new(targets_host, size_t(M) * 8);
   auto buf = [](int64_t n) { return Buffer(size_t(n) * 4); };
   // Saved activations, per layer: the block input, both norms' outputs and statistics, q/k/v,
-  // the attention output and lse, the block's mid-point, the MLP's pre- and post-GELU values.
+  // the attention output and lse, the block's mid-point, the MLP's pre- and post-GELU values
+  // (under bf16 GEMMs the norms', q/k/v's, the attention's and the GELU's outputs only as bf16:
+  // their kernels write them so, and only GEMMs and the attention read them).
   struct Saved {
     Buffer x, h1, mu1, rs1, q, k, v, y, lse, xm, h2, mu2, rs2, ff, ff2;
-    // Under bf16 GEMMs: bf16 copies made once in the forward for attention and for both the
-    // forward GEMM and the backward's weight-gradient GEMM that read each activation.
+    // Under bf16 GEMMs: the bf16 forms read by attention and by both the forward GEMM and the
+    // backward's weight-gradient GEMM that read each activation.
     Buffer qb, kb, vb, yb, h1b, h2b, ff2b;
   };
   std::vector<Saved> sv(static_cast<size_t>(L));
@@ -213,47 +214,55 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     }
     return o;
   };
+  // A LayerNorm's output: under bf16 GEMMs only the bf16 copy the GEMMs read (the norm writes it
+  // itself; its backward reads the input), else fp32.
+  auto bf16_buf = [](int64_t n) { return Buffer(size_t(n) * 2); };
+  auto norm = [&](const float* in, const std::string& name, Buffer& out, Buffer& out_b, float* mu, float* rs) {
+    if (m.bf16_gemms) {
+      out_b = bf16_buf(M * D);
+      layernorm_forward_to(in, m.f(name + ".weight"), m.f(name + ".bias"), eps, M, D, out_b.get(), bf, mu, rs);
+    } else {
+      out = buf(M * D);
+      layernorm_forward_to(in, m.f(name + ".weight"), m.f(name + ".bias"), eps, M, D, out.get(), s, mu, rs);
+    }
+  };
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
     Saved& a = sv[size_t(l)];
-    a.x = buf(M * D), a.h1 = buf(M * D), a.mu1 = buf(M), a.rs1 = buf(M), a.q = buf(M * D), a.k = buf(M * D);
-    a.v = buf(M * D), a.y = buf(M * D), a.lse = buf(B * H * T), a.xm = buf(M * D), a.h2 = buf(M * D), a.mu2 = buf(M);
-    a.rs2 = buf(M), a.ff = buf(M * F), a.ff2 = buf(M * F);
+    a.x = buf(M * D), a.mu1 = buf(M), a.rs1 = buf(M), a.lse = buf(B * H * T), a.xm = buf(M * D), a.mu2 = buf(M);
+    a.rs2 = buf(M), a.ff = buf(M * F);
     device::copy(a.x.get(), x.get(), size_t(M * D) * 4);
-    layernorm_forward(x.get(), m.f(p + "ln_1.weight"), m.f(p + "ln_1.bias"), eps, M, D, a.h1.get(), a.mu1.as<float>(),
-                      a.rs1.as<float>(), s);
-    a.h1b = bf_copy(a.h1.as<float>(), M * D);
+    norm(x.as<float>(), p + "ln_1", a.h1, a.h1b, a.mu1.as<float>(), a.rs1.as<float>());
     mm({a.h1.as<float>(), a.h1b.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::N, M, 3 * D, D, qkv.as<float>(), 0.0f);
-    add_bias(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), M, 3 * D);
-    split_qkv(qkv.as<float>(), a.q.as<float>(), a.k.as<float>(), a.v.as<float>(), M, D);
     if (m.bf16_gemms) {  // the tensor-core kernels: bf16 operands, fp32 softmax and accumulation
-      a.qb = bf_copy(a.q.as<float>(), M * D), a.kb = bf_copy(a.k.as<float>(), M * D);
-      a.vb = bf_copy(a.v.as<float>(), M * D), a.yb = Buffer(size_t(M * D) * 2);
+      a.qb = bf16_buf(M * D), a.kb = bf16_buf(M * D), a.vb = bf16_buf(M * D), a.yb = bf16_buf(M * D);
+      split_qkv_to(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), a.qb.get(), a.kb.get(), a.vb.get(), M, D, bf);
       attention_forward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), as, bf);
-      widen(a.yb.get(), a.y.as<float>(), M * D, bf);
     } else {
+      a.q = buf(M * D), a.k = buf(M * D), a.v = buf(M * D), a.y = buf(M * D);
+      split_qkv_to(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), a.q.get(), a.k.get(), a.v.get(), M, D, s);
       attention_forward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), as, s);
     }
     mm({a.y.as<float>(), a.yb.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::N, M, D, D, x.as<float>(), 1.0f);
     add_bias(x.as<float>(), m.f(p + "attn.c_proj.bias"), M, D);
     device::copy(a.xm.get(), x.get(), size_t(M * D) * 4);
-    layernorm_forward(x.get(), m.f(p + "ln_2.weight"), m.f(p + "ln_2.bias"), eps, M, D, a.h2.get(), a.mu2.as<float>(),
-                      a.rs2.as<float>(), s);
-    a.h2b = bf_copy(a.h2.as<float>(), M * D);
+    norm(x.as<float>(), p + "ln_2", a.h2, a.h2b, a.mu2.as<float>(), a.rs2.as<float>());
     mm({a.h2.as<float>(), a.h2b.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::N, M, F, D, a.ff.as<float>(), 0.0f);
-    add_bias(a.ff.as<float>(), m.f(p + "mlp.c_fc.bias"), M, F);
-    gelu_tanh_forward(a.ff.get(), a.ff2.get(), M * F, s);
-    a.ff2b = bf_copy(a.ff2.as<float>(), M * F);
+    if (m.bf16_gemms) {
+      a.ff2b = bf16_buf(M * F);
+      bias_gelu_tanh_to(a.ff.as<float>(), m.f(p + "mlp.c_fc.bias"), a.ff2b.get(), M, F, bf);
+    } else {
+      a.ff2 = buf(M * F);
+      bias_gelu_tanh_to(a.ff.as<float>(), m.f(p + "mlp.c_fc.bias"), a.ff2.get(), M, F, s);
+    }
     mm({a.ff2.as<float>(), a.ff2b.get()}, Op::N, W(p + "mlp.c_proj.weight"), Op::N, M, D, F, x.as<float>(), 1.0f);
     add_bias(x.as<float>(), m.f(p + "mlp.c_proj.bias"), M, D);
   }
   // The LM head over wte's zero-padded Vp rows (the constructor): logits [M, Vp], their pad
   // columns zero; the loss reads the first V and zeroes the pad columns of dlogits.
   const int64_t Vp = m.numel.at("wte.weight") / D;
-  Buffer hf = buf(M * D), muf = buf(M), rsf = buf(M), logits = buf(M * Vp), loss = buf(M);
-  layernorm_forward(x.get(), m.f("ln_f.weight"), m.f("ln_f.bias"), eps, M, D, hf.get(), muf.as<float>(),
-                    rsf.as<float>(), s);
-  const Buffer hfb = bf_copy(hf.as<float>(), M * D);
+  Buffer hf, hfb, muf = buf(M), rsf = buf(M), logits = buf(M * Vp), loss = buf(M);
+  norm(x.as<float>(), "ln_f", hf, hfb, muf.as<float>(), rsf.as<float>());
   mm({hf.as<float>(), hfb.get()}, Op::N, W("wte.weight"), Op::T, M, Vp, D, logits.as<float>(), 0.0f);
   // Loss and dlogits (in place of the logits), scaled by 1 / scored positions.
   cross_entropy(logits.as<float>(), tgt.as<int64_t>(), M, V, loss.as<float>(), logits.as<float>(),

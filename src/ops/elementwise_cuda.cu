@@ -19,12 +19,14 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+__device__ __forceinline__ float gelu_tanh(float v) {
+  return 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+}
 template <class T>
 __global__ void gelu_fwd(const T* x, T* y, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float v = to_f32(x[i]);
-  y[i] = from_f32<T>(0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v))));
+  y[i] = from_f32<T>(gelu_tanh(to_f32(x[i])));
 }
 
 template <class T>
@@ -179,12 +181,28 @@ __global__ void widen_kernel(const T* x, float* y, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = to_f32(x[i]);
 }
-__global__ void split_qkv_kernel(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // column of [M, 3D]
+// The q/k/v column blocks of a fused [M, 3D] projection, its bias added (bias may be null), into
+// three contiguous [M, D] arrays stored as T.
+template <class T>
+__global__ void split_qkv_to_kernel(const float* qkv, const float* bias, T* q, T* k, T* v, int64_t M, int64_t D) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= 3 * D) return;
   const int64_t part = c / D, d = c - part * D;
-  float* dst = part == 0 ? q : part == 1 ? k : v;
-  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) dst[m * D + d] = qkv[m * 3 * D + c];
+  T* dst = part == 0 ? q : part == 1 ? k : v;
+  const float bc = bias ? bias[c] : 0.0f;
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) dst[m * D + d] = from_f32<T>(qkv[m * 3 * D + c] + bc);
+}
+// x[m, n] += bias[n] in place (the pre-activation, kept for the backward), y = GELU(x) stored as T.
+template <class T>
+__global__ void bias_gelu_kernel(float* x, const float* bias, T* y, int64_t M, int64_t N) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const float bn = bias ? bias[n] : 0.0f;
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
+    const float v = x[m * N + n] + bn;
+    x[m * N + n] = v;
+    y[m * N + n] = from_f32<T>(gelu_tanh(v));
+  }
 }
 
 __global__ void merge_qkv_kernel(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D) {
@@ -268,9 +286,18 @@ void widen(const void* x, float* y, int64_t n, Storage st) {
                           static_cast<const T*>(x), y, n));
   K3_CUDA_LAUNCHED();
 }
-void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D) {
+void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v, int64_t M, int64_t D, Storage st) {
   if (!M) return;
-  split_qkv_kernel<<<row_grid(M, 3 * D), kThreads, 0, device::stream()>>>(qkv, q, k, v, M, D);
+  K3_DISPATCH_STORAGE(st, T,
+                      split_qkv_to_kernel<T><<<row_grid(M, 3 * D), kThreads, 0, device::stream()>>>(
+                          qkv, bias, static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), M, D));
+  K3_CUDA_LAUNCHED();
+}
+void bias_gelu_tanh_to(float* x, const float* bias, void* y, int64_t M, int64_t N, Storage st) {
+  if (!M || !N) return;
+  K3_DISPATCH_STORAGE(st, T,
+                      bias_gelu_kernel<T><<<row_grid(M, N), kThreads, 0, device::stream()>>>(
+                          x, bias, static_cast<T*>(y), M, N));
   K3_CUDA_LAUNCHED();
 }
 

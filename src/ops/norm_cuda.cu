@@ -13,9 +13,9 @@ using device::to_f32;
 
 constexpr int kThreads = 256;
 
-template <class T>
-__global__ void layernorm_fwd(const T* x, const float* w, const float* b, float eps, int64_t D, T* y, float* mean_out,
-                              float* rstd_out) {
+template <class T, class TY = T>
+__global__ void layernorm_fwd(const T* x, const float* w, const float* b, float eps, int64_t D, TY* y,
+                              float* mean_out, float* rstd_out) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * D;
@@ -29,7 +29,7 @@ __global__ void layernorm_fwd(const T* x, const float* w, const float* b, float 
   }
   const float rstd = rsqrtf(block_sum(ss, scratch) / float(D) + eps);
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
-    y[row * D + d] = from_f32<T>((to_f32(xr[d]) - mean) * rstd * w[d] + (b ? b[d] : 0.0f));
+    y[row * D + d] = from_f32<TY>((to_f32(xr[d]) - mean) * rstd * w[d] + (b ? b[d] : 0.0f));
   if (threadIdx.x == 0) {
     if (mean_out) mean_out[row] = mean;
     if (rstd_out) rstd_out[row] = rstd;
@@ -131,6 +131,14 @@ void layernorm_forward(const void* x, const float* w, const float* b, float eps,
   K3_DISPATCH_STORAGE(st, T,
                       layernorm_fwd<T><<<unsigned(M), kThreads, 0, device::stream()>>>(
                           static_cast<const T*>(x), w, b, eps, D, static_cast<T*>(y), mean, rstd));
+  K3_CUDA_LAUNCHED();
+}
+void layernorm_forward_to(const float* x, const float* w, const float* b, float eps, int64_t M, int64_t D, void* y,
+                          Storage y_st, float* mean, float* rstd) {
+  if (!M) return;
+  K3_DISPATCH_STORAGE(y_st, TY,
+                      layernorm_fwd<float, TY><<<unsigned(M), kThreads, 0, device::stream()>>>(
+                          x, w, b, eps, D, static_cast<TY*>(y), mean, rstd));
   K3_CUDA_LAUNCHED();
 }
 void layernorm_backward(const void* x, const float* w, const float* mean, const float* rstd, const void* dy,

@@ -29,6 +29,9 @@ void gate_lowerbound_backward(const float* x, const float* A_log, const float* d
 // Backward: dx (+)= (overwrites), dw/db accumulate.
 void layernorm_forward(const void* x, const float* w, const float* b, float eps, int64_t M, int64_t D, void* y,
                        float* mean, float* rstd, Storage st);
+// The same over fp32 rows with y stored as y_st (a bf16 GEMM operand written by the norm itself).
+void layernorm_forward_to(const float* x, const float* w, const float* b, float eps, int64_t M, int64_t D, void* y,
+                          Storage y_st, float* mean, float* rstd);
 void layernorm_backward(const void* x, const float* w, const float* mean, const float* rstd, const void* dy,
                         int64_t M, int64_t D, void* dx, float* dw, float* db, Storage st);
 void rmsnorm_forward(const void* x, const float* w, float eps, int64_t M, int64_t D, void* y, float* rstd,
@@ -39,6 +42,9 @@ void rmsnorm_backward(const void* x, const float* w, const float* rstd, const vo
 // Elementwise activations (ops/activation.h, ops/situ.h). Backward overwrites dx (dgate, dup).
 void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st);
 void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Storage st);
+// x [M, N] += bias [N] in place (null: none), then y = GELU(x) stored as st: a linear layer's bias
+// and activation in one pass, the pre-activation kept in x for the backward.
+void bias_gelu_tanh_to(float* x, const float* bias, void* y, int64_t M, int64_t N, Storage st);
 // y = situ_gate(gate) · situ_up(up); beta / beta_lin ≤ 0 mean "absent" (plain SiLU / plain up).
 void situ_glu_forward(const void* gate, const void* up, void* y, int64_t n, float beta, float beta_lin, Storage st);
 void situ_glu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n,
@@ -90,8 +96,9 @@ void add_inplace(float* y, const float* x, int64_t n);
 void add_bias(float* y, const float* bias, int64_t M, int64_t N);
 void cast(const float* x, void* y, int64_t n, Storage st);
 void widen(const void* x, float* y, int64_t n, Storage st);  // cast's inverse: storage `st` → fp32
-void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t M, int64_t D);
-void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D);  // inverse
+// split_qkv_to adds the projection's bias [3D] (null: none) and stores q, k, v as st.
+void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v, int64_t M, int64_t D, Storage st);
+void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D);  // its inverse (fp32)
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
 
 // Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored), with

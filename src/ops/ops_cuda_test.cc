@@ -125,6 +125,48 @@ TEST_P(OpsCuda, GeluAndSituForwardBackward) {
   }
 }
 
+// The fused producers of a GEMM's or the attention's operands (GPT-2's training step): fp32 in,
+// the output stored as the parameter's storage, against the CPU's ops composed: the norm of fp32
+// rows, the q/k/v split with the projection's bias, the MLP's bias then GELU (the biased
+// pre-activation written back in fp32).
+TEST_P(OpsCuda, FusedProducersMatchTheComposedOps) {
+  const Storage st = GetParam();
+  Rng rng(12);
+  const int64_t M = 75, D = 96, F = 4 * D;
+  const auto x = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D), qkv = randv(rng, M * 3 * D),
+             bq = randv(rng, 3 * D), ff = randv(rng, M * F, 2.0f), bf = randv(rng, F);
+  std::vector<float> y = zeros(M * D), mean = zeros(M), rstd = zeros(M);
+  layernorm_forward(x.data(), w.data(), b.data(), 1e-5f, M, D, y.data(), mean.data(), rstd.data());
+  Buffer gx = up(x), gw = up(w), gb = up(b), gy(size_t(M * D) * esize(st)), gm(size_t(M) * 4), gr(size_t(M) * 4);
+  cuda::layernorm_forward_to(gx.as<float>(), gw.as<float>(), gb.as<float>(), 1e-5f, M, D, gy.get(), st,
+                             gm.as<float>(), gr.as<float>());
+  EXPECT_LE(rel(down(gy, M * D, st), y), tol(st)) << "layernorm y";
+  EXPECT_LE(rel(down(gm, M), mean), 1e-5) << "layernorm mean";
+  EXPECT_LE(rel(down(gr, M), rstd), 1e-5) << "layernorm rstd";
+
+  std::vector<float> parts[3] = {zeros(M * D), zeros(M * D), zeros(M * D)};
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < 3 * D; ++c)
+      parts[c / D][size_t(m * D + c % D)] = qkv[size_t(m * 3 * D + c)] + bq[size_t(c)];
+  Buffer gqkv = up(qkv), gbq = up(bq), gq(size_t(M * D) * esize(st)), gk(size_t(M * D) * esize(st)),
+         gv(size_t(M * D) * esize(st));
+  cuda::split_qkv_to(gqkv.as<float>(), gbq.as<float>(), gq.get(), gk.get(), gv.get(), M, D, st);
+  // Exact in fp32; one rounding in bf16.
+  const double split_tol = st == Storage::BF16 ? 4e-3 : 0.0;
+  EXPECT_LE(rel(down(gq, M * D, st), parts[0]), split_tol) << "q";
+  EXPECT_LE(rel(down(gk, M * D, st), parts[1]), split_tol) << "k";
+  EXPECT_LE(rel(down(gv, M * D, st), parts[2]), split_tol) << "v";
+
+  std::vector<float> pre = ff, act = zeros(M * F);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < F; ++n) pre[size_t(m * F + n)] += bf[size_t(n)];
+  gelu_tanh_forward(pre.data(), act.data(), M * F);
+  Buffer gff = up(ff), gbf = up(bf), gact(size_t(M * F) * esize(st));
+  cuda::bias_gelu_tanh_to(gff.as<float>(), gbf.as<float>(), gact.get(), M, F, st);
+  EXPECT_LE(rel(down(gff, M * F), pre), 0.0) << "pre-activation";
+  EXPECT_LE(rel(down(gact, M * F, st), act), tol(st)) << "gelu";
+}
+
 TEST_P(OpsCuda, EmbeddingAndRope) {
   const Storage st = GetParam();
   Rng rng(3);
