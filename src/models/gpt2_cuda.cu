@@ -264,9 +264,12 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   Buffer hf, hfb, muf = buf(M), rsf = buf(M), logits = buf(M * Vp), loss = buf(M);
   norm(x.as<float>(), "ln_f", hf, hfb, muf.as<float>(), rsf.as<float>());
   mm({hf.as<float>(), hfb.get()}, Op::N, W("wte.weight"), Op::T, M, Vp, D, logits.as<float>(), 0.0f);
-  // Loss and dlogits (in place of the logits), scaled by 1 / scored positions.
-  cross_entropy(logits.as<float>(), tgt.as<int64_t>(), M, V, loss.as<float>(), logits.as<float>(),
-                1.0f / float(std::max<int64_t>(count, 1)), 0.0f, Vp);
+  // Loss and dlogits scaled by 1 / scored positions: dlogits in place of the logits, or under bf16
+  // GEMMs only as the bf16 operand its two GEMMs read, written so by the loss.
+  Buffer dlb = m.bf16_gemms ? bf16_buf(M * Vp) : Buffer();
+  cross_entropy_to(logits.as<float>(), tgt.as<int64_t>(), M, V, loss.as<float>(),
+                   m.bf16_gemms ? dlb.get() : logits.get(), m.bf16_gemms ? bf : s,
+                   1.0f / float(std::max<int64_t>(count, 1)), 0.0f, Vp);
   std::vector<float> losses(static_cast<size_t>(M));
   device::download(losses.data(), loss.get(), losses.size() * 4);
   double total = 0.0;
@@ -275,13 +278,11 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   // Backward. dx carries the residual stream's adjoint.
   Buffer dh = buf(M * D), dx = buf(M * D), dff = buf(M * F), dff2 = buf(M * F), dy = buf(M * D), dqkv = buf(M * 3 * D);
   Buffer dq = buf(M * D), dk = buf(M * D), dv = buf(M * D);
-  const float* dlogits = logits.as<float>();
-  {
-    const Buffer dlb = bf_copy(dlogits, M * Vp);
-    mm({dlogits, dlb.get()}, Op::N, W("wte.weight"), Op::N, M, D, Vp, dh.as<float>(), 0.0f);  // dhf = dlogits wte
-    mm({dlogits, dlb.get()}, Op::T, {hf.as<float>(), hfb.get()}, Op::N, Vp, D, M, m.gr("wte.weight"),
-       1.0f);  // dwte += dlogitsᵀ hf
-  }
+  const float* dlogits = m.bf16_gemms ? nullptr : logits.as<float>();
+  mm({dlogits, dlb.get()}, Op::N, W("wte.weight"), Op::N, M, D, Vp, dh.as<float>(), 0.0f);  // dhf = dlogits wte
+  mm({dlogits, dlb.get()}, Op::T, {hf.as<float>(), hfb.get()}, Op::N, Vp, D, M, m.gr("wte.weight"),
+     1.0f);  // dwte += dlogitsᵀ hf
+  dlb = Buffer();
   layernorm_backward(x.get(), m.f("ln_f.weight"), muf.as<float>(), rsf.as<float>(), dh.get(), M, D, dx.get(),
                      m.gr("ln_f.weight"), m.gr("ln_f.bias"), s);
   for (int64_t l = L - 1; l >= 0; --l) {

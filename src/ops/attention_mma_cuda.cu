@@ -92,6 +92,9 @@ struct FwdMaps {
 #define K3_WG_D32                                                                                              \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define K3_WG_D40                                                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}"
 #define K3_WG_D64                                                                                              \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
@@ -104,17 +107,18 @@ struct FwdMaps {
       "+f"(d[o + 24]), "+f"(d[o + 25]), "+f"(d[o + 26]), "+f"(d[o + 27]), "+f"(d[o + 28]), "+f"(d[o + 29]),   \
       "+f"(d[o + 30]), "+f"(d[o + 31])
 
-// d (+)= A B, m64nNk16 with N = 2·(d's size): A and B K-major in shared memory. accumulate 0
-// overwrites d.
-__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+// d (+)= A B, m64nNk16 with N = 2·(d's size) (80 or 128): A and B K-major in shared memory.
+// accumulate 0 overwrites d.
+__device__ __forceinline__ void wgmma_ss(float (&d)[40], uint64_t da, uint64_t db, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " K3_WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : K3_WG_OUT32(d, 0)
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 " K3_WG_D40 ", %40, %41, p, 1, 1, 0, 0;\n}\n"
+      : K3_WG_OUT32(d, 0), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
+        "+f"(d[38]), "+f"(d[39])
       : "l"(da), "l"(db), "r"(accumulate));
 #else
-  __trap();  // built for sm_90a only (CMAKE_CUDA_ARCHITECTURES 90a)
+  __trap();
 #endif
 }
 __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
@@ -143,10 +147,11 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const unsigned (&a)[4],
 }
 
 // Tile shapes: 128-key tiles and a 3-stage ring where shared memory holds them (hd ≤ 128);
-// MLA's 192-column keys take 64-key tiles (3 stages of 128 keys would not fit).
+// MLA's 192-column keys take 80-key tiles (3 stages of 128 keys would not fit; 80 rows of 128
+// bytes keep every panel 1024-byte aligned).
 template <int DK, int DV>
 struct FwdTiles {
-  static constexpr int kKeys = DK <= 128 ? 128 : 64;
+  static constexpr int kKeys = DK <= 128 ? 128 : 80;
   static constexpr int kStages = 3;
   static constexpr int kRows = 2 * kWgRows;
   static constexpr unsigned kStageBytes = unsigned(kKeys) * (DK + DV) * 2;
@@ -174,6 +179,7 @@ __global__ void __launch_bounds__(256, 1) fwd_wgmma_kernel(const __grid_constant
   using Tiles = FwdTiles<DK, DV>;
   constexpr int kTileKeys = Tiles::kKeys, kStages = Tiles::kStages, kRows = Tiles::kRows;
   static_assert(DK % 64 == 0 && DV % 64 == 0, "64-column panels");
+  static_assert(kTileKeys % 16 == 0, "16-key steps of P V; panels of 1024-byte multiples");
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t full[kStages], q_full;
   __shared__ unsigned released[kStages];  // warps done with the stage, over its fills

@@ -10,7 +10,6 @@
 namespace k3::cuda {
 namespace {
 
-using device::block_sum;
 using device::from_f32;
 using device::to_f32;
 
@@ -108,31 +107,83 @@ __global__ void rope_kernel(T* x, int64_t H, int64_t hd, int64_t offset, int64_t
   }
 }
 
-// One block per row: max, log-sum-exp, loss = lse − logit[target]; dlogits = (p − onehot)·scale.
-__global__ void xent_kernel(const float* logits, const int64_t* targets, int64_t vocab, int64_t ld, float* loss,
-                            float* dlogits, float scale, float z_loss) {
-  __shared__ float scratch[32];
+// One block per row: loss = lse − logit[target] (+ c·lse²); dlogits = (p·(1 + 2c·lse) − onehot)·scale
+// stored as T. Two passes over the row: a running (max, sum of exp) per thread, merged over the
+// block, then the gradient. VEC: rows of whole float4s (ld % 4 == 0, aligned arrays), read and
+// written four columns at a time; the gradient pass walks all ld columns, pad columns as zeros.
+struct MaxSum {
+  float m, s;  // the sum is of exp(x − m)
+};
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+__device__ __forceinline__ void add_value(MaxSum& a, float x) {
+  if (x == -INFINITY) return;  // exp(−inf − m) = 0, also while m is still −inf
+  if (x > a.m) {
+    a.s = a.s * expf(a.m - x) + 1.0f;  // expf(−inf) = 0 on the first value
+    a.m = x;
+  } else {
+    a.s += expf(x - a.m);
+  }
+}
+template <class T>
+__device__ __forceinline__ void store4(T* p, float a, float b, float c, float d);
+template <>
+__device__ __forceinline__ void store4<float>(float* p, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+template <>
+__device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* p, float a, float b, float c, float d) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+  *reinterpret_cast<uint2*>(p) =
+      make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+}
+template <class T, bool VEC>
+__global__ void __launch_bounds__(512) xent_kernel(const float* logits, const int64_t* targets, int64_t vocab,
+                                                   int64_t ld, float* loss, T* dlogits, float scale, float z_loss) {
+  __shared__ MaxSum part[16];
+  __shared__ float lse_shared;
   const int64_t row = blockIdx.x;
   const float* z = logits + row * ld;
   const int64_t t = targets[row];
   const float zt = t >= 0 ? z[t] : 0.0f;  // read before dlogits may overwrite the logits in place
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, z[j]);
-  mx = device::warp_max(mx);
-  __shared__ float smax[32];
-  if ((threadIdx.x & 31) == 0) smax[threadIdx.x >> 5] = mx;
+  MaxSum ms{-INFINITY, 0.0f};
+  const int64_t v4 = VEC ? vocab / 4 : 0;
+  for (int64_t j = threadIdx.x; j < v4; j += blockDim.x) {
+    const float4 x = reinterpret_cast<const float4*>(z)[j];
+    add_value(ms, x.x), add_value(ms, x.y), add_value(ms, x.z), add_value(ms, x.w);
+  }
+  for (int64_t j = 4 * v4 + threadIdx.x; j < vocab; j += blockDim.x) add_value(ms, z[j]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    ms = merge(ms, {__shfl_xor_sync(0xffffffffu, ms.m, o), __shfl_xor_sync(0xffffffffu, ms.s, o)});
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ms;
   __syncthreads();
-  mx = -INFINITY;
-  for (int w = 0; w < int(blockDim.x >> 5); ++w) mx = fmaxf(mx, smax[w]);
-  float s = 0.0f;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(z[j] - mx);
-  const float lse = mx + logf(block_sum(s, scratch));
-  if (threadIdx.x == 0) loss[row] = t < 0 ? 0.0f : lse - zt + z_loss * lse * lse;
+  if (threadIdx.x == 0) {
+    MaxSum all = part[0];
+    for (int w = 1; w < int(blockDim.x >> 5); ++w) all = merge(all, part[w]);
+    const float lse = all.m + logf(all.s);
+    lse_shared = lse;
+    loss[row] = t < 0 ? 0.0f : lse - zt + z_loss * lse * lse;
+  }
   if (!dlogits) return;
+  __syncthreads();
+  const float lse = lse_shared;
   const float zs = 1.0f + 2.0f * z_loss * lse;  // d/dz of lse − z_t + c·lse² is softmax·(1 + 2c·lse) − onehot
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
-    dlogits[row * ld + j] = t < 0 ? 0.0f : (zs * expf(z[j] - lse) - (j == t ? 1.0f : 0.0f)) * scale;
-  for (int64_t j = vocab + threadIdx.x; j < ld; j += blockDim.x) dlogits[row * ld + j] = 0.0f;  // pad columns
+  auto grad = [&](int64_t j, float x) {  // an ignored row's and the pad columns' gradients are zero
+    return t < 0 || j >= vocab ? 0.0f : (zs * expf(x - lse) - (j == t ? 1.0f : 0.0f)) * scale;
+  };
+  T* d = dlogits + row * ld;
+  if constexpr (VEC) {
+    for (int64_t j = threadIdx.x; j < ld / 4; j += blockDim.x) {
+      const float4 x = j < (vocab + 3) / 4 ? reinterpret_cast<const float4*>(z)[j] : make_float4(0, 0, 0, 0);
+      store4<T>(d + 4 * j, grad(4 * j, x.x), grad(4 * j + 1, x.y), grad(4 * j + 2, x.z), grad(4 * j + 3, x.w));
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < ld; j += blockDim.x) d[j] = from_f32<T>(grad(j, j < vocab ? z[j] : 0.0f));
+  }
 }
 
 __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
@@ -370,12 +421,26 @@ void rope_apply(void* x, int64_t M, int64_t H, int64_t hd, int64_t offset, int64
   K3_CUDA_LAUNCHED();
 }
 
+void cross_entropy_to(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
+                      void* dlogits, Storage st, float scale, float z_loss, int64_t ld) {
+  if (!M) return;
+  if (!ld) ld = vocab;
+  const auto aligned = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
+  const bool vec = ld % 4 == 0 && aligned(logits, 16) && aligned(dlogits, st == Storage::BF16 ? 8 : 16);
+  K3_DISPATCH_STORAGE(st, T, {
+    T* d = static_cast<T*>(dlogits);
+    if (vec)
+      xent_kernel<T, true><<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, ld, loss, d, scale,
+                                                                      z_loss);
+    else
+      xent_kernel<T, false><<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, ld, loss, d, scale,
+                                                                       z_loss);
+  });
+  K3_CUDA_LAUNCHED();
+}
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
                    float* dlogits, float scale, float z_loss, int64_t ld) {
-  if (!M) return;
-  xent_kernel<<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, ld ? ld : vocab, loss, dlogits,
-                                                         scale, z_loss);
-  K3_CUDA_LAUNCHED();
+  cross_entropy_to(logits, targets, M, vocab, loss, dlogits, Storage::F32, scale, z_loss, ld);
 }
 
 void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s) {

@@ -108,6 +108,10 @@ void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Î
 // columns [vocab, ld) are written as zeros.
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
                    float* dlogits, float scale, float z_loss = 0.0f, int64_t ld = 0);
+// The same with dlogits (a separate array, or null) stored as st: a bf16 GEMM operand written by
+// the loss itself.
+void cross_entropy_to(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
+                      void* dlogits, Storage st, float scale, float z_loss = 0.0f, int64_t ld = 0);
 
 // AdamW step on fp32 parameters (train/optimizer.h semantics: decoupled weight decay,
 // bias-corrected moments).

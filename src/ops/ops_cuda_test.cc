@@ -220,7 +220,7 @@ TEST_P(OpsCuda, CausalAttentionForwardBackward) {
     int64_t Tq, pos0, hd, hdv;
   };
   // bf16 storage at hd 64 / 128 / 192-128 runs the tensor-core forward (wgmma, 128-query blocks,
-  // 128-key tiles, 64 at hd 192, in a 3-stage ring filled by tensor copies) and at 64 / 128 the
+  // 128-key tiles, 80 at hd 192, in a 3-stage ring filled by tensor copies) and at 64 / 128 the
   // tensor-core backward (64-key blocks, 64- or 32-query tiles): the longer cases walk several
   // tiles, the longest refill every stage of the ring, with pos0 off the tile grid.
   for (const Case c : {Case{1, 0, 64, 64}, Case{63, 0, 64, 64}, Case{65, 7, 128, 128}, Case{130, 0, 32, 48},
@@ -426,32 +426,50 @@ TEST(OpsCudaOnly, ArgmaxRowsPicksTheFirstLargest) {
   }
 }
 
+// Rows of whole float4s (V 5000), a padded row whose last vector straddles the vocabulary's end
+// (V 5001 in rows of 5004: the pad columns' gradient must be zero) and rows of odd length (the
+// scalar path); the gradient in place of fp32 logits and stored as bf16 (one rounding).
 TEST(OpsCudaOnly, CrossEntropyMatchesClosedForm) {
   Rng rng(5);
-  const int64_t M = 19, V = 5000;
-  auto z = randv(rng, M * V, 4.0f);
-  std::vector<int64_t> t(static_cast<size_t>(M));
-  for (int64_t m = 0; m < M; ++m) t[size_t(m)] = m == 3 ? -1 : (m * 977) % V;
-  const float scale = 1.0f / float(M);
-  for (float c : {0.0f, 1e-3f, 0.05f}) {  // z-loss coefficient: loss + c·lse², dz·(1 + 2c·lse) on the softmax
-    std::vector<float> loss = zeros(M), dz = zeros(M * V);
-    for (int64_t m = 0; m < M; ++m) {
-      double mx = -INFINITY, s = 0.0;
-      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(z[size_t(m * V + j)]));
-      for (int64_t j = 0; j < V; ++j) s += std::exp(double(z[size_t(m * V + j)]) - mx);
-      const double lse = mx + std::log(s);
-      const int64_t tm = t[size_t(m)];
-      loss[size_t(m)] = tm < 0 ? 0.0f : float(lse - z[size_t(m * V + tm)] + c * lse * lse);
-      for (int64_t j = 0; j < V; ++j)
-        dz[size_t(m * V + j)] = tm < 0 ? 0.0f
-                                       : float(((1.0 + 2.0 * c * lse) * std::exp(double(z[size_t(m * V + j)]) - lse) -
-                                                (j == tm ? 1.0 : 0.0)) *
-                                               scale);
+  const int64_t M = 19;
+  for (const auto& [V, ld] : {std::pair<int64_t, int64_t>{5000, 5000}, {5001, 5004}, {4999, 5003}}) {
+    auto z = randv(rng, M * ld, 4.0f);
+    std::vector<int64_t> t(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; ++m) t[size_t(m)] = m == 3 ? -1 : (m * 977) % V;
+    t[5] = V - 1;  // the last column, in the straddling vector
+    const float scale = 1.0f / float(M);
+    for (float c : {0.0f, 1e-3f, 0.05f}) {  // z-loss coefficient: loss + c·lse², dz·(1 + 2c·lse) on the softmax
+      std::vector<float> loss = zeros(M), dz = zeros(M * ld);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* zr = z.data() + m * ld;
+        double mx = -INFINITY, s = 0.0;
+        for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(zr[j]));
+        for (int64_t j = 0; j < V; ++j) s += std::exp(double(zr[j]) - mx);
+        const double lse = mx + std::log(s);
+        const int64_t tm = t[size_t(m)];
+        loss[size_t(m)] = tm < 0 ? 0.0f : float(lse - zr[tm] + c * lse * lse);
+        for (int64_t j = 0; j < V; ++j)
+          dz[size_t(m * ld + j)] =
+              tm < 0 ? 0.0f
+                     : float(((1.0 + 2.0 * c * lse) * std::exp(double(zr[j]) - lse) - (j == tm ? 1.0 : 0.0)) * scale);
+      }
+      const std::string label = "V " + std::to_string(V) + " ld " + std::to_string(ld) + " z-loss " + std::to_string(c);
+      Buffer gt = device::upload_new(t.data(), t.size() * 8);
+      {  // fp32, in place
+        Buffer gz = up(z), gl(size_t(M) * 4);
+        cuda::cross_entropy(gz.as<float>(), gt.as<int64_t>(), M, V, gl.as<float>(), gz.as<float>(), scale, c, ld);
+        EXPECT_LE(rel(down(gl, M), loss), 1e-5) << label;
+        EXPECT_LE(rel(down(gz, M * ld), dz), 1e-5) << label;
+      }
+      {  // bf16, a separate array
+        Buffer gz = up(z), gl(size_t(M) * 4), gd(size_t(M * ld) * 2);
+        cuda::cross_entropy_to(gz.as<float>(), gt.as<int64_t>(), M, V, gl.as<float>(), gd.get(), Storage::BF16,
+                               scale, c, ld);
+        EXPECT_LE(rel(down(gl, M), loss), 1e-5) << label << " bf16";
+        EXPECT_LE(rel(down(gd, M * ld, Storage::BF16), dz), 4e-3) << label << " bf16";
+        EXPECT_EQ(down(gz, M * ld), z) << label << " bf16: the logits are left as they were";
+      }
     }
-    Buffer gz = up(z), gt = device::upload_new(t.data(), t.size() * 8), gl(size_t(M) * 4), gdz(size_t(M * V) * 4);
-    cuda::cross_entropy(gz.as<float>(), gt.as<int64_t>(), M, V, gl.as<float>(), gdz.as<float>(), scale, c);
-    EXPECT_LE(rel(down(gl, M), loss), 1e-5) << "z-loss " << c;
-    EXPECT_LE(rel(down(gdz, M * V), dz), 1e-5) << "z-loss " << c;
   }
 }
 
