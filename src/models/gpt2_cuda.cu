@@ -294,8 +294,8 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     mm({a.ff2.as<float>(), a.ff2b.get()}, Op::T, {dx.as<float>(), db.get()}, Op::N, F, D, M,
        m.gr(p + "mlp.c_proj.weight"), 1.0f);
     bias_grad(dx.as<float>(), m.gr(p + "mlp.c_proj.bias"), M, D);
-    gelu_tanh_backward(a.ff.get(), dff2.get(), dff.get(), M * F, s);
-    db = bf_copy(dff.as<float>(), M * F);
+    db = m.bf16_gemms ? bf16_buf(M * F) : Buffer();  // written beside dff by the GELU's backward
+    gelu_tanh_backward(a.ff.get(), dff2.get(), dff.get(), M * F, s, db.get());
     mm({dff.as<float>(), db.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::T, M, D, F, dh.as<float>(), 0.0f);
     mm({a.h2.as<float>(), a.h2b.get()}, Op::T, {dff.as<float>(), db.get()}, Op::N, D, F, M,
        m.gr(p + "mlp.c_fc.weight"), 1.0f);
@@ -320,8 +320,8 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
       attention_backward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), dy.get(), dq.as<float>(),
                          dk.as<float>(), dv.as<float>(), as, s);
     }
-    merge_qkv(dq.as<float>(), dk.as<float>(), dv.as<float>(), dqkv.as<float>(), M, D);
-    db = bf_copy(dqkv.as<float>(), M * 3 * D);
+    db = m.bf16_gemms ? bf16_buf(M * 3 * D) : Buffer();  // written beside dqkv by the merge
+    merge_qkv(dq.as<float>(), dk.as<float>(), dv.as<float>(), dqkv.as<float>(), M, D, db.get());
     mm({dqkv.as<float>(), db.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f);
     mm({a.h1.as<float>(), a.h1b.get()}, Op::T, {dqkv.as<float>(), db.get()}, Op::N, D, 3 * D, M,
        m.gr(p + "attn.c_attn.weight"), 1.0f);

@@ -28,14 +28,41 @@ __global__ void gelu_fwd(const T* x, T* y, int64_t n) {
   y[i] = from_f32<T>(gelu_tanh(to_f32(x[i])));
 }
 
+__device__ __forceinline__ float gelu_tanh_grad(float v) {  // d GELU(v) / dv
+  const float t = tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v));
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
+  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+}
 template <class T>
 __global__ void gelu_bwd(const T* x, const T* dy, T* dx, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float v = to_f32(x[i]);
-  const float t = tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v));
-  const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
-  dx[i] = from_f32<T>(to_f32(dy[i]) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du));
+  dx[i] = from_f32<T>(to_f32(dy[i]) * gelu_tanh_grad(to_f32(x[i])));
+}
+// Four values stored at once: as a float4, or rounded to bf16 as 8 bytes.
+__device__ __forceinline__ uint2 pack_bf16x4(float4 v) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+  return make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+}
+template <class T>
+__device__ __forceinline__ void store4(T* p, float4 v);
+template <>
+__device__ __forceinline__ void store4<float>(float* p, float4 v) {
+  *reinterpret_cast<float4*>(p) = v;
+}
+template <>
+__device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* p, float4 v) {
+  *reinterpret_cast<uint2*>(p) = pack_bf16x4(v);
+}
+// fp32, four at a time, dx written also as bf16 (the next GEMMs' operand).
+__global__ void gelu_bwd_copy_kernel(const float4* x, const float4* dy, float4* dx, uint2* dxb, int64_t n4) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n4) return;
+  const float4 v = x[i], g = dy[i];
+  const float4 d = make_float4(g.x * gelu_tanh_grad(v.x), g.y * gelu_tanh_grad(v.y), g.z * gelu_tanh_grad(v.z),
+                               g.w * gelu_tanh_grad(v.w));
+  dx[i] = d;
+  dxb[i] = pack_bf16x4(d);
 }
 
 // SiTU factors (ops/situ.h); beta ≤ 0 means the cap is absent.
@@ -128,18 +155,6 @@ __device__ __forceinline__ void add_value(MaxSum& a, float x) {
     a.s += expf(x - a.m);
   }
 }
-template <class T>
-__device__ __forceinline__ void store4(T* p, float a, float b, float c, float d);
-template <>
-__device__ __forceinline__ void store4<float>(float* p, float a, float b, float c, float d) {
-  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
-}
-template <>
-__device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* p, float a, float b, float c, float d) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
-  *reinterpret_cast<uint2*>(p) =
-      make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
-}
 template <class T, bool VEC>
 __global__ void __launch_bounds__(512) xent_kernel(const float* logits, const int64_t* targets, int64_t vocab,
                                                    int64_t ld, float* loss, T* dlogits, float scale, float z_loss) {
@@ -179,7 +194,8 @@ __global__ void __launch_bounds__(512) xent_kernel(const float* logits, const in
   if constexpr (VEC) {
     for (int64_t j = threadIdx.x; j < ld / 4; j += blockDim.x) {
       const float4 x = j < (vocab + 3) / 4 ? reinterpret_cast<const float4*>(z)[j] : make_float4(0, 0, 0, 0);
-      store4<T>(d + 4 * j, grad(4 * j, x.x), grad(4 * j + 1, x.y), grad(4 * j + 2, x.z), grad(4 * j + 3, x.w));
+      store4<T>(d + 4 * j,
+                make_float4(grad(4 * j, x.x), grad(4 * j + 1, x.y), grad(4 * j + 2, x.z), grad(4 * j + 3, x.w)));
     }
   } else {
     for (int64_t j = threadIdx.x; j < ld; j += blockDim.x) d[j] = from_f32<T>(grad(j, j < vocab ? z[j] : 0.0f));
@@ -223,9 +239,7 @@ __global__ void cast_kernel(const float* x, T* y, int64_t n) {
 __global__ void cast_bf16x4_kernel(const float4* x, uint2* y, int64_t n4) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n4) return;
-  const float4 v = x[i];
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-  y[i] = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+  y[i] = pack_bf16x4(x[i]);
 }
 template <class T>
 __global__ void widen_kernel(const T* x, float* y, int64_t n) {
@@ -256,6 +270,21 @@ __global__ void bias_gelu_kernel(float* x, const float* bias, T* y, int64_t M, i
   }
 }
 
+// Both four columns at a time when D % 4 == 0 (and the arrays are 16-byte aligned): a thread per
+// (row, column quad), the part found by one 32-bit division per thread.
+template <class T>
+__global__ void split_qkv4_kernel(const float* qkv, const float* bias, T* q, T* k, T* v, int64_t M, int D4) {
+  const int c4 = int(blockIdx.x) * blockDim.x + threadIdx.x;  // column quad of [M, 3D]
+  if (c4 >= 3 * D4) return;
+  const int part = c4 / D4, d4 = c4 - part * D4;
+  T* dst = part == 0 ? q : part == 1 ? k : v;
+  const float4 b = bias ? reinterpret_cast<const float4*>(bias)[c4] : make_float4(0, 0, 0, 0);
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
+    const float4 x = reinterpret_cast<const float4*>(qkv)[m * 3 * D4 + c4];
+    store4<T>(dst + (m * D4 + d4) * 4, make_float4(x.x + b.x, x.y + b.y, x.z + b.z, x.w + b.w));
+  }
+}
+
 __global__ void merge_qkv_kernel(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= 3 * D) return;
@@ -263,6 +292,20 @@ __global__ void merge_qkv_kernel(const float* q, const float* k, const float* v,
   const float* src = part == 0 ? q : part == 1 ? k : v;
   for (int64_t m = blockIdx.y; m < M; m += gridDim.y) qkv[m * 3 * D + c] = src[m * D + d];
 }
+// qkv_b (may be null) receives a bf16 copy.
+__global__ void merge_qkv4_kernel(const float* q, const float* k, const float* v, float* qkv, uint2* qkv_b, int64_t M,
+                                  int D4) {
+  const int c4 = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c4 >= 3 * D4) return;
+  const int part = c4 / D4, d4 = c4 - part * D4;
+  const float4* src = reinterpret_cast<const float4*>(part == 0 ? q : part == 1 ? k : v);
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
+    const float4 x = src[m * D4 + d4];
+    reinterpret_cast<float4*>(qkv)[m * 3 * D4 + c4] = x;
+    if (qkv_b) qkv_b[m * 3 * D4 + c4] = pack_bf16x4(x);
+  }
+}
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 // A block per 32 columns and a slice of the rows: 8 warps walk the slice's rows in turn (each
 // warp's load coalesced over its 32 columns), their partial sums meet in shared memory and one
 // atomic per column adds the slice's sum. Enough slices that every SM has work: one thread per
@@ -289,10 +332,18 @@ __global__ void __launch_bounds__(32 * kBiasRowLanes) bias_grad_kernel(const flo
 
 }  // namespace
 
-void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D) {
+void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D, void* qkv_bf16) {
   if (!M) return;
+  if (D % 4 == 0 && 3 * D / 4 <= INT32_MAX && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(qkv) &&
+      (reinterpret_cast<uintptr_t>(qkv_bf16) & 7) == 0) {
+    merge_qkv4_kernel<<<row_grid(M, 3 * D / 4), kThreads, 0, device::stream()>>>(
+        q, k, v, qkv, static_cast<uint2*>(qkv_bf16), M, int(D / 4));
+    K3_CUDA_LAUNCHED();
+    return;
+  }
   merge_qkv_kernel<<<row_grid(M, 3 * D), kThreads, 0, device::stream()>>>(q, k, v, qkv, M, D);
   K3_CUDA_LAUNCHED();
+  if (qkv_bf16) cast(qkv, qkv_bf16, M * 3 * D, Storage::BF16);
 }
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N) {
   if (!M || !N) return;
@@ -339,6 +390,16 @@ void widen(const void* x, float* y, int64_t n, Storage st) {
 }
 void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v, int64_t M, int64_t D, Storage st) {
   if (!M) return;
+  const size_t out_align = st == Storage::BF16 ? 8 : 16;
+  const auto out_ok = [&](const void* p) { return (reinterpret_cast<uintptr_t>(p) & (out_align - 1)) == 0; };
+  if (D % 4 == 0 && 3 * D / 4 <= INT32_MAX && aligned16(qkv) && (!bias || aligned16(bias)) && out_ok(q) &&
+      out_ok(k) && out_ok(v)) {
+    K3_DISPATCH_STORAGE(st, T,
+                        split_qkv4_kernel<T><<<row_grid(M, 3 * D / 4), kThreads, 0, device::stream()>>>(
+                            qkv, bias, static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), M, int(D / 4)));
+    K3_CUDA_LAUNCHED();
+    return;
+  }
   K3_DISPATCH_STORAGE(st, T,
                       split_qkv_to_kernel<T><<<row_grid(M, 3 * D), kThreads, 0, device::stream()>>>(
                           qkv, bias, static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), M, D));
@@ -359,12 +420,22 @@ void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st) {
                           static_cast<const T*>(x), static_cast<T*>(y), n));
   K3_CUDA_LAUNCHED();
 }
-void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Storage st) {
+void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Storage st, void* dx_bf16) {
   if (!n) return;
+  if (dx_bf16 && st == Storage::F32 && n % 4 == 0 && aligned16(x) && aligned16(dy) && aligned16(dx) &&
+      (reinterpret_cast<uintptr_t>(dx_bf16) & 7) == 0) {
+    gelu_bwd_copy_kernel<<<device::blocks_for(n / 4, kThreads), kThreads, 0, device::stream()>>>(
+        static_cast<const float4*>(x), static_cast<const float4*>(dy), static_cast<float4*>(dx),
+        static_cast<uint2*>(dx_bf16), n / 4);
+    K3_CUDA_LAUNCHED();
+    return;
+  }
+  if (dx_bf16 && st != Storage::F32) throw error("gelu_tanh_backward", "a bf16 copy of dx needs fp32 storage");
   K3_DISPATCH_STORAGE(st, T,
                       gelu_bwd<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
                           static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n));
   K3_CUDA_LAUNCHED();
+  if (dx_bf16) cast(static_cast<const float*>(dx), dx_bf16, n, Storage::BF16);
 }
 void situ_glu_forward(const void* gate, const void* up, void* y, int64_t n, float beta, float beta_lin, Storage st) {
   if (!n) return;

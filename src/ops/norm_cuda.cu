@@ -1,6 +1,11 @@
 // LayerNorm and RMSNorm on CUDA (ops/norm.h has the math): the forwards one block per row, the
-// backwards 16 rows per block; fp32 statistics; the weight/bias gradients are per-block partial
-// sums added atomically.
+// backwards 16 rows per block, and LayerNorm over fp32 rows of up to 1,024 columns (a multiple of
+// 128) a warp per row; fp32 statistics; the weight/bias gradients are per-block partial sums added
+// atomically.
+#include <algorithm>
+#include <initializer_list>
+#include <type_traits>
+
 #include "core/cuda_util.cuh"
 #include "ops/ops_cuda.h"
 
@@ -83,6 +88,131 @@ __global__ void layernorm_bwd(const T* x, const float* w, const float* mean, con
   }
 }
 
+// fp32 rows of D = 128·v4 columns (v4 ≤ kMaxVec, 16-byte aligned arrays): a warp per row, each
+// lane holding v4 float4s in registers, the sums by shuffles (the block-per-row kernels above
+// pay a block barrier per reduction and re-read the row from memory for every pass).
+constexpr int kMaxVec = 8;
+constexpr int kWarpRowsBlock = 8;  // warps per block
+bool warp_rows(int64_t D, std::initializer_list<const void*> arrays) {
+  if (D % 128 != 0 || D / 128 > kMaxVec) return false;
+  for (const void* p : arrays)
+    if (reinterpret_cast<uintptr_t>(p) & 15) return false;
+  return true;
+}
+template <class TY>
+__device__ __forceinline__ void store_row4(TY* p, float4 v) {
+  if constexpr (std::is_same_v<TY, float>) {
+    *reinterpret_cast<float4*>(p) = v;
+  } else {
+    reinterpret_cast<__nv_bfloat162*>(p)[0] = __floats2bfloat162_rn(v.x, v.y);
+    reinterpret_cast<__nv_bfloat162*>(p)[1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+}
+template <class TY>
+__global__ void __launch_bounds__(32 * kWarpRowsBlock) layernorm_fwd_warp(const float* x, const float* w,
+                                                                          const float* b, float eps, int64_t M,
+                                                                          int v4, TY* y, float* mean_out,
+                                                                          float* rstd_out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarpRowsBlock + (threadIdx.x >> 5);
+  if (row >= M) return;
+  const int64_t D = int64_t(v4) * 128;
+  const float4* xr = reinterpret_cast<const float4*>(x + row * D);
+  float4 v[kMaxVec];
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxVec; ++i)
+    if (i < v4) {
+      v[i] = xr[lane + 32 * i];
+      s += (v[i].x + v[i].y) + (v[i].z + v[i].w);
+    }
+  const float mu = device::warp_sum(s) / float(D);
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxVec; ++i)
+    if (i < v4) {
+      v[i] = make_float4(v[i].x - mu, v[i].y - mu, v[i].z - mu, v[i].w - mu);
+      ss += (v[i].x * v[i].x + v[i].y * v[i].y) + (v[i].z * v[i].z + v[i].w * v[i].w);
+    }
+  const float rs = rsqrtf(device::warp_sum(ss) / float(D) + eps);
+#pragma unroll
+  for (int i = 0; i < kMaxVec; ++i)
+    if (i < v4) {
+      const int c = lane + 32 * i;
+      const float4 wc = reinterpret_cast<const float4*>(w)[c];
+      const float4 bc = b ? reinterpret_cast<const float4*>(b)[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      store_row4(y + row * D + 4 * c, make_float4(v[i].x * rs * wc.x + bc.x, v[i].y * rs * wc.y + bc.y,
+                                                 v[i].z * rs * wc.z + bc.z, v[i].w * rs * wc.w + bc.w));
+    }
+  if (lane == 0) {
+    if (mean_out) mean_out[row] = mu;
+    if (rstd_out) rstd_out[row] = rs;
+  }
+}
+// The backward on the same layout: each warp walks `rows` rows, its lanes summing dw and db for
+// their columns in registers; the block's warps meet in shared memory ([2][D]), one atomic per
+// column per block. The row's second pass reloads x, dy and w (L1 hits) rather than holding them:
+// registers for them would halve the blocks an SM holds.
+__global__ void __launch_bounds__(32 * kWarpRowsBlock) layernorm_bwd_warp(const float* x, const float* w,
+                                                                          const float* mean, const float* rstd,
+                                                                          const float* dy, int64_t M, int v4,
+                                                                          int rows, float* dx, float* dw, float* db) {
+  extern __shared__ float part[];  // [2][D]
+  const int64_t D = int64_t(v4) * 128;
+  for (int64_t d = threadIdx.x; d < 2 * D; d += blockDim.x) part[d] = 0.0f;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4 adw[kMaxVec], adb[kMaxVec];
+#pragma unroll
+  for (int i = 0; i < kMaxVec; ++i) adw[i] = adb[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int64_t r0 = (int64_t(blockIdx.x) * kWarpRowsBlock + (threadIdx.x >> 5)) * rows;
+  const int64_t r1 = r0 + rows < M ? r0 + rows : M;
+  for (int64_t row = r0; row < r1; ++row) {
+    const float mu = mean[row], rs = rstd[row];
+    const float4* xr = reinterpret_cast<const float4*>(x + row * D);
+    const float4* gr = reinterpret_cast<const float4*>(dy + row * D);
+    float a = 0.0f, c = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxVec; ++i)
+      if (i < v4) {
+        const int k = lane + 32 * i;
+        const float4 xv = xr[k], g = gr[k], wc = w4[k];
+        const float4 gw = make_float4(g.x * wc.x, g.y * wc.y, g.z * wc.z, g.w * wc.w);
+        a += (gw.x + gw.y) + (gw.z + gw.w);
+        c += (gw.x * (xv.x - mu) + gw.y * (xv.y - mu)) + (gw.z * (xv.z - mu) + gw.w * (xv.w - mu));
+      }
+    const float ma = device::warp_sum(a) / float(D), mc = device::warp_sum(c) * rs / float(D);
+#pragma unroll
+    for (int i = 0; i < kMaxVec; ++i)
+      if (i < v4) {
+        const int k = lane + 32 * i;
+        const float4 xv = xr[k], g = gr[k], wc = w4[k];
+        const float4 xh = make_float4((xv.x - mu) * rs, (xv.y - mu) * rs, (xv.z - mu) * rs, (xv.w - mu) * rs);
+        if (dx)
+          reinterpret_cast<float4*>(dx + row * D)[k] =
+              make_float4(rs * (g.x * wc.x - ma - xh.x * mc), rs * (g.y * wc.y - ma - xh.y * mc),
+                          rs * (g.z * wc.z - ma - xh.z * mc), rs * (g.w * wc.w - ma - xh.w * mc));
+        adw[i] = make_float4(adw[i].x + g.x * xh.x, adw[i].y + g.y * xh.y, adw[i].z + g.z * xh.z,
+                             adw[i].w + g.w * xh.w);
+        adb[i] = make_float4(adb[i].x + g.x, adb[i].y + g.y, adb[i].z + g.z, adb[i].w + g.w);
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxVec; ++i)
+    if (i < v4) {
+      float* pw = part + 4 * (lane + 32 * i);
+      atomicAdd(pw, adw[i].x), atomicAdd(pw + 1, adw[i].y), atomicAdd(pw + 2, adw[i].z), atomicAdd(pw + 3, adw[i].w);
+      atomicAdd(pw + D, adb[i].x), atomicAdd(pw + D + 1, adb[i].y), atomicAdd(pw + D + 2, adb[i].z),
+          atomicAdd(pw + D + 3, adb[i].w);
+    }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    if (dw) atomicAdd(&dw[d], part[d]);
+    if (db) atomicAdd(&db[d], part[D + d]);
+  }
+}
+
 template <class T>
 __global__ void rmsnorm_fwd(const T* x, const float* w, float eps, int64_t D, T* y, float* rstd_out) {
   __shared__ float scratch[32];
@@ -128,6 +258,7 @@ __global__ void rmsnorm_bwd(const T* x, const float* w, const float* rstd, const
 void layernorm_forward(const void* x, const float* w, const float* b, float eps, int64_t M, int64_t D, void* y,
                        float* mean, float* rstd, Storage st) {
   if (!M) return;
+  if (st == Storage::F32) return layernorm_forward_to(static_cast<const float*>(x), w, b, eps, M, D, y, st, mean, rstd);
   K3_DISPATCH_STORAGE(st, T,
                       layernorm_fwd<T><<<unsigned(M), kThreads, 0, device::stream()>>>(
                           static_cast<const T*>(x), w, b, eps, D, static_cast<T*>(y), mean, rstd));
@@ -136,6 +267,14 @@ void layernorm_forward(const void* x, const float* w, const float* b, float eps,
 void layernorm_forward_to(const float* x, const float* w, const float* b, float eps, int64_t M, int64_t D, void* y,
                           Storage y_st, float* mean, float* rstd) {
   if (!M) return;
+  if (warp_rows(D, {x, w, b, y})) {
+    K3_DISPATCH_STORAGE(y_st, TY,
+                        layernorm_fwd_warp<TY><<<unsigned((M + kWarpRowsBlock - 1) / kWarpRowsBlock),
+                                                 32 * kWarpRowsBlock, 0, device::stream()>>>(
+                            x, w, b, eps, M, int(D / 128), static_cast<TY*>(y), mean, rstd));
+    K3_CUDA_LAUNCHED();
+    return;
+  }
   K3_DISPATCH_STORAGE(y_st, TY,
                       layernorm_fwd<float, TY><<<unsigned(M), kThreads, 0, device::stream()>>>(
                           x, w, b, eps, D, static_cast<TY*>(y), mean, rstd));
@@ -144,6 +283,16 @@ void layernorm_forward_to(const float* x, const float* w, const float* b, float 
 void layernorm_backward(const void* x, const float* w, const float* mean, const float* rstd, const void* dy,
                         int64_t M, int64_t D, void* dx, float* dw, float* db, Storage st) {
   if (!M) return;
+  if (st == Storage::F32 && warp_rows(D, {x, w, dy, dx})) {
+    // Rows per warp: about two waves of blocks on an H200's 132 SMs.
+    const int64_t per_warp = std::max<int64_t>(1, (M + kWarpRowsBlock * 264 - 1) / (kWarpRowsBlock * 264));
+    const int64_t blocks = (M + kWarpRowsBlock * per_warp - 1) / (kWarpRowsBlock * per_warp);
+    layernorm_bwd_warp<<<unsigned(blocks), 32 * kWarpRowsBlock, size_t(2 * D) * sizeof(float), device::stream()>>>(
+        static_cast<const float*>(x), w, mean, rstd, static_cast<const float*>(dy), M, int(D / 128), int(per_warp),
+        static_cast<float*>(dx), dw, db);
+    K3_CUDA_LAUNCHED();
+    return;
+  }
   const int rows = partial_sums(D) && (dw || db) ? kRowsPerBlock : 1;
   const size_t smem = rows > 1 ? size_t(2 * D) * sizeof(float) : 0;
   K3_DISPATCH_STORAGE(st, T,

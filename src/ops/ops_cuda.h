@@ -41,7 +41,8 @@ void rmsnorm_backward(const void* x, const float* w, const float* rstd, const vo
 
 // Elementwise activations (ops/activation.h, ops/situ.h). Backward overwrites dx (dgate, dup).
 void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st);
-void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Storage st);
+// dx_bf16 (fp32 storage only; may be null) receives a bf16 copy of dx, a GEMM's operand.
+void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Storage st, void* dx_bf16 = nullptr);
 // x [M, N] += bias [N] in place (null: none), then y = GELU(x) stored as st: a linear layer's bias
 // and activation in one pass, the pre-activation kept in x for the backward.
 void bias_gelu_tanh_to(float* x, const float* bias, void* y, int64_t M, int64_t N, Storage st);
@@ -98,7 +99,9 @@ void cast(const float* x, void* y, int64_t n, Storage st);
 void widen(const void* x, float* y, int64_t n, Storage st);  // cast's inverse: storage `st` → fp32
 // split_qkv_to adds the projection's bias [3D] (null: none) and stores q, k, v as st.
 void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v, int64_t M, int64_t D, Storage st);
-void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D);  // its inverse (fp32)
+// Its inverse (fp32); qkv_bf16 (may be null) receives a bf16 copy of qkv.
+void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D,
+               void* qkv_bf16 = nullptr);
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
 
 // Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored), with

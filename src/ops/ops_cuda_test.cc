@@ -128,43 +128,64 @@ TEST_P(OpsCuda, GeluAndSituForwardBackward) {
 // The fused producers of a GEMM's or the attention's operands (GPT-2's training step): fp32 in,
 // the output stored as the parameter's storage, against the CPU's ops composed: the norm of fp32
 // rows, the q/k/v split with the projection's bias, the MLP's bias then GELU (the biased
-// pre-activation written back in fp32).
+// pre-activation written back in fp32); and the backward's fp32 results with their bf16 copies
+// (the GELU's backward, the q/k/v merge). D 128 takes the warp-per-row norm and the four-column split
+// and merge, D 95 the others.
 TEST_P(OpsCuda, FusedProducersMatchTheComposedOps) {
   const Storage st = GetParam();
   Rng rng(12);
-  const int64_t M = 75, D = 96, F = 4 * D;
-  const auto x = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D), qkv = randv(rng, M * 3 * D),
-             bq = randv(rng, 3 * D), ff = randv(rng, M * F, 2.0f), bf = randv(rng, F);
-  std::vector<float> y = zeros(M * D), mean = zeros(M), rstd = zeros(M);
-  layernorm_forward(x.data(), w.data(), b.data(), 1e-5f, M, D, y.data(), mean.data(), rstd.data());
-  Buffer gx = up(x), gw = up(w), gb = up(b), gy(size_t(M * D) * esize(st)), gm(size_t(M) * 4), gr(size_t(M) * 4);
-  cuda::layernorm_forward_to(gx.as<float>(), gw.as<float>(), gb.as<float>(), 1e-5f, M, D, gy.get(), st,
-                             gm.as<float>(), gr.as<float>());
-  EXPECT_LE(rel(down(gy, M * D, st), y), tol(st)) << "layernorm y";
-  EXPECT_LE(rel(down(gm, M), mean), 1e-5) << "layernorm mean";
-  EXPECT_LE(rel(down(gr, M), rstd), 1e-5) << "layernorm rstd";
+  for (const int64_t D : {128, 95}) {
+    const int64_t M = 75, F = 4 * D;
+    const std::string label = "D " + std::to_string(D);
+    const auto x = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D), qkv = randv(rng, M * 3 * D),
+               bq = randv(rng, 3 * D), ff = randv(rng, M * F, 2.0f), bf = randv(rng, F), dy = randv(rng, M * F);
+    std::vector<float> y = zeros(M * D), mean = zeros(M), rstd = zeros(M);
+    layernorm_forward(x.data(), w.data(), b.data(), 1e-5f, M, D, y.data(), mean.data(), rstd.data());
+    Buffer gx = up(x), gw = up(w), gb = up(b), gy(size_t(M * D) * esize(st)), gm(size_t(M) * 4), gr(size_t(M) * 4);
+    cuda::layernorm_forward_to(gx.as<float>(), gw.as<float>(), gb.as<float>(), 1e-5f, M, D, gy.get(), st,
+                               gm.as<float>(), gr.as<float>());
+    EXPECT_LE(rel(down(gy, M * D, st), y), tol(st)) << label << " layernorm y";
+    EXPECT_LE(rel(down(gm, M), mean), 1e-5) << label << " layernorm mean";
+    EXPECT_LE(rel(down(gr, M), rstd), 1e-5) << label << " layernorm rstd";
 
-  std::vector<float> parts[3] = {zeros(M * D), zeros(M * D), zeros(M * D)};
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t c = 0; c < 3 * D; ++c)
-      parts[c / D][size_t(m * D + c % D)] = qkv[size_t(m * 3 * D + c)] + bq[size_t(c)];
-  Buffer gqkv = up(qkv), gbq = up(bq), gq(size_t(M * D) * esize(st)), gk(size_t(M * D) * esize(st)),
-         gv(size_t(M * D) * esize(st));
-  cuda::split_qkv_to(gqkv.as<float>(), gbq.as<float>(), gq.get(), gk.get(), gv.get(), M, D, st);
-  // Exact in fp32; one rounding in bf16.
-  const double split_tol = st == Storage::BF16 ? 4e-3 : 0.0;
-  EXPECT_LE(rel(down(gq, M * D, st), parts[0]), split_tol) << "q";
-  EXPECT_LE(rel(down(gk, M * D, st), parts[1]), split_tol) << "k";
-  EXPECT_LE(rel(down(gv, M * D, st), parts[2]), split_tol) << "v";
+    std::vector<float> parts[3] = {zeros(M * D), zeros(M * D), zeros(M * D)};
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < 3 * D; ++c)
+        parts[c / D][size_t(m * D + c % D)] = qkv[size_t(m * 3 * D + c)] + bq[size_t(c)];
+    Buffer gqkv = up(qkv), gbq = up(bq), gq(size_t(M * D) * esize(st)), gk(size_t(M * D) * esize(st)),
+           gv(size_t(M * D) * esize(st));
+    cuda::split_qkv_to(gqkv.as<float>(), gbq.as<float>(), gq.get(), gk.get(), gv.get(), M, D, st);
+    // Exact in fp32; one rounding in bf16.
+    const double round_tol = st == Storage::BF16 ? 4e-3 : 0.0;
+    EXPECT_LE(rel(down(gq, M * D, st), parts[0]), round_tol) << label << " q";
+    EXPECT_LE(rel(down(gk, M * D, st), parts[1]), round_tol) << label << " k";
+    EXPECT_LE(rel(down(gv, M * D, st), parts[2]), round_tol) << label << " v";
 
-  std::vector<float> pre = ff, act = zeros(M * F);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < F; ++n) pre[size_t(m * F + n)] += bf[size_t(n)];
-  gelu_tanh_forward(pre.data(), act.data(), M * F);
-  Buffer gff = up(ff), gbf = up(bf), gact(size_t(M * F) * esize(st));
-  cuda::bias_gelu_tanh_to(gff.as<float>(), gbf.as<float>(), gact.get(), M, F, st);
-  EXPECT_LE(rel(down(gff, M * F), pre), 0.0) << "pre-activation";
-  EXPECT_LE(rel(down(gact, M * F, st), act), tol(st)) << "gelu";
+    std::vector<float> pre = ff, act = zeros(M * F), dpre = zeros(M * F);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < F; ++n) pre[size_t(m * F + n)] += bf[size_t(n)];
+    gelu_tanh_forward(pre.data(), act.data(), M * F);
+    gelu_tanh_backward(pre.data(), dy.data(), dpre.data(), M * F);
+    Buffer gff = up(ff), gbf = up(bf), gact(size_t(M * F) * esize(st));
+    cuda::bias_gelu_tanh_to(gff.as<float>(), gbf.as<float>(), gact.get(), M, F, st);
+    EXPECT_LE(rel(down(gff, M * F), pre), 0.0) << label << " pre-activation";
+    EXPECT_LE(rel(down(gact, M * F, st), act), tol(st)) << label << " gelu";
+
+    if (st != Storage::BF16) continue;  // the backward's copies: fp32 results with bf16 beside them
+    Buffer gdy = up(dy), gdpre(size_t(M * F) * 4), gdpre_b(size_t(M * F) * 2);
+    cuda::gelu_tanh_backward(gff.get(), gdy.get(), gdpre.get(), M * F, Storage::F32, gdpre_b.get());
+    const std::vector<float> got_dpre = down(gdpre, M * F);
+    EXPECT_LE(rel(got_dpre, dpre), 1e-4) << label << " gelu backward";
+    EXPECT_EQ(down(gdpre_b, M * F, Storage::BF16), bf16_round(got_dpre)) << label << " gelu backward's bf16 copy";
+    std::vector<float> merged = zeros(M * 3 * D);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < 3 * D; ++c) merged[size_t(m * 3 * D + c)] = parts[c / D][size_t(m * D + c % D)];
+    Buffer p0 = up(parts[0]), p1 = up(parts[1]), p2 = up(parts[2]), gmerged(size_t(M * 3 * D) * 4),
+           gmerged_b(size_t(M * 3 * D) * 2);
+    cuda::merge_qkv(p0.as<float>(), p1.as<float>(), p2.as<float>(), gmerged.as<float>(), M, D, gmerged_b.get());
+    EXPECT_EQ(down(gmerged, M * 3 * D), merged) << label << " merge";
+    EXPECT_EQ(down(gmerged_b, M * 3 * D, Storage::BF16), bf16_round(merged)) << label << " merge's bf16 copy";
+  }
 }
 
 TEST_P(OpsCuda, EmbeddingAndRope) {
