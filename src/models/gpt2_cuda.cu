@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,17 @@ struct Gpt2Runner::Impl {
   device::Storage st;
   std::map<std::string, device::Buffer> w;  // by parameter name
   // Training state (fp32 weights only): gradients and AdamW moments by parameter name.
-  std::map<std::string, device::Buffer> grad, m1, m2;
+  // The gradients live in one array (one memset clears them); grad maps names into it.
+  device::Buffer grads;
+  std::map<std::string, float*> grad;
+  std::map<std::string, device::Buffer> m1, m2;
+  std::unique_ptr<AdamWGroup> adam;  // every parameter's AdamW step, one launch
+  float adam_decay = 0.0f;            // the weight decay the group was made with
   std::map<std::string, bool> decay;
   std::map<std::string, int64_t> numel;
   int64_t step = 0;
   bool bf16_gemms = false;  // train_step's GEMM operands in bf16
-  float* gr(const std::string& name) const { return grad.at(name).as<float>(); }
+  float* gr(const std::string& name) const { return grad.at(name); }
 
   const float* f(const std::string& name) const { return at(name).as<float>(); }
   const void* g(const std::string& name) const { return at(name).get(); }
@@ -144,13 +150,27 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   const float eps = float(c.layer_norm_epsilon);
   const auto s = device::Storage::F32;
   using device::Buffer;
-  if (m.grad.empty())
+  if (m.grad.empty()) {
+    int64_t total = 0;
+    for (const auto& [name, n] : m.numel) total += (n + 3) / 4 * 4;  // each tensor 16-byte aligned
+    m.grads = Buffer(size_t(total) * 4);
+    int64_t off = 0;
     for (const auto& [name, n] : m.numel) {
-      m.grad.emplace(name, Buffer(size_t(n) * 4));
+      m.grad[name] = m.grads.as<float>() + off;
+      off += (n + 3) / 4 * 4;
       m.m1.emplace(name, device::zeros_f32(n));
       m.m2.emplace(name, device::zeros_f32(n));
     }
-  for (const auto& [name, n] : m.numel) device::zero(m.grad.at(name).get(), size_t(n) * 4);
+  }
+  if (!m.adam || adam.weight_decay != m.adam_decay) {  // the tensors' table carries each one's decay
+    std::vector<AdamWTensor> tensors;
+    for (const auto& [name, n] : m.numel)
+      tensors.push_back({m.w.at(name).as<float>(), m.gr(name), m.m1.at(name).as<float>(), m.m2.at(name).as<float>(),
+                         n, m.decay.at(name) ? adam.weight_decay : 0.0f});
+    m.adam = std::make_unique<AdamWGroup>(tensors);
+    m.adam_decay = adam.weight_decay;
+  }
+  device::zero(m.grads.get(), m.grads.bytes());
 
   std::vector<int64_t> pos(static_cast<size_t>(M));
   int64_t count = 0;
@@ -301,8 +321,7 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
        m.gr(p + "mlp.c_fc.weight"), 1.0f);
     bias_grad(dff.as<float>(), m.gr(p + "mlp.c_fc.bias"), M, F);
     layernorm_backward(a.xm.get(), m.f(p + "ln_2.weight"), a.mu2.as<float>(), a.rs2.as<float>(), dh.get(), M, D,
-                       tmp.get(), m.gr(p + "ln_2.weight"), m.gr(p + "ln_2.bias"), s);
-    add_inplace(dx.as<float>(), tmp.as<float>(), M * D);
+                       dx.get(), m.gr(p + "ln_2.weight"), m.gr(p + "ln_2.bias"), s, /*accumulate=*/true);
     // Attention: xm = x + y Wp + bp.
     db = bf_copy(dx.as<float>(), M * D);
     mm({dx.as<float>(), db.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::T, M, D, D, dy.as<float>(), 0.0f);
@@ -327,17 +346,13 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
        m.gr(p + "attn.c_attn.weight"), 1.0f);
     bias_grad(dqkv.as<float>(), m.gr(p + "attn.c_attn.bias"), M, 3 * D);
     layernorm_backward(a.x.get(), m.f(p + "ln_1.weight"), a.mu1.as<float>(), a.rs1.as<float>(), dh.get(), M, D,
-                       tmp.get(), m.gr(p + "ln_1.weight"), m.gr(p + "ln_1.bias"), s);
-    add_inplace(dx.as<float>(), tmp.as<float>(), M * D);
+                       dx.get(), m.gr(p + "ln_1.weight"), m.gr(p + "ln_1.bias"), s, /*accumulate=*/true);
   }
   embedding_backward(ids.as<int64_t>(), M, D, dx.get(), m.gr("wte.weight"), s);
   embedding_backward(gpos.as<int64_t>(), M, D, dx.get(), m.gr("wpe.weight"), s);
 
   ++m.step;
-  for (const auto& [name, n] : m.numel) {
-    const AdamWStep st{lr, adam.beta1, adam.beta2, adam.eps, m.decay.at(name) ? adam.weight_decay : 0.0f, m.step};
-    adamw(m.w.at(name).as<float>(), m.gr(name), m.m1.at(name).as<float>(), m.m2.at(name).as<float>(), n, st);
-  }
+  m.adam->step(AdamWStep{lr, adam.beta1, adam.beta2, adam.eps, 0.0f, m.step});
   device::synchronize();
   return float(total / double(std::max<int64_t>(count, 1)));
 }

@@ -214,6 +214,23 @@ __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, int64
   w[i] -= lr * float(mhat / (sqrt(vhat) + eps) + wd * w[i]);
 }
 
+// One block per chunk (tensor index, chunk index within it) of kAdamChunk values.
+constexpr int kAdamChunk = 4096;
+__global__ void adamw_group_kernel(const AdamWTensor* tensors, const int2* chunks, float lr, float b1, float b2,
+                                   float eps, double c1, double c2) {
+  const int2 c = chunks[blockIdx.x];
+  const AdamWTensor t = tensors[c.x];
+  const int64_t i0 = int64_t(c.y) * kAdamChunk, i1 = i0 + kAdamChunk < t.n ? i0 + kAdamChunk : t.n;
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+    const float gi = t.grad[i];
+    const float mi = b1 * t.m[i] + (1 - b1) * gi, vi = b2 * t.v[i] + (1 - b2) * gi * gi;
+    t.m[i] = mi;
+    t.v[i] = vi;
+    const double mhat = mi / c1, vhat = vi / c2;
+    t.param[i] -= lr * float(mhat / (sqrt(vhat) + eps) + t.weight_decay * t.param[i]);
+  }
+}
+
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += x[i];
@@ -282,6 +299,20 @@ __global__ void split_qkv4_kernel(const float* qkv, const float* bias, T* q, T* 
   for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
     const float4 x = reinterpret_cast<const float4*>(qkv)[m * 3 * D4 + c4];
     store4<T>(dst + (m * D4 + d4) * 4, make_float4(x.x + b.x, x.y + b.y, x.z + b.z, x.w + b.w));
+  }
+}
+
+// bias_gelu_kernel four columns at a time (N % 4 == 0, aligned arrays).
+template <class T>
+__global__ void bias_gelu4_kernel(float* x, const float* bias, T* y, int64_t M, int N4) {
+  const int n4 = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n4 >= N4) return;
+  const float4 b = bias ? reinterpret_cast<const float4*>(bias)[n4] : make_float4(0, 0, 0, 0);
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
+    float4* xp = reinterpret_cast<float4*>(x) + m * N4 + n4;
+    const float4 v0 = *xp, v = make_float4(v0.x + b.x, v0.y + b.y, v0.z + b.z, v0.w + b.w);
+    *xp = v;
+    store4<T>(y + (m * N4 + n4) * 4, make_float4(gelu_tanh(v.x), gelu_tanh(v.y), gelu_tanh(v.z), gelu_tanh(v.w)));
   }
 }
 
@@ -407,6 +438,14 @@ void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v
 }
 void bias_gelu_tanh_to(float* x, const float* bias, void* y, int64_t M, int64_t N, Storage st) {
   if (!M || !N) return;
+  if (N % 4 == 0 && N / 4 <= INT32_MAX && aligned16(x) && (!bias || aligned16(bias)) &&
+      (reinterpret_cast<uintptr_t>(y) & (st == Storage::BF16 ? 7 : 15)) == 0) {
+    K3_DISPATCH_STORAGE(st, T,
+                        bias_gelu4_kernel<T><<<row_grid(M, N / 4), kThreads, 0, device::stream()>>>(
+                            x, bias, static_cast<T*>(y), M, int(N / 4)));
+    K3_CUDA_LAUNCHED();
+    return;
+  }
   K3_DISPATCH_STORAGE(st, T,
                       bias_gelu_kernel<T><<<row_grid(M, N), kThreads, 0, device::stream()>>>(
                           x, bias, static_cast<T*>(y), M, N));
@@ -512,6 +551,29 @@ void cross_entropy_to(const float* logits, const int64_t* targets, int64_t M, in
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
                    float* dlogits, float scale, float z_loss, int64_t ld) {
   cross_entropy_to(logits, targets, M, vocab, loss, dlogits, Storage::F32, scale, z_loss, ld);
+}
+
+AdamWGroup::AdamWGroup(const std::vector<AdamWTensor>& tensors) {
+  std::vector<int2> chunks;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const int64_t count = (tensors[t].n + kAdamChunk - 1) / kAdamChunk;
+    if (count > INT32_MAX || t > size_t(INT32_MAX)) throw error("adamw", "a tensor of ", tensors[t].n, " values is too large");
+    for (int64_t c = 0; c < count; ++c) chunks.push_back(make_int2(int(t), int(c)));
+  }
+  chunks_count_ = int64_t(chunks.size());
+  if (chunks_count_ > INT32_MAX) throw error("adamw", chunks_count_, " chunks are more than one launch takes");
+  if (!chunks.empty()) {
+    tensors_ = device::upload_new(tensors.data(), tensors.size() * sizeof(AdamWTensor));
+    chunks_ = device::upload_new(chunks.data(), chunks.size() * sizeof(int2));
+  }
+}
+void AdamWGroup::step(const AdamWStep& s) const {
+  if (!chunks_count_) return;
+  const double c1 = 1.0 - std::pow(double(s.beta1), double(s.step));
+  const double c2 = 1.0 - std::pow(double(s.beta2), double(s.step));
+  adamw_group_kernel<<<unsigned(chunks_count_), kThreads, 0, device::stream()>>>(
+      tensors_.as<AdamWTensor>(), chunks_.as<int2>(), s.lr, s.beta1, s.beta2, s.eps, c1, c2);
+  K3_CUDA_LAUNCHED();
 }
 
 void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s) {

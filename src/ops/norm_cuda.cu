@@ -53,7 +53,7 @@ inline bool partial_sums(int64_t D) { return D <= kMaxPartialCols; }
 // dx = rstd (dŷ − mean(dŷ) − x̂ mean(dŷ x̂)), dŷ = dy ⊙ w; dw += dy x̂; db += dy.
 template <class T>
 __global__ void layernorm_bwd(const T* x, const float* w, const float* mean, const float* rstd, const T* dy,
-                              int64_t M, int64_t D, int rows, T* dx, float* dw, float* db) {
+                              int64_t M, int64_t D, int rows, T* dx, float* dw, float* db, bool acc) {
   extern __shared__ float part[];  // [2][D] when rows > 1
   __shared__ float scratch[32];
   const bool partial = rows > 1;
@@ -71,7 +71,10 @@ __global__ void layernorm_bwd(const T* x, const float* w, const float* mean, con
     const float ma = block_sum(a, scratch) / float(D), mc = block_sum(c, scratch) / float(D);
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       const float xh = (to_f32(x[row * D + d]) - mu) * rs, g = to_f32(dy[row * D + d]);
-      if (dx) dx[row * D + d] = from_f32<T>(rs * (g * w[d] - ma - xh * mc));
+      if (dx) {
+        const float d0 = acc ? to_f32(dx[row * D + d]) : 0.0f;
+        dx[row * D + d] = from_f32<T>(d0 + rs * (g * w[d] - ma - xh * mc));
+      }
       if (partial) {
         part[d] += g * xh;
         part[D + d] += g;
@@ -156,7 +159,8 @@ __global__ void __launch_bounds__(32 * kWarpRowsBlock) layernorm_fwd_warp(const 
 __global__ void __launch_bounds__(32 * kWarpRowsBlock) layernorm_bwd_warp(const float* x, const float* w,
                                                                           const float* mean, const float* rstd,
                                                                           const float* dy, int64_t M, int v4,
-                                                                          int rows, float* dx, float* dw, float* db) {
+                                                                          int rows, float* dx, float* dw, float* db,
+                                                                          bool acc) {
   extern __shared__ float part[];  // [2][D]
   const int64_t D = int64_t(v4) * 128;
   for (int64_t d = threadIdx.x; d < 2 * D; d += blockDim.x) part[d] = 0.0f;
@@ -189,10 +193,12 @@ __global__ void __launch_bounds__(32 * kWarpRowsBlock) layernorm_bwd_warp(const 
         const int k = lane + 32 * i;
         const float4 xv = xr[k], g = gr[k], wc = w4[k];
         const float4 xh = make_float4((xv.x - mu) * rs, (xv.y - mu) * rs, (xv.z - mu) * rs, (xv.w - mu) * rs);
-        if (dx)
-          reinterpret_cast<float4*>(dx + row * D)[k] =
-              make_float4(rs * (g.x * wc.x - ma - xh.x * mc), rs * (g.y * wc.y - ma - xh.y * mc),
-                          rs * (g.z * wc.z - ma - xh.z * mc), rs * (g.w * wc.w - ma - xh.w * mc));
+        if (dx) {
+          float4* dr = reinterpret_cast<float4*>(dx + row * D) + k;
+          const float4 d0 = acc ? *dr : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          *dr = make_float4(d0.x + rs * (g.x * wc.x - ma - xh.x * mc), d0.y + rs * (g.y * wc.y - ma - xh.y * mc),
+                            d0.z + rs * (g.z * wc.z - ma - xh.z * mc), d0.w + rs * (g.w * wc.w - ma - xh.w * mc));
+        }
         adw[i] = make_float4(adw[i].x + g.x * xh.x, adw[i].y + g.y * xh.y, adw[i].z + g.z * xh.z,
                              adw[i].w + g.w * xh.w);
         adb[i] = make_float4(adb[i].x + g.x, adb[i].y + g.y, adb[i].z + g.z, adb[i].w + g.w);
@@ -281,7 +287,7 @@ void layernorm_forward_to(const float* x, const float* w, const float* b, float 
   K3_CUDA_LAUNCHED();
 }
 void layernorm_backward(const void* x, const float* w, const float* mean, const float* rstd, const void* dy,
-                        int64_t M, int64_t D, void* dx, float* dw, float* db, Storage st) {
+                        int64_t M, int64_t D, void* dx, float* dw, float* db, Storage st, bool accumulate) {
   if (!M) return;
   if (st == Storage::F32 && warp_rows(D, {x, w, dy, dx})) {
     // Rows per warp: about two waves of blocks on an H200's 132 SMs.
@@ -289,7 +295,7 @@ void layernorm_backward(const void* x, const float* w, const float* mean, const 
     const int64_t blocks = (M + kWarpRowsBlock * per_warp - 1) / (kWarpRowsBlock * per_warp);
     layernorm_bwd_warp<<<unsigned(blocks), 32 * kWarpRowsBlock, size_t(2 * D) * sizeof(float), device::stream()>>>(
         static_cast<const float*>(x), w, mean, rstd, static_cast<const float*>(dy), M, int(D / 128), int(per_warp),
-        static_cast<float*>(dx), dw, db);
+        static_cast<float*>(dx), dw, db, accumulate);
     K3_CUDA_LAUNCHED();
     return;
   }
@@ -298,7 +304,7 @@ void layernorm_backward(const void* x, const float* w, const float* mean, const 
   K3_DISPATCH_STORAGE(st, T,
                       layernorm_bwd<T><<<unsigned((M + rows - 1) / rows), kThreads, smem, device::stream()>>>(
                           static_cast<const T*>(x), w, mean, rstd, static_cast<const T*>(dy), M, D, rows,
-                          static_cast<T*>(dx), dw, db));
+                          static_cast<T*>(dx), dw, db, accumulate));
   K3_CUDA_LAUNCHED();
 }
 void rmsnorm_forward(const void* x, const float* w, float eps, int64_t M, int64_t D, void* y, float* rstd,

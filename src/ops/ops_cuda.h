@@ -26,14 +26,15 @@ void gate_lowerbound_backward(const float* x, const float* A_log, const float* d
                               const float* dg, float* dx, float* dA_log, float* ddt_bias, GateShape s);
 
 // Norms over the last dimension of x [M, D] (ops/norm.h). mean/rstd [M] are written when non-null.
-// Backward: dx (+)= (overwrites), dw/db accumulate.
+// Backward: dx = (the layer norm's += with accumulate), dw/db accumulate.
 void layernorm_forward(const void* x, const float* w, const float* b, float eps, int64_t M, int64_t D, void* y,
                        float* mean, float* rstd, Storage st);
 // The same over fp32 rows with y stored as y_st (a bf16 GEMM operand written by the norm itself).
 void layernorm_forward_to(const float* x, const float* w, const float* b, float eps, int64_t M, int64_t D, void* y,
                           Storage y_st, float* mean, float* rstd);
+// accumulate: dx += instead of = (a residual stream's adjoint takes the norm's gradient in place).
 void layernorm_backward(const void* x, const float* w, const float* mean, const float* rstd, const void* dy,
-                        int64_t M, int64_t D, void* dx, float* dw, float* db, Storage st);
+                        int64_t M, int64_t D, void* dx, float* dw, float* db, Storage st, bool accumulate = false);
 void rmsnorm_forward(const void* x, const float* w, float eps, int64_t M, int64_t D, void* y, float* rstd,
                      Storage st);
 void rmsnorm_backward(const void* x, const float* w, const float* rstd, const void* dy, int64_t M, int64_t D,
@@ -123,6 +124,25 @@ struct AdamWStep {
   int64_t step;  // 1-based
 };
 void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s);
+// The same step over many tensors in one launch, each with its own weight decay: a model's
+// parameters, whose arrays must outlive the group. The tensors' table and their chunks of 4,096
+// values are uploaded once, at construction.
+struct AdamWTensor {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  int64_t n;
+  float weight_decay;
+};
+class AdamWGroup {
+ public:
+  explicit AdamWGroup(const std::vector<AdamWTensor>& tensors);
+  void step(const AdamWStep& s) const;  // s.weight_decay is not used: each tensor's own applies
+ private:
+  device::Buffer tensors_, chunks_;
+  int64_t chunks_count_ = 0;
+};
 
 // C[M, N] = alpha · op(A) op(B) + beta · C, row-major, through cuBLASLt. A and B stored as
 // `st` (bf16 operands accumulate in fp32); C is fp32.

@@ -81,6 +81,12 @@ TEST_P(OpsCuda, LayerNormAndRmsNormForwardBackward) {
     EXPECT_LE(rel(down(gdx, M * D, st), dx), tol(st)) << "layernorm dx D=" << D;
     EXPECT_LE(rel(down(gdw, D), dw), tol(st)) << "layernorm dw D=" << D;
     EXPECT_LE(rel(down(gdb, D), db), tol(st)) << "layernorm db D=" << D;
+    // accumulate: a second backward into the same dx adds the gradient again (as dw and db do).
+    cuda::layernorm_backward(gx.get(), gw.as<float>(), gm.as<float>(), gr.as<float>(), gdy.get(), M, D, gdx.get(),
+                             gdw.as<float>(), gdb.as<float>(), st, /*accumulate=*/true);
+    std::vector<float> dx2 = dx;
+    for (float& v : dx2) v *= 2.0f;
+    EXPECT_LE(rel(down(gdx, M * D, st), dx2), tol(st)) << "layernorm dx accumulated D=" << D;
 
     std::vector<float> ry = zeros(int64_t(x.size())), rr = zeros(M), rdx = zeros(int64_t(x.size())), rdw = zeros(D);
     rmsnorm_forward(x.data(), w.data(), 1e-6f, M, D, ry.data(), rr.data());
@@ -513,6 +519,35 @@ TEST(OpsCudaOnly, AdamWMatchesClosedForm) {
     }
   }
   EXPECT_LE(rel(down(gw, n), w), 1e-6);
+}
+
+// The one-launch group: tensors of one to three chunks and a tiny one, each with its own weight
+// decay, against the closed form per tensor.
+TEST(OpsCudaOnly, AdamWGroupStepsEveryTensorAsItsOwnAdamW) {
+  Rng rng(16);
+  const std::vector<std::pair<int64_t, float>> shapes = {{4097, 0.1f}, {5, 0.0f}, {9000, 0.05f}};
+  std::vector<std::vector<float>> w, g, m, v;
+  std::vector<Buffer> gw, gg, gm, gv;
+  std::vector<cuda::AdamWTensor> tensors;
+  for (const auto& [n, wd] : shapes) {
+    w.push_back(randv(rng, n)), g.push_back(randv(rng, n)), m.push_back(zeros(n)), v.push_back(zeros(n));
+    gw.push_back(up(w.back())), gg.push_back(up(g.back())), gm.push_back(device::zeros_f32(n));
+    gv.push_back(device::zeros_f32(n));
+    tensors.push_back({gw.back().as<float>(), gg.back().as<float>(), gm.back().as<float>(), gv.back().as<float>(), n,
+                       wd});
+  }
+  const cuda::AdamWGroup group(tensors);
+  for (int64_t step = 1; step <= 3; ++step) {
+    group.step(cuda::AdamWStep{1e-2f, 0.9f, 0.95f, 1e-8f, 0.5f, step});  // its weight decay is not used
+    const double c1 = 1 - std::pow(0.9, double(step)), c2 = 1 - std::pow(0.95, double(step));
+    for (size_t t = 0; t < shapes.size(); ++t)
+      for (size_t i = 0; i < size_t(shapes[t].first); ++i) {
+        m[t][i] = 0.9f * m[t][i] + 0.1f * g[t][i];
+        v[t][i] = 0.95f * v[t][i] + 0.05f * g[t][i] * g[t][i];
+        w[t][i] -= float(1e-2 * (m[t][i] / c1 / (std::sqrt(v[t][i] / c2) + 1e-8) + shapes[t].second * w[t][i]));
+      }
+  }
+  for (size_t t = 0; t < shapes.size(); ++t) EXPECT_LE(rel(down(gw[t], shapes[t].first), w[t]), 1e-6) << "tensor " << t;
 }
 
 TEST(OpsCudaOnly, GemmAllTransposesF32AndBf16) {
