@@ -290,8 +290,9 @@ void layernorm_backward(const void* x, const float* w, const float* mean, const 
                         int64_t M, int64_t D, void* dx, float* dw, float* db, Storage st, bool accumulate) {
   if (!M) return;
   if (st == Storage::F32 && warp_rows(D, {x, w, dy, dx})) {
-    // Rows per warp: about two waves of blocks on an H200's 132 SMs.
-    const int64_t per_warp = std::max<int64_t>(1, (M + kWarpRowsBlock * 264 - 1) / (kWarpRowsBlock * 264));
+    // Rows per warp: about two waves of blocks (one block of dw/db atomics each).
+    const int64_t waves = 2 * int64_t(device::sm_count());
+    const int64_t per_warp = std::max<int64_t>(1, (M + kWarpRowsBlock * waves - 1) / (kWarpRowsBlock * waves));
     const int64_t blocks = (M + kWarpRowsBlock * per_warp - 1) / (kWarpRowsBlock * per_warp);
     layernorm_bwd_warp<<<unsigned(blocks), 32 * kWarpRowsBlock, size_t(2 * D) * sizeof(float), device::stream()>>>(
         static_cast<const float*>(x), w, mean, rstd, static_cast<const float*>(dy), M, int(D / 128), int(per_warp),

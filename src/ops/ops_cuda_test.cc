@@ -63,8 +63,9 @@ class OpsCuda : public ::testing::TestWithParam<Storage> {};
 TEST_P(OpsCuda, LayerNormAndRmsNormForwardBackward) {
   const Storage st = GetParam();
   Rng rng(1);
-  for (int64_t D : {64, 768, 1000, 7000}) {  // 7000: wider than the backward's shared-memory sums
-    const int64_t M = 37;
+  // 7000: wider than the backward's shared-memory sums. 768 at M 5000: the warp-per-row backward
+  // walks several rows per warp (its dw/db summed over them).
+  for (const auto& [D, M] : {std::pair<int64_t, int64_t>{64, 37}, {768, 37}, {1000, 37}, {7000, 37}, {768, 5000}}) {
     // Inputs as the device stores them (bf16-rounded for bf16) so both sides see the same values.
     auto x = randv(rng, M * D), dy = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D);
     if (st == Storage::BF16) x = bf16_round(x), dy = bf16_round(dy);
@@ -87,6 +88,11 @@ TEST_P(OpsCuda, LayerNormAndRmsNormForwardBackward) {
     std::vector<float> dx2 = dx;
     for (float& v : dx2) v *= 2.0f;
     EXPECT_LE(rel(down(gdx, M * D, st), dx2), tol(st)) << "layernorm dx accumulated D=" << D;
+    std::vector<float> dw2 = dw, db2 = db;
+    for (float& v : dw2) v *= 2.0f;
+    for (float& v : db2) v *= 2.0f;
+    EXPECT_LE(rel(down(gdw, D), dw2), tol(st)) << "layernorm dw accumulated D=" << D;
+    EXPECT_LE(rel(down(gdb, D), db2), tol(st)) << "layernorm db accumulated D=" << D;
 
     std::vector<float> ry = zeros(int64_t(x.size())), rr = zeros(M), rdx = zeros(int64_t(x.size())), rdw = zeros(D);
     rmsnorm_forward(x.data(), w.data(), 1e-6f, M, D, ry.data(), rr.data());
@@ -135,13 +141,13 @@ TEST_P(OpsCuda, GeluAndSituForwardBackward) {
 // the output stored as the parameter's storage, against the CPU's ops composed: the norm of fp32
 // rows, the q/k/v split with the projection's bias, the MLP's bias then GELU (the biased
 // pre-activation written back in fp32); and the backward's fp32 results with their bf16 copies
-// (the GELU's backward, the q/k/v merge). D 128 takes the warp-per-row norm and the four-column split
-// and merge, D 95 the others.
+// (the GELU's backward, the q/k/v merge). D 128 takes the warp-per-row norm and the four-column
+// kernels, D 95 (and F = 4·95 + 1) the others.
 TEST_P(OpsCuda, FusedProducersMatchTheComposedOps) {
   const Storage st = GetParam();
   Rng rng(12);
   for (const int64_t D : {128, 95}) {
-    const int64_t M = 75, F = 4 * D;
+    const int64_t M = 75, F = 4 * D + D % 2;
     const std::string label = "D " + std::to_string(D);
     const auto x = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D), qkv = randv(rng, M * 3 * D),
                bq = randv(rng, 3 * D), ff = randv(rng, M * F, 2.0f), bf = randv(rng, F), dy = randv(rng, M * F);
@@ -453,13 +459,16 @@ TEST(OpsCudaOnly, ArgmaxRowsPicksTheFirstLargest) {
   }
 }
 
-// Rows of whole float4s (V 5000), a padded row whose last vector straddles the vocabulary's end
-// (V 5001 in rows of 5004: the pad columns' gradient must be zero) and rows of odd length (the
-// scalar path); the gradient in place of fp32 logits and stored as bf16 (one rounding).
+// Rows of whole float4s (V 5000), padded rows whose last vector straddles the vocabulary's end
+// (V 5001 in rows of 5004; V 4999 in rows of 5012, with whole vectors of pad columns past it: the
+// pad columns' gradient must be written as zero) and rows of odd length (the scalar path); the
+// gradient in place of fp32 logits and stored as bf16 (one rounding; the output array starts as
+// 7s, so a column left unwritten shows).
 TEST(OpsCudaOnly, CrossEntropyMatchesClosedForm) {
   Rng rng(5);
   const int64_t M = 19;
-  for (const auto& [V, ld] : {std::pair<int64_t, int64_t>{5000, 5000}, {5001, 5004}, {4999, 5003}}) {
+  for (const auto& [V, ld] :
+       {std::pair<int64_t, int64_t>{5000, 5000}, {5001, 5004}, {4999, 5012}, {4999, 5003}}) {
     auto z = randv(rng, M * ld, 4.0f);
     std::vector<int64_t> t(static_cast<size_t>(M));
     for (int64_t m = 0; m < M; ++m) t[size_t(m)] = m == 3 ? -1 : (m * 977) % V;
@@ -489,7 +498,7 @@ TEST(OpsCudaOnly, CrossEntropyMatchesClosedForm) {
         EXPECT_LE(rel(down(gz, M * ld), dz), 1e-5) << label;
       }
       {  // bf16, a separate array
-        Buffer gz = up(z), gl(size_t(M) * 4), gd(size_t(M * ld) * 2);
+        Buffer gz = up(z), gl(size_t(M) * 4), gd = up(std::vector<float>(size_t(M * ld), 7.0f), Storage::BF16);
         cuda::cross_entropy_to(gz.as<float>(), gt.as<int64_t>(), M, V, gl.as<float>(), gd.get(), Storage::BF16,
                                scale, c, ld);
         EXPECT_LE(rel(down(gl, M), loss), 1e-5) << label << " bf16";
