@@ -336,7 +336,9 @@ __global__ void merge_qkv4_kernel(const float* q, const float* k, const float* v
     if (qkv_b) qkv_b[m * 3 * D4 + c4] = pack_bf16x4(x);
   }
 }
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+// Whether p is n-byte aligned (n a power of two); four values stored as st take row4_bytes(st).
+bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
+uintptr_t row4_bytes(Storage st) { return st == Storage::BF16 ? 8 : 16; }
 // A block per 32 columns and a slice of the rows: 8 warps walk the slice's rows in turn (each
 // warp's load coalesced over its 32 columns), their partial sums meet in shared memory and one
 // atomic per column adds the slice's sum. Enough slices that every SM has work: one thread per
@@ -365,8 +367,8 @@ __global__ void __launch_bounds__(32 * kBiasRowLanes) bias_grad_kernel(const flo
 
 void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D, void* qkv_bf16) {
   if (!M) return;
-  if (D % 4 == 0 && 3 * D / 4 <= INT32_MAX && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(qkv) &&
-      (reinterpret_cast<uintptr_t>(qkv_bf16) & 7) == 0) {
+  if (D % 4 == 0 && 3 * D / 4 <= INT32_MAX && aligned(q, 16) && aligned(k, 16) && aligned(v, 16) &&
+      aligned(qkv, 16) && aligned(qkv_bf16, 8)) {
     merge_qkv4_kernel<<<row_grid(M, 3 * D / 4), kThreads, 0, device::stream()>>>(
         q, k, v, qkv, static_cast<uint2*>(qkv_bf16), M, int(D / 4));
     K3_CUDA_LAUNCHED();
@@ -399,8 +401,7 @@ void add_bias(float* y, const float* bias, int64_t M, int64_t N) {
 }
 void cast(const float* x, void* y, int64_t n, Storage st) {
   if (!n) return;
-  if (st == Storage::BF16 && n % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
-      (reinterpret_cast<uintptr_t>(y) & 7) == 0) {  // 16-byte loads, 8-byte stores
+  if (st == Storage::BF16 && n % 4 == 0 && aligned(x, 16) && aligned(y, 8)) {  // 16-byte loads, 8-byte stores
     const int64_t n4 = n / 4;
     cast_bf16x4_kernel<<<device::blocks_for(n4, kThreads), kThreads, 0, device::stream()>>>(
         reinterpret_cast<const float4*>(x), reinterpret_cast<uint2*>(y), n4);
@@ -421,10 +422,9 @@ void widen(const void* x, float* y, int64_t n, Storage st) {
 }
 void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v, int64_t M, int64_t D, Storage st) {
   if (!M) return;
-  const size_t out_align = st == Storage::BF16 ? 8 : 16;
-  const auto out_ok = [&](const void* p) { return (reinterpret_cast<uintptr_t>(p) & (out_align - 1)) == 0; };
-  if (D % 4 == 0 && 3 * D / 4 <= INT32_MAX && aligned16(qkv) && (!bias || aligned16(bias)) && out_ok(q) &&
-      out_ok(k) && out_ok(v)) {
+  const uintptr_t out = row4_bytes(st);
+  if (D % 4 == 0 && 3 * D / 4 <= INT32_MAX && aligned(qkv, 16) && (!bias || aligned(bias, 16)) && aligned(q, out) &&
+      aligned(k, out) && aligned(v, out)) {
     K3_DISPATCH_STORAGE(st, T,
                         split_qkv4_kernel<T><<<row_grid(M, 3 * D / 4), kThreads, 0, device::stream()>>>(
                             qkv, bias, static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), M, int(D / 4)));
@@ -438,8 +438,8 @@ void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v
 }
 void bias_gelu_tanh_to(float* x, const float* bias, void* y, int64_t M, int64_t N, Storage st) {
   if (!M || !N) return;
-  if (N % 4 == 0 && N / 4 <= INT32_MAX && aligned16(x) && (!bias || aligned16(bias)) &&
-      (reinterpret_cast<uintptr_t>(y) & (st == Storage::BF16 ? 7 : 15)) == 0) {
+  if (N % 4 == 0 && N / 4 <= INT32_MAX && aligned(x, 16) && (!bias || aligned(bias, 16)) &&
+      aligned(y, row4_bytes(st))) {
     K3_DISPATCH_STORAGE(st, T,
                         bias_gelu4_kernel<T><<<row_grid(M, N / 4), kThreads, 0, device::stream()>>>(
                             x, bias, static_cast<T*>(y), M, int(N / 4)));
@@ -461,8 +461,8 @@ void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st) {
 }
 void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Storage st, void* dx_bf16) {
   if (!n) return;
-  if (dx_bf16 && st == Storage::F32 && n % 4 == 0 && aligned16(x) && aligned16(dy) && aligned16(dx) &&
-      (reinterpret_cast<uintptr_t>(dx_bf16) & 7) == 0) {
+  if (dx_bf16 && st == Storage::F32 && n % 4 == 0 && aligned(x, 16) && aligned(dy, 16) && aligned(dx, 16) &&
+      aligned(dx_bf16, 8)) {
     gelu_bwd_copy_kernel<<<device::blocks_for(n / 4, kThreads), kThreads, 0, device::stream()>>>(
         static_cast<const float4*>(x), static_cast<const float4*>(dy), static_cast<float4*>(dx),
         static_cast<uint2*>(dx_bf16), n / 4);
@@ -535,8 +535,7 @@ void cross_entropy_to(const float* logits, const int64_t* targets, int64_t M, in
                       void* dlogits, Storage st, float scale, float z_loss, int64_t ld) {
   if (!M) return;
   if (!ld) ld = vocab;
-  const auto aligned = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
-  const bool vec = ld % 4 == 0 && aligned(logits, 16) && aligned(dlogits, st == Storage::BF16 ? 8 : 16);
+  const bool vec = ld % 4 == 0 && aligned(logits, 16) && aligned(dlogits, row4_bytes(st));
   K3_DISPATCH_STORAGE(st, T, {
     T* d = static_cast<T*>(dlogits);
     if (vec)
@@ -557,7 +556,8 @@ AdamWGroup::AdamWGroup(const std::vector<AdamWTensor>& tensors) {
   std::vector<int2> chunks;
   for (size_t t = 0; t < tensors.size(); ++t) {
     const int64_t count = (tensors[t].n + kAdamChunk - 1) / kAdamChunk;
-    if (count > INT32_MAX || t > size_t(INT32_MAX)) throw error("adamw", "a tensor of ", tensors[t].n, " values is too large");
+    if (count > INT32_MAX || t > size_t(INT32_MAX))
+      throw error("adamw", "a tensor of ", tensors[t].n, " values is too large");
     for (int64_t c = 0; c < count; ++c) chunks.push_back(make_int2(int(t), int(c)));
   }
   chunks_count_ = int64_t(chunks.size());
