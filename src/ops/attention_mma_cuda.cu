@@ -1,10 +1,7 @@
-// Causal softmax attention on the tensor cores for bf16 storage, fp32 accumulation and softmax:
-// the forward on Hopper's warpgroup MMA (wgmma), the backward on mma.sync (m16n8k16), both on
-// FlashAttention's schedule (a block walks the other operand's tiles, the softmax online).
-//
-// Conventions shared by both: tiles of 16-byte chunks in shared memory are XOR-swizzled (chunk
-// c of row r at c ^ (r mod 8)), so the 8 row addresses of an ldmatrix, or a wgmma's 8-row core
-// matrices, hit 8 different bank groups. An accumulator tile holds, per thread, two rows (g and
+// Causal softmax attention on Hopper's warpgroup MMA (wgmma, sm_90a) for bf16 storage, fp32
+// accumulation and softmax, forward and backward on FlashAttention's schedule (a block walks the
+// other operand's tiles). Tiles reach shared memory by tensor copies (the TMA) in the 128-byte
+// swizzle the wgmma descriptors name. An accumulator tile holds, per thread, two rows (g and
 // g + 8, g = lane / 4) of each 8-column block: the 4 lanes of a quad share those rows, and the
 // layout of two adjacent 8-column blocks, rounded to bf16, is the A-operand layout of one 16-wide
 // k step, so P and dS feed the next product from registers. The softmax runs in base 2 (exp2 of
@@ -19,7 +16,6 @@
 namespace k3::cuda {
 namespace {
 
-using device::cp_async16_zfill;
 using device::pin;
 using device::smem_desc_at;
 using device::smem_desc_lo;
@@ -28,44 +24,13 @@ using device::wg_fence;
 using device::wg_wait0;
 using device::wg_wait1;
 
-constexpr int kKeys = 64;  // keys per tile of the backward
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 
-
-using device::ldmatrix_x4;
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
-  const unsigned a = unsigned(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-using device::mma_bf16;
-
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
   return *reinterpret_cast<const unsigned*>(&v);
-}
-
-// Element offset of 16-byte chunk c of row r in a tile whose rows hold D bf16 values.
-template <int D>
-__device__ __forceinline__ int swz(int r, int c) {
-  return r * D + ((c ^ (r & 7)) << 3);
-}
-
-// n rows from `base` (row stride `stride` elements, as in a [*, H, D] array) into a swizzled tile;
-// rows at or past `valid` are zero-filled.
-template <int D, int THREADS>
-__device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t stride,
-                                          int n, int valid) {
-  constexpr int kChunks = D / 8;
-  for (int i = threadIdx.x; i < n * kChunks; i += THREADS) {
-    const int r = i / kChunks, c = i % kChunks;
-    const bool ok = r < valid;
-    cp_async16_zfill(tile + swz<D>(r, c), ok ? base + r * stride + c * 8 : base, ok);
-  }
 }
 
 // Forward on Hopper's warpgroup MMA (wgmma, sm_90a): a block of 2 warpgroups takes 128 queries,
@@ -410,189 +375,252 @@ void launch_wgmma(const void* q, const void* k, const void* v, void* y, float* l
   K3_CUDA_LAUNCHED();
 }
 
-// Backward: one block per (64 keys, head, sequence), 4 warps of 16 keys; tiles of QT queries (with
-// their dy rows, lse and D = Σ dy·y) stream through shared memory double-buffered, from the first
-// query that sees the block's keys to the last. Per tile each warp forms its keys' rows of
-// Sᵀ = K Qᵀ and dPᵀ = V dYᵀ (keys as rows, so dK and dV stay in registers for the whole walk),
-// Pᵀ = exp(Sᵀ − lse) and dSᵀ = Pᵀ ∘ (dPᵀ − D); dV += Pᵀ dY and dK += dSᵀ Q take Pᵀ and dSᵀ from
-// the accumulators as A operands. dS goes through shared memory (transposed) for dQ = dS K, which
-// the 4 warps split and add to global memory atomically (FlashAttention-2's scheme).
-template <int D, int QT>
-__global__ void __launch_bounds__(128) bwd_mma_kernel(const __nv_bfloat16* __restrict__ q,
-                                                      const __nv_bfloat16* __restrict__ k,
-                                                      const __nv_bfloat16* __restrict__ v,
-                                                      const float* __restrict__ lse, const float* __restrict__ Drow,
-                                                      const __nv_bfloat16* __restrict__ dy, float* __restrict__ dq,
-                                                      float* __restrict__ dk, float* __restrict__ dv, AttnShape a) {
-  constexpr int kThreads = 128;
-  static_assert(QT % 16 == 0 && 64 % QT == 0, "4 warps split the dQ tile's 16-row groups");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* sk = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kKeys][D]
-  __nv_bfloat16* sv = sk + kKeys * D;                               // [kKeys][D]
-  __nv_bfloat16* sq = sv + kKeys * D;                               // [2][QT][D]
-  __nv_bfloat16* sdy = sq + 2 * QT * D;                             // [2][QT][D]
-  __nv_bfloat16* sds = sdy + 2 * QT * D;                            // [QT][kKeys]: dS, queries as rows
-  float* slse = reinterpret_cast<float*>(sds + QT * kKeys);         // [2][QT], log2 units
-  float* sdd = slse + 2 * QT;                                       // [2][QT]
+// Backward on wgmma: one warpgroup per (64 keys, head, sequence), walking 64-query tiles (Q and
+// dY by tensor copies into a 2-stage ring, lse and D = Σ dy·y beside them) from the first query
+// that sees its keys to the last. Keys are the rows of every product the block keeps, so dK and
+// dV stay in registers for the whole walk:
+//   Sᵀ = K Qᵀ, dPᵀ = V dYᵀ       (both operands K-major in shared memory, m64n64k16)
+//   Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ ∘ (dPᵀ − D)
+//   dV += Pᵀ dY, dK += dSᵀ Q     (Pᵀ and dSᵀ from registers: the accumulator layout rounded to
+//                                 bf16 is the A fragment; dY and Q MN-major, as V in the forward)
+//   dQ = dS K                    (dSᵀ through shared memory, keys as rows: A MN-major, K MN-major)
+// and dQ is added to global memory atomically, two columns per add (FlashAttention-2's scheme).
+// A stage is refilled by the last of the 4 warps done with it, as in the forward.
+constexpr int kBwdRows = 64;  // keys per block, queries per tile
 
-  const int64_t k0 = int64_t(blockIdx.x) * kKeys;
+struct BwdMaps {
+  CUtensorMap q, k, v, dy;  // [B, T, H, d] bf16 as 4-D maps (d, H, T, B), boxes of 64 × 1 × 64 × 1
+};
+
+// d (+)= A B, m64n64k16 from shared memory; TA / TB: 0 K-major, 1 MN-major.
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_ss64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " K3_WG_D32 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+      : K3_WG_OUT32(d, 0)
+      : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+#else
+  __trap();
+#endif
+}
+
+template <int D>
+struct BwdTiles {
+  static constexpr int kPanels = D / 64;
+  static constexpr unsigned kTileBytes = unsigned(kBwdRows) * D * 2;  // one 64-row tile of D columns
+  static constexpr size_t kSmem = 2 * size_t(kTileBytes) /* K, V */ + 4 * size_t(kTileBytes) /* 2 stages of Q, dY */ +
+                                  size_t(kBwdRows) * kBwdRows * 2 /* dSᵀ */ + 1024;
+  static_assert(kSmem + 2048 <= 227 * 1024, "the tiles and the barriers must fit in shared memory");
+};
+
+template <int D>
+__global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant__ BwdMaps maps,
+                                                           const float* __restrict__ lse,
+                                                           const float* __restrict__ Drow, float* __restrict__ dq,
+                                                           float* __restrict__ dk, float* __restrict__ dv,
+                                                           AttnShape a) {
+  using Tiles = BwdTiles<D>;
+  constexpr int kP = Tiles::kPanels, kN = kBwdRows;
+  constexpr unsigned kPanelBytes = kN * 128;  // one 64-column panel of a 64-row tile
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ uint64_t full[2], kv_full;
+  __shared__ unsigned released[2];
+  __shared__ float slse[2][kN], sdd[2][kN];  // per stage: lse (log2 units) and D of the tile's queries
+  const uint32_t raw = unsigned(__cvta_generic_to_shared(smem_raw));
+  __nv_bfloat16* sk = reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (raw & 1023)) & 1023));
+  __nv_bfloat16* sv = sk + kN * D;
+  __nv_bfloat16* sq = sv + kN * D;    // stage s: Q at sq + 2s·kN·D, dY right after it
+  __nv_bfloat16* sds = sq + 4 * kN * D;  // dSᵀ [keys][queries]
+
+  const int64_t k0 = int64_t(blockIdx.x) * kN;  // blocks of the first keys (the most queries) first
   const int h = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3;
-  const int64_t stride = a.H * D;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t i_first = (k0 > a.pos0 ? k0 - a.pos0 : 0) / kN * kN;
+  if (i_first >= a.Tq) return;  // keys no query sees: nothing to add
+  const int ntiles = int((a.Tq - i_first + kN - 1) / kN);
   const float sl2 = a.scale * kLog2e;
+  const int64_t lse_row = (int64_t(b) * a.H + h) * a.Tq;
 
-  auto load_queries = [&](int64_t i0, int buf) {
-    const int valid = int(min64(QT, a.Tq - i0));
-    const int64_t row0 = (int64_t(b) * a.Tq + i0) * a.H + h;
-    load_tile<D, kThreads>(sq + buf * QT * D, q + row0 * D, stride, QT, valid);
-    load_tile<D, kThreads>(sdy + buf * QT * D, dy + row0 * D, stride, QT, valid);
-    if (threadIdx.x < QT) {
-      const int r = threadIdx.x;
-      const int64_t li = (int64_t(b) * a.H + h) * a.Tq + i0 + r;
-      slse[buf * QT + r] = r < valid ? lse[li] * kLog2e : INFINITY;  // a padded query: p = 0
-      sdd[buf * QT + r] = r < valid ? Drow[li] : 0.0f;
+  auto load_stage = [&](int tile) {  // one thread: Q and dY of query tile `tile` into its stage
+    const int st = tile & 1, i0 = int(i_first) + tile * kN;
+    __nv_bfloat16* dst = sq + st * 2 * kN * D;
+    device::mbar_arrive_expect_tx(&full[st], 2 * Tiles::kTileBytes);
+#pragma unroll
+    for (int p = 0; p < kP; ++p) {
+      device::tma_load_4d(dst + p * kN * 64, &maps.q, p * 64, h, i0, b, &full[st]);
+      device::tma_load_4d(dst + kN * D + p * kN * 64, &maps.dy, p * 64, h, i0, b, &full[st]);
     }
   };
-  {
-    const int valid = int(min64(kKeys, a.S - k0));
-    const int64_t row0 = (int64_t(b) * a.S + k0) * a.H + h;
-    load_tile<D, kThreads>(sk, k + row0 * D, stride, kKeys, valid);
-    load_tile<D, kThreads>(sv, v + row0 * D, stride, kKeys, valid);
+  // Thread x's share of a tile's lse and D: x < 64 the lse of query x (log2 units; +inf past the
+  // end, so p = 0 there), else D of query x − 64.
+  auto row_value = [&](int tile) {
+    const int r = threadIdx.x & (kN - 1);
+    const int64_t qi = i_first + int64_t(tile) * kN + r;
+    if (qi >= a.Tq) return threadIdx.x < kN ? INFINITY : 0.0f;
+    return threadIdx.x < kN ? lse[lse_row + qi] * kLog2e : Drow[lse_row + qi];
+  };
+  auto put_row_value = [&](int st, float x) {
+    (threadIdx.x < kN ? slse[st] : sdd[st])[threadIdx.x & (kN - 1)] = x;
+  };
+  if (threadIdx.x == 0) {
+    device::mbar_init(&full[0], 1), device::mbar_init(&full[1], 1), device::mbar_init(&kv_full, 1);
+    released[0] = released[1] = 0;
+    device::fence_mbar_init();
   }
-  const int64_t i_first = (k0 > a.pos0 ? k0 - a.pos0 : 0) / QT * QT;
-  if (i_first < a.Tq) load_queries(i_first, 0);
-  device::cp_async_commit();
-
-  float dka[D / 8][4] = {}, dva[D / 8][4] = {};
-  for (int64_t i0 = i_first, it = 0; i0 < a.Tq; i0 += QT, ++it) {
-    const int buf = int(it & 1);
-    if (i0 + QT < a.Tq) {
-      load_queries(i0 + QT, buf ^ 1);  // that buffer's last readers passed this tile's first barrier
-      device::cp_async_commit();
-      device::cp_async_wait1();
-    } else {
-      device::cp_async_wait0();
+  put_row_value(0, row_value(0));
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    device::mbar_arrive_expect_tx(&kv_full, 2 * Tiles::kTileBytes);
+#pragma unroll
+    for (int p = 0; p < kP; ++p) {
+      device::tma_load_4d(sk + p * kN * 64, &maps.k, p * 64, h, int(k0), b, &kv_full);
+      device::tma_load_4d(sv + p * kN * 64, &maps.v, p * 64, h, int(k0), b, &kv_full);
     }
-    __syncthreads();
-    const __nv_bfloat16* tq = sq + buf * QT * D;
-    const __nv_bfloat16* tdy = sdy + buf * QT * D;
+    load_stage(0);
+    if (ntiles > 1) load_stage(1);
+  }
 
-    float st[QT / 8][4] = {}, dpt[QT / 8][4] = {};  // Sᵀ and dPᵀ: this warp's 16 keys × QT queries
+  float dka[kP][32], dva[kP][32];
+#pragma unroll
+  for (int p = 0; p < kP; ++p)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dka[p][i] = dva[p][i] = 0.0f;
+  const uint32_t d_k = smem_desc_lo(sk, kPanelBytes), d_v = smem_desc_lo(sv, kPanelBytes),
+                 d_q = smem_desc_lo(sq, kPanelBytes), d_ds = smem_desc_lo(sds, kPanelBytes);
+  const int64_t key_row[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  device::mbar_wait(&kv_full, 0);
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int st = it & 1;
+    const int64_t i0 = i_first + int64_t(it) * kN;
+    const float next = it + 1 < ntiles ? row_value(it + 1) : 0.0f;  // in flight during the tile
+    const uint32_t q_off = st * 2 * Tiles::kTileBytes, dy_off = q_off + Tiles::kTileBytes;
+    device::mbar_wait(&full[st], unsigned(it >> 1) & 1u);
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dYᵀ: k-steps of 16 dims, 32 bytes apart in a panel.
+    float s[32], dp[32];
+    pin(s), pin(dp);
+    wg_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      unsigned ka[4], va[4];
-      ldmatrix_x4(ka, sk + swz<D>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
-      ldmatrix_x4(va, sv + swz<D>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
-#pragma unroll
-      for (int nt = 0; nt < QT / 8; nt += 2) {
-        unsigned bq[4], bd[4];
-        ldmatrix_x4(bq, tq + swz<D>(nt * 8 + (mi >> 1) * 8 + (lane & 7), 2 * kk + (mi & 1)));
-        ldmatrix_x4(bd, tdy + swz<D>(nt * 8 + (mi >> 1) * 8 + (lane & 7), 2 * kk + (mi & 1)));
-        mma_bf16(st[nt], ka, bq[0], bq[1]);
-        mma_bf16(st[nt + 1], ka, bq[2], bq[3]);
-        mma_bf16(dpt[nt], va, bd[0], bd[1]);
-        mma_bf16(dpt[nt + 1], va, bd[2], bd[3]);
-      }
+      const uint32_t off = (kk >> 2) * kPanelBytes + (kk & 3) * 32;
+      wgmma_ss64<0, 0>(s, smem_desc_at(d_k, off), smem_desc_at(d_q, q_off + off), kk > 0);
     }
-    const bool diag = k0 + kKeys - 1 > a.pos0 + i0;  // some key of the block is past some query
 #pragma unroll
-    for (int nt = 0; nt < QT / 8; ++nt)
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk >> 2) * kPanelBytes + (kk & 3) * 32;
+      wgmma_ss64<0, 0>(dp, smem_desc_at(d_v, off), smem_desc_at(d_q, dy_off + off), kk > 0);
+    }
+    wg_commit();
+    wg_wait0();
+    pin(s), pin(dp);
+
+    // Pᵀ and dSᵀ (before the scale): element e of column block nt is key row (e / 2), query
+    // nt·8 + 2t + e mod 2.
+    const bool diag = k0 + kN - 1 > a.pos0 + i0;  // some key of the block is past some query
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = nt * 8 + 2 * t + (e & 1);
-        const int64_t key = k0 + warp * 16 + g + 8 * (e >> 1);
-        float p = exp2f(fmaf(st[nt][e], sl2, -slse[buf * QT + qc]));
-        if (diag && key > a.pos0 + i0 + qc) p = 0.0f;
-        st[nt][e] = p;
-        dpt[nt][e] = p * (dpt[nt][e] - sdd[buf * QT + qc]);  // dSᵀ, before the scale
+        float p = exp2f(fmaf(s[nt * 4 + e], sl2, -slse[st][qc]));
+        if (diag && key_row[e >> 1] > a.pos0 + i0 + qc) p = 0.0f;
+        s[nt * 4 + e] = p;
+        dp[nt * 4 + e] = p * (dp[nt * 4 + e] - sdd[st][qc]);
       }
-    // dV += Pᵀ dY and dK += dSᵀ Q: accumulator tiles 2j, 2j + 1 are the A fragment of queries
-    // [16j, 16j + 16); the B fragments come transposed from the query-major tiles.
+    unsigned pa[4][4], sa[4][4];
 #pragma unroll
-    for (int j = 0; j < QT / 16; ++j) {
-      const unsigned pa[4] = {pack_bf16(st[2 * j][0], st[2 * j][1]), pack_bf16(st[2 * j][2], st[2 * j][3]),
-                              pack_bf16(st[2 * j + 1][0], st[2 * j + 1][1]),
-                              pack_bf16(st[2 * j + 1][2], st[2 * j + 1][3])};
-      const unsigned sa[4] = {pack_bf16(dpt[2 * j][0], dpt[2 * j][1]), pack_bf16(dpt[2 * j][2], dpt[2 * j][3]),
-                              pack_bf16(dpt[2 * j + 1][0], dpt[2 * j + 1][1]),
-                              pack_bf16(dpt[2 * j + 1][2], dpt[2 * j + 1][3])};
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int dt = 0; dt < D / 8; dt += 2) {
-        unsigned bd[4], bq[4];
-        ldmatrix_x4_trans(bd, tdy + swz<D>(16 * j + (mi & 1) * 8 + (lane & 7), dt + (mi >> 1)));
-        ldmatrix_x4_trans(bq, tq + swz<D>(16 * j + (mi & 1) * 8 + (lane & 7), dt + (mi >> 1)));
-        mma_bf16(dva[dt], pa, bd[0], bd[1]);
-        mma_bf16(dva[dt + 1], pa, bd[2], bd[3]);
-        mma_bf16(dka[dt], sa, bq[0], bq[1]);
-        mma_bf16(dka[dt + 1], sa, bq[2], bq[3]);
+      for (int r = 0; r < 4; ++r) {
+        pa[j][r] = pack_bf16(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]);
+        sa[j][r] = pack_bf16(dp[8 * j + 2 * r], dp[8 * j + 2 * r + 1]);
       }
-    }
-    // dS into shared memory, queries as rows.
+    // dV += Pᵀ dY, dK += dSᵀ Q: 16 queries a k-step, the rows of dY and Q (MN-major B).
 #pragma unroll
-    for (int nt = 0; nt < QT / 8; ++nt)
+    for (int p = 0; p < kP; ++p) pin(dka[p]), pin(dva[p]);
+    wg_fence();
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qc = nt * 8 + 2 * t + (e & 1), kc = warp * 16 + g + 8 * (e >> 1);
-        sds[swz<kKeys>(qc, kc >> 3) + (kc & 7)] = __float2bfloat16(dpt[nt][e]);
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int p = 0; p < kP; ++p) {
+        const uint32_t off = p * kPanelBytes + j * 16 * 128;
+        wgmma_rs(dva[p], pa[j], smem_desc_at(d_q, dy_off + off));
+        wgmma_rs(dka[p], sa[j], smem_desc_at(d_q, q_off + off));
       }
+    wg_commit();
+    // dSᵀ to shared memory as bf16, keys as rows (128-byte swizzled rows of 64 queries).
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int kr = warp * 16 + g + 8 * r;
+        *reinterpret_cast<unsigned*>(sds + kr * 64 + ((nt ^ (kr & 7)) << 3) + 2 * t) =
+            pack_bf16(dp[nt * 4 + 2 * r], dp[nt * 4 + 2 * r + 1]);
+      }
+    if (it + 1 < ntiles) put_row_value(st ^ 1, next);
+    device::fence_proxy_async();
     __syncthreads();
-    // dQ[QT, D] += scale · dS K: warps split the rows in 16-row groups and, when QT < 64, the columns.
-    constexpr int kGroups = QT / 16, kCols = D / (4 / kGroups);
-    const int rg = warp % kGroups, c0 = (warp / kGroups) * kCols;
-    float dqa[kCols / 8][4] = {};
+    // dQ = dS K: A = dSᵀ's rows MN-major (queries contiguous), B = K's rows MN-major; 16 keys a step.
+    float dqa[kP][32];
 #pragma unroll
-    for (int j = 0; j < kKeys / 16; ++j) {
-      unsigned da[4];
-      ldmatrix_x4(da, sds + swz<kKeys>(rg * 16 + (lane & 15), 2 * j + (lane >> 4)));
+    for (int p = 0; p < kP; ++p) pin(dqa[p]);
+    wg_fence();
 #pragma unroll
-      for (int dt = 0; dt < kCols / 8; dt += 2) {
-        unsigned bk[4];
-        ldmatrix_x4_trans(bk, sk + swz<D>(16 * j + (mi & 1) * 8 + (lane & 7), c0 / 8 + dt + (mi >> 1)));
-        mma_bf16(dqa[dt], da, bk[0], bk[1]);
-        mma_bf16(dqa[dt + 1], da, bk[2], bk[3]);
-      }
-    }
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int p = 0; p < kP; ++p)
+        wgmma_ss64<1, 1>(dqa[p], smem_desc_at(d_ds, j * 16 * 128), smem_desc_at(d_k, p * kPanelBytes + j * 16 * 128),
+                         j > 0);
+    wg_commit();
+    wg_wait0();
+#pragma unroll
+    for (int p = 0; p < kP; ++p) pin(dqa[p]), pin(dka[p]), pin(dva[p]);
+    // Done with this stage's Q and dY: the last warp refills it with tile it + 2.
+    if (lane == 0 && (count_release(&released[st]) & 3u) == 3u && it + 2 < ntiles) load_stage(it + 2);
+    __syncwarp();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int64_t qi = i0 + rg * 16 + g + 8 * r;
+      const int64_t qi = i0 + warp * 16 + g + 8 * r;
       if (qi >= a.Tq) continue;
-      float* dqr = dq + ((int64_t(b) * a.Tq + qi) * a.H + h) * D + c0 + 2 * t;
+      float* dqr = dq + ((int64_t(b) * a.Tq + qi) * a.H + h) * D + 2 * t;
 #pragma unroll
-      for (int dt = 0; dt < kCols / 8; ++dt) {
-        atomicAdd(dqr + dt * 8, dqa[dt][2 * r] * a.scale);
-        atomicAdd(dqr + dt * 8 + 1, dqa[dt][2 * r + 1] * a.scale);
-      }
+      for (int p = 0; p < kP; ++p)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          atomicAdd(reinterpret_cast<float2*>(dqr + p * 64 + nt * 8),
+                    make_float2(dqa[p][nt * 4 + 2 * r] * a.scale, dqa[p][nt * 4 + 2 * r + 1] * a.scale));
     }
-    // No closing barrier: the next tile's loads go to the other buffer, whose last reads came
-    // before this tile's middle barrier; sds is next written after the next tile's first barrier.
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t key = k0 + warp * 16 + g + 8 * r;
-    if (key >= a.S) continue;
-    const int64_t off = ((int64_t(b) * a.S + key) * a.H + h) * D + 2 * t;
+    if (key_row[r] >= a.S) continue;
+    const int64_t off = ((int64_t(b) * a.S + key_row[r]) * a.H + h) * D + 2 * t;
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      float2* pk = reinterpret_cast<float2*>(dk + off + dt * 8);
-      float2* pv = reinterpret_cast<float2*>(dv + off + dt * 8);
-      const float2 ok = *pk, ov = *pv;
-      *pk = make_float2(ok.x + dka[dt][2 * r] * a.scale, ok.y + dka[dt][2 * r + 1] * a.scale);
-      *pv = make_float2(ov.x + dva[dt][2 * r], ov.y + dva[dt][2 * r + 1]);
-    }
+    for (int p = 0; p < kP; ++p)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        float2* pk = reinterpret_cast<float2*>(dk + off + p * 64 + nt * 8);
+        float2* pv = reinterpret_cast<float2*>(dv + off + p * 64 + nt * 8);
+        const float2 ok = *pk, ov = *pv;
+        *pk = make_float2(ok.x + dka[p][nt * 4 + 2 * r] * a.scale, ok.y + dka[p][nt * 4 + 2 * r + 1] * a.scale);
+        *pv = make_float2(ov.x + dva[p][nt * 4 + 2 * r], ov.y + dva[p][nt * 4 + 2 * r + 1]);
+      }
   }
 }
 
-template <int D, int QT>
+template <int D>
 void launch_bwd(const void* q, const void* k, const void* v, const float* lse, const float* Drow, const void* dy,
                 float* dq, float* dk, float* dv, const AttnShape& a) {
-  const size_t smem = (2 * size_t(kKeys) * D + 4 * size_t(QT) * D + size_t(QT) * kKeys) * sizeof(__nv_bfloat16) +
-                      4 * size_t(QT) * sizeof(float);
-  auto kernel = bwd_mma_kernel<D, QT>;
-  K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned((a.S + kKeys - 1) / kKeys), unsigned(a.H), unsigned(a.B));
-  kernel<<<grid, 128, smem, device::stream()>>>(
-      static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
-      static_cast<const __nv_bfloat16*>(v), lse, Drow, static_cast<const __nv_bfloat16*>(dy), dq, dk, dv, a);
+  using Tiles = BwdTiles<D>;
+  const BwdMaps maps{head_rows_map(q, a.B, a.Tq, a.H, D, kBwdRows), head_rows_map(k, a.B, a.S, a.H, D, kBwdRows),
+                     head_rows_map(v, a.B, a.S, a.H, D, kBwdRows), head_rows_map(dy, a.B, a.Tq, a.H, D, kBwdRows)};
+  auto kernel = bwd_wgmma_kernel<D>;
+  K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tiles::kSmem)));
+  const dim3 grid(unsigned((a.S + kBwdRows - 1) / kBwdRows), unsigned(a.H), unsigned(a.B));
+  kernel<<<grid, 128, Tiles::kSmem, device::stream()>>>(maps, lse, Drow, dq, dk, dv, a);
   K3_CUDA_LAUNCHED();
 }
 
@@ -610,10 +638,11 @@ bool attention_forward_mma(const void* q, const void* k, const void* v, void* y,
 
 bool attention_backward_mma(const void* q, const void* k, const void* v, const float* lse, const float* D,
                             const void* dy, float* dq, float* dk, float* dv, const AttnShape& a) {
-  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dy) || !aligned16(dk) || !aligned16(dv))
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dy) || !aligned16(dq) || !aligned16(dk) ||
+      !aligned16(dv))
     return false;
-  if (a.hd == 64 && a.hdv == 64) return launch_bwd<64, 64>(q, k, v, lse, D, dy, dq, dk, dv, a), true;
-  if (a.hd == 128 && a.hdv == 128) return launch_bwd<128, 32>(q, k, v, lse, D, dy, dq, dk, dv, a), true;
+  if (a.hd == 64 && a.hdv == 64) return launch_bwd<64>(q, k, v, lse, D, dy, dq, dk, dv, a), true;
+  if (a.hd == 128 && a.hdv == 128) return launch_bwd<128>(q, k, v, lse, D, dy, dq, dk, dv, a), true;
   return false;
 }
 
