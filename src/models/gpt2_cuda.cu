@@ -100,14 +100,15 @@ std::vector<float> Gpt2Runner::logits(const int64_t* ids_host, int64_t B, int64_
   embedding_forward(m.f("wte.weight"), V, ids.as<int64_t>(), M, D, x.get(), s, false);
   embedding_forward(m.f("wpe.weight"), c.n_positions, gpos.as<int64_t>(), M, D, tmp.get(), s, false);
   add_inplace(x.as<float>(), tmp.as<float>(), M * D);
-  // out[M, N] (beta = 0: =, 1: +=) = in[M, K] W[K, N] (+ bias added separately).
-  auto matmul = [&](const float* in, int64_t K, const std::string& wname, int64_t N, float* out, float beta) {
+  // out[M, N] (beta = 0: =, 1: +=) = in[M, K] W[K, N] (+ bias, by the GEMM's epilogue).
+  auto matmul = [&](const float* in, int64_t K, const std::string& wname, int64_t N, float* out, float beta,
+                    const float* bias = nullptr) {
     const void* a = in;
     if (bf16) {
       cast(in, cast_buf.get(), M * K, m.st);
       a = cast_buf.get();
     }
-    gemm(Op::N, Op::N, M, N, K, 1.0f, a, 0, m.g(wname), 0, beta, out, 0, m.st);
+    gemm(Op::N, Op::N, M, N, K, 1.0f, a, 0, m.g(wname), 0, beta, out, 0, m.st, bias);
   };
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
@@ -116,14 +117,11 @@ std::vector<float> Gpt2Runner::logits(const int64_t* ids_host, int64_t B, int64_
     split_qkv_to(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), q.get(), k.get(), v.get(), M, D, s);
     const AttnShape as{B, T, T, H, hd, hd, 0, 1.0f / std::sqrt(float(hd))};
     attention_forward(q.get(), k.get(), v.get(), y.get(), nullptr, as, s);
-    matmul(y.as<float>(), D, p + "attn.c_proj.weight", D, x.as<float>(), 1.0f);
-    add_bias(x.as<float>(), m.f(p + "attn.c_proj.bias"), M, D);
+    matmul(y.as<float>(), D, p + "attn.c_proj.weight", D, x.as<float>(), 1.0f, m.f(p + "attn.c_proj.bias"));
     layernorm_forward(x.get(), m.f(p + "ln_2.weight"), m.f(p + "ln_2.bias"), eps, M, D, h.get(), nullptr, nullptr, s);
-    matmul(h.as<float>(), D, p + "mlp.c_fc.weight", F, ff.as<float>(), 0.0f);
-    add_bias(ff.as<float>(), m.f(p + "mlp.c_fc.bias"), M, F);
+    matmul(h.as<float>(), D, p + "mlp.c_fc.weight", F, ff.as<float>(), 0.0f, m.f(p + "mlp.c_fc.bias"));
     gelu_tanh_forward(ff.get(), ff2.get(), M * F, s);
-    matmul(ff2.as<float>(), F, p + "mlp.c_proj.weight", D, x.as<float>(), 1.0f);
-    add_bias(x.as<float>(), m.f(p + "mlp.c_proj.bias"), M, D);
+    matmul(ff2.as<float>(), F, p + "mlp.c_proj.weight", D, x.as<float>(), 1.0f, m.f(p + "mlp.c_proj.bias"));
   }
   layernorm_forward(x.get(), m.f("ln_f.weight"), m.f("ln_f.bias"), eps, M, D, h.get(), nullptr, nullptr, s);
   Buffer out(size_t(M * V) * 4);
@@ -216,12 +214,12 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     return c;
   };
   auto mm = [&](Operand a, Op ta, Operand b, Op tb, int64_t rows, int64_t cols, int64_t inner, float* out,
-                float beta) {
-    if (!m.bf16_gemms) return gemm(ta, tb, rows, cols, inner, 1.0f, a.f, 0, b.f, 0, beta, out, 0, s);
+                float beta, const float* bias = nullptr) {
+    if (!m.bf16_gemms) return gemm(ta, tb, rows, cols, inner, 1.0f, a.f, 0, b.f, 0, beta, out, 0, s, bias);
     Buffer ab, bb;
     if (!a.b) ab = bf_copy(a.f, rows * inner), a.b = ab.get();
     if (!b.b) bb = bf_copy(b.f, inner * cols), b.b = bb.get();
-    gemm(ta, tb, rows, cols, inner, 1.0f, a.b, 0, b.b, 0, beta, out, 0, bf);
+    gemm(ta, tb, rows, cols, inner, 1.0f, a.b, 0, b.b, 0, beta, out, 0, bf, bias);
   };
   // Weights under bf16 GEMMs: cast once per step (the forward and the backward read each).
   std::map<std::string, Buffer> wb;
@@ -263,8 +261,9 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
       split_qkv_to(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), a.q.get(), a.k.get(), a.v.get(), M, D, s);
       attention_forward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), as, s);
     }
-    mm({a.y.as<float>(), a.yb.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::N, M, D, D, x.as<float>(), 1.0f);
-    add_bias(x.as<float>(), m.f(p + "attn.c_proj.bias"), M, D);
+    // x += y W + b: the residual add by the GEMM's beta, the bias by its epilogue.
+    mm({a.y.as<float>(), a.yb.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::N, M, D, D, x.as<float>(), 1.0f,
+       m.f(p + "attn.c_proj.bias"));
     device::copy(a.xm.get(), x.get(), size_t(M * D) * 4);
     norm(x.as<float>(), p + "ln_2", a.h2, a.h2b, a.mu2.as<float>(), a.rs2.as<float>());
     mm({a.h2.as<float>(), a.h2b.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::N, M, F, D, a.ff.as<float>(), 0.0f);
@@ -275,8 +274,8 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
       a.ff2 = buf(M * F);
       bias_gelu_tanh_to(a.ff.as<float>(), m.f(p + "mlp.c_fc.bias"), a.ff2.get(), M, F, s);
     }
-    mm({a.ff2.as<float>(), a.ff2b.get()}, Op::N, W(p + "mlp.c_proj.weight"), Op::N, M, D, F, x.as<float>(), 1.0f);
-    add_bias(x.as<float>(), m.f(p + "mlp.c_proj.bias"), M, D);
+    mm({a.ff2.as<float>(), a.ff2b.get()}, Op::N, W(p + "mlp.c_proj.weight"), Op::N, M, D, F, x.as<float>(), 1.0f,
+       m.f(p + "mlp.c_proj.bias"));
   }
   // The LM head over wte's zero-padded Vp rows (the constructor): logits [M, Vp], their pad
   // columns zero; the loss reads the first V and zeroes the pad columns of dlogits.

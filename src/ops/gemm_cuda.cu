@@ -45,8 +45,8 @@ struct Plan {
 };
 
 struct PlanKey {
-  int64_t v[9];
-  bool operator==(const PlanKey& o) const { return std::equal(v, v + 9, o.v); }
+  int64_t v[10];
+  bool operator==(const PlanKey& o) const { return std::equal(v, v + 10, o.v); }
 };
 struct PlanHash {
   size_t operator()(const PlanKey& k) const {
@@ -56,7 +56,8 @@ struct PlanHash {
   }
 };
 
-Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, Storage st) {
+Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, Storage st,
+               bool bias) {
   const int64_t a_cols = ta == Op::N ? K : M, b_cols = tb == Op::N ? N : K;
   const cudaDataType_t in = st == Storage::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   Plan p;
@@ -66,6 +67,13 @@ Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64
   const cublasOperation_t opb = ta == Op::N ? CUBLAS_OP_N : CUBLAS_OP_T;
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "set TRANSA");
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "set TRANSB");
+  if (bias) {  // the vector runs along Lt's rows, row-major C's columns; its pointer is set per call
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = CUDA_R_32F;
+    lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "set EPILOGUE");
+    lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
+             "set BIAS_DATA_TYPE");
+  }
   // Stored col-major shapes: B as [b_cols, b_rows], A as [a_cols, a_rows], C as [N, M].
   const int64_t b_rows = tb == Op::N ? K : N, a_rows = ta == Op::N ? M : K;
   lt_check(cublasLtMatrixLayoutCreate(&p.la, in, uint64_t(b_cols), uint64_t(b_rows), ldb), "layout B");
@@ -106,31 +114,37 @@ void destroy(Plan& p) {
 }  // namespace
 
 void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
-          int64_t ldb, float beta, float* C, int64_t ldc, Storage st) {
+          int64_t ldb, float beta, float* C, int64_t ldc, Storage st, const float* bias) {
   if (M == 0 || N == 0) return;
   device::require_cuda("gemm");
   if (lda == 0) lda = ta == Op::N ? K : M;  // row-major A is [M, K] or [K, M]
   if (ldb == 0) ldb = tb == Op::N ? N : K;
   if (ldc == 0) ldc = N;
   Lt& l = lt();
-  const PlanKey key{{int64_t(ta), int64_t(tb), M, N, K, lda, ldb, ldc, int64_t(st)}};
+  const PlanKey key{{int64_t(ta), int64_t(tb), M, N, K, lda, ldb, ldc, int64_t(st), bias != nullptr}};
   PlanCache& cache = plans();
   Plan plan;
   bool owned = false;
-  {
-    std::lock_guard<std::mutex> lock(cache.mu);
-    auto it = cache.plans.find(key);
-    if (it != cache.plans.end()) {
-      plan = it->second;
-    } else {
-      plan = make_plan(ta, tb, M, N, K, lda, ldb, ldc, st);
-      if (cache.plans.size() < PlanCache::kMax) cache.plans.emplace(key, plan);
-      else owned = true;
-    }
+  // A plan with a bias takes the vector's address as a descriptor attribute: the lock covers
+  // setting it and enqueueing the product, so no other thread's call sees it in between.
+  std::unique_lock<std::mutex> lock(cache.mu);
+  auto it = cache.plans.find(key);
+  if (it != cache.plans.end()) {
+    plan = it->second;
+  } else {
+    plan = make_plan(ta, tb, M, N, K, lda, ldb, ldc, st, bias != nullptr);
+    if (cache.plans.size() < PlanCache::kMax) cache.plans.emplace(key, plan);
+    else owned = true;
   }
+  if (bias)
+    lt_check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+             "set BIAS_POINTER");
+  else
+    lock.unlock();
   const size_t ws = l.workspace.bytes();
   const cublasStatus_t status = cublasLtMatmul(l.handle, plan.op, &alpha, B, plan.la, A, plan.lb, &beta, C, plan.lc,
                                                C, plan.lc, &plan.algo, l.workspace.get(), ws, device::stream());
+  if (lock.owns_lock()) lock.unlock();
   if (owned) destroy(plan);
   lt_check(status, "cublasLtMatmul");
 }

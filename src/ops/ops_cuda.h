@@ -144,11 +144,12 @@ class AdamWGroup {
   int64_t chunks_count_ = 0;
 };
 
-// C[M, N] = alpha · op(A) op(B) + beta · C, row-major, through cuBLASLt. A and B stored as
-// `st` (bf16 operands accumulate in fp32); C is fp32.
+// C[M, N] = alpha · op(A) op(B) + beta · C (+ bias), row-major, through cuBLASLt. A and B stored
+// as `st` (bf16 operands accumulate in fp32); C is fp32. bias, when given, is an fp32 [N] vector
+// added to every row by cuBLASLt's epilogue (no pass over C of its own).
 enum class Op : uint8_t { N, T };
 void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
-          int64_t ldb, float beta, float* C, int64_t ldc, Storage st);
+          int64_t ldb, float beta, float* C, int64_t ldc, Storage st, const float* bias = nullptr);
 
 // Many GEMMs in one launch: for each problem i, row-major C_i[M_i, N] = A_i[M_i, K] · B_iᵀ with
 // B_i [N, K] (a Linear's [out, in] weight), contiguous rows; A and B stored as `st`, C fp32. One

@@ -534,29 +534,42 @@ TEST(OpsCudaOnly, AdamWMatchesClosedForm) {
 // decay, against the closed form per tensor.
 TEST(OpsCudaOnly, AdamWGroupStepsEveryTensorAsItsOwnAdamW) {
   Rng rng(16);
-  const std::vector<std::pair<int64_t, float>> shapes = {{4097, 0.1f}, {5, 0.0f}, {9000, 0.05f}};
+  struct Shape {
+    int64_t n;
+    float wd;
+    int64_t shift;  // the parameters start this many values into their array: 1 leaves the vector path
+  };
+  const std::vector<Shape> shapes = {{4097, 0.1f, 0}, {5, 0.0f, 0}, {9000, 0.05f, 0}, {4103, 0.02f, 1}};
   std::vector<std::vector<float>> w, g, m, v;
   std::vector<Buffer> gw, gg, gm, gv;
   std::vector<cuda::AdamWTensor> tensors;
-  for (const auto& [n, wd] : shapes) {
+  for (const auto& [n, wd, shift] : shapes) {
     w.push_back(randv(rng, n)), g.push_back(randv(rng, n)), m.push_back(zeros(n)), v.push_back(zeros(n));
-    gw.push_back(up(w.back())), gg.push_back(up(g.back())), gm.push_back(device::zeros_f32(n));
+    std::vector<float> padded = zeros(shift);
+    padded.insert(padded.end(), w.back().begin(), w.back().end());
+    gw.push_back(up(padded)), gg.push_back(up(g.back())), gm.push_back(device::zeros_f32(n));
     gv.push_back(device::zeros_f32(n));
-    tensors.push_back({gw.back().as<float>(), gg.back().as<float>(), gm.back().as<float>(), gv.back().as<float>(), n,
-                       wd});
+    tensors.push_back({gw.back().as<float>() + shift, gg.back().as<float>(), gm.back().as<float>(),
+                       gv.back().as<float>(), n, wd});
   }
   const cuda::AdamWGroup group(tensors);
   for (int64_t step = 1; step <= 3; ++step) {
     group.step(cuda::AdamWStep{1e-2f, 0.9f, 0.95f, 1e-8f, 0.5f, step});  // its weight decay is not used
     const double c1 = 1 - std::pow(0.9, double(step)), c2 = 1 - std::pow(0.95, double(step));
     for (size_t t = 0; t < shapes.size(); ++t)
-      for (size_t i = 0; i < size_t(shapes[t].first); ++i) {
+      for (size_t i = 0; i < size_t(shapes[t].n); ++i) {
         m[t][i] = 0.9f * m[t][i] + 0.1f * g[t][i];
         v[t][i] = 0.95f * v[t][i] + 0.05f * g[t][i] * g[t][i];
-        w[t][i] -= float(1e-2 * (m[t][i] / c1 / (std::sqrt(v[t][i] / c2) + 1e-8) + shapes[t].second * w[t][i]));
+        w[t][i] -= float(1e-2 * (m[t][i] / c1 / (std::sqrt(v[t][i] / c2) + 1e-8) + shapes[t].wd * w[t][i]));
       }
   }
-  for (size_t t = 0; t < shapes.size(); ++t) EXPECT_LE(rel(down(gw[t], shapes[t].first), w[t]), 1e-6) << "tensor " << t;
+  for (size_t t = 0; t < shapes.size(); ++t) {
+    const std::vector<float> got = down(gw[t], shapes[t].n + shapes[t].shift);
+    if (shapes[t].shift) {
+      EXPECT_EQ(got[0], 0.0f) << "tensor " << t << ": the value before it was written";
+    }
+    EXPECT_LE(rel(std::vector<float>(got.begin() + shapes[t].shift, got.end()), w[t]), 1e-6) << "tensor " << t;
+  }
 }
 
 TEST(OpsCudaOnly, GemmAllTransposesF32AndBf16) {
@@ -574,6 +587,13 @@ TEST(OpsCudaOnly, GemmAllTransposesF32AndBf16) {
         cuda::gemm(ta, tb, M, N, K, 0.5f, gA.get(), 0, gB.get(), 0, 2.0f, gC.as<float>(), 0, st);
         EXPECT_LE(rel(down(gC, M * N), C), st == Storage::BF16 ? 1e-5 : 1e-5)
             << "ta " << int(ta) << " tb " << int(tb) << " bf16 " << (st == Storage::BF16);
+        // The same product with a bias vector through the epilogue: C + bias on every row.
+        const auto bias = randv(rng, N);
+        Buffer gbias = up(bias), gC2 = up(C0);
+        cuda::gemm(ta, tb, M, N, K, 0.5f, gA.get(), 0, gB.get(), 0, 2.0f, gC2.as<float>(), 0, st, gbias.as<float>());
+        for (int64_t i = 0; i < M * N; ++i) C[size_t(i)] += bias[size_t(i % N)];
+        EXPECT_LE(rel(down(gC2, M * N), C), 1e-5)
+            << "with bias: ta " << int(ta) << " tb " << int(tb) << " bf16 " << (st == Storage::BF16);
       }
 }
 
