@@ -1,7 +1,8 @@
 // `k3 bench kernels`: k3's CUDA kernels timed on this GPU, each figure beside its ceiling (copy
 // bandwidth and bf16 GEMM rate, both measured here first) and beside its anchor: the figures of
 // ../shared/docs/anchors.md, or, with --versus FILE, the same shapes timed in the same session by
-// flash-linear-attention (tools/gpu/fla_bench.py writes FILE). Median of --reps timed runs after
+// flash-linear-attention and PyTorch (tools/gpu/fla_bench.py writes FILE; llm.c's tokens/s, timed
+// by hand beside k3, go in as llmc_train_B<batch>_tok_s). Median of --reps timed runs after
 // warm-up, timed with CUDA events. Without a GPU it says so and exits non-zero.
 #include <algorithm>
 #include <cmath>
@@ -532,6 +533,17 @@ void run_kernels(const KernelArgs& args) {
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(rng.uniform() * 50000) % 50257;
     for (size_t i = 0; i < ids.size(); ++i) tg[i] = (i + 1) % size_t(T) ? ids[i + 1] : -1;
     const double flops = 6.0 * double(model->total_params()) * B * T + 12.0 * 12 * 768 * double(T) * B * T / 2;
+    // llm.c's tokens/s at this batch from --versus (key llmc_train_B<B>_tok_s, timed beside k3 in
+    // the same session), else the B 8 figure measured by hand on an H200 in an earlier session.
+    auto llmc_versus = [&](int64_t batch, double tps) {
+      const std::string key = "llmc_train_B" + std::to_string(batch) + "_tok_s";
+      if (fla.contains(key) && fla[key].is_number()) {
+        const double llmc = fla[key].get<double>();
+        return fmt2(("llm.c B" + std::to_string(batch) + " same session %.0fK tok/s: %.3fx").c_str(), llmc / 1e3,
+                    tps / llmc);
+      }
+      return fmt("llm.c B8 on an H200 (by hand, CUDA 13) 332K tok/s: %.3fx", tps / 332e3);
+    };
     for (const bool bf16 : {true, false}) {  // bf16 GEMM and attention operands (fp32 accumulation), then fp32
       run.set_bf16_gemms(bf16);
       const double ms = median_ms(3, [&] { run.train_step(ids.data(), tg.data(), B, T, 1e-4f, {}); });
@@ -540,7 +552,7 @@ void run_kernels(const KernelArgs& args) {
               {"gpt2 124M train step B" + std::to_string(B) + " T1024 (" + (bf16 ? "bf16 GEMMs+attn" : "fp32") + ")",
                fmt2("%.0f ms %.0fK tok/s", ms, tps / 1e3),
                fmt("%.1f%% MFU of the bf16 rate", 100.0 * flops / (ms * 1e-3) / (gemm_tf * 1e12)),
-               fmt("llm.c B8 on an H200 (by hand, CUDA 13) 332K tok/s: %.3fx", tps / 332e3)},
+               llmc_versus(B, tps)},
               tps);
     }
   }
@@ -585,7 +597,9 @@ void register_bench_kernels(CLI::App* bench) {
                   "The mla section's kernel for bf16 512 + 64 latents: auto (the warpgroup one), wgmma or mma")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "wgmma", "mma"}));
-  cmd->add_option("--versus", args->versus, "JSON of the same shapes timed by fla (tools/gpu/fla_bench.py)");
+  cmd->add_option("--versus", args->versus,
+                  "JSON of the same shapes timed by fla and PyTorch (tools/gpu/fla_bench.py); a key "
+                  "llmc_train_B<batch>_tok_s holds llm.c's training tokens/s timed beside k3 by hand");
   cmd->add_option("--json", args->json, "Write k3's figures as JSON");
   cmd->callback([args] { run_kernels(*args); });
 }
