@@ -406,13 +406,22 @@ __device__ __forceinline__ void wgmma_ss64(float (&d)[32], uint64_t da, uint64_t
 #endif
 }
 
+// dSᵀ is written by each warp's stores and read by the whole warpgroup's dQ product, whose wait
+// in one warp says nothing of the others' share: the next tile's stores must not start before
+// every warp's dQ is done. At hd 64 dSᵀ alternates between two buffers (a warp writing buffer
+// it mod 2 has passed tile it − 1's barrier, which each warp reaches after its dQ of tile it − 2
+// is in); at hd 128 a second buffer would cost the second block an SM holds, so a barrier before
+// the stores stands in.
 template <int D>
 struct BwdTiles {
   static constexpr int kPanels = D / 64;
+  static constexpr int kDsBufs = D <= 64 ? 2 : 1;
   static constexpr unsigned kTileBytes = unsigned(kBwdRows) * D * 2;  // one 64-row tile of D columns
+  static constexpr unsigned kDsBytes = unsigned(kBwdRows) * kBwdRows * 2;
   static constexpr size_t kSmem = 2 * size_t(kTileBytes) /* K, V */ + 4 * size_t(kTileBytes) /* 2 stages of Q, dY */ +
-                                  size_t(kBwdRows) * kBwdRows * 2 /* dSᵀ */ + 1024;
-  static_assert(kSmem + 2048 <= 227 * 1024, "the tiles and the barriers must fit in shared memory");
+                                  kDsBufs * size_t(kDsBytes) /* dSᵀ */ + 1024;
+  // Two blocks an SM: each takes its dynamic and static shared memory and 1 KB the system keeps.
+  static_assert(2 * (kSmem + 2048) <= 228 * 1024, "two blocks' tiles and barriers must fit in an SM");
 };
 
 template <int D>
@@ -432,7 +441,7 @@ __global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant
   __nv_bfloat16* sk = reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (raw & 1023)) & 1023));
   __nv_bfloat16* sv = sk + kN * D;
   __nv_bfloat16* sq = sv + kN * D;    // stage s: Q at sq + 2s·kN·D, dY right after it
-  __nv_bfloat16* sds = sq + 4 * kN * D;  // dSᵀ [keys][queries]
+  __nv_bfloat16* sds = sq + 4 * kN * D;  // dSᵀ [keys][queries], kDsBufs of them
 
   const int64_t k0 = int64_t(blockIdx.x) * kN;  // blocks of the first keys (the most queries) first
   const int h = blockIdx.y, b = blockIdx.z;
@@ -552,12 +561,15 @@ __global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant
       }
     wg_commit();
     // dSᵀ to shared memory as bf16, keys as rows (128-byte swizzled rows of 64 queries).
+    const int ds_buf = Tiles::kDsBufs == 2 ? it & 1 : 0;
+    if (Tiles::kDsBufs == 1 && it > 0) __syncthreads();  // every warp's dQ of the last tile is in
+    __nv_bfloat16* tds = sds + ds_buf * kN * kN;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int kr = warp * 16 + g + 8 * r;
-        *reinterpret_cast<unsigned*>(sds + kr * 64 + ((nt ^ (kr & 7)) << 3) + 2 * t) =
+        *reinterpret_cast<unsigned*>(tds + kr * 64 + ((nt ^ (kr & 7)) << 3) + 2 * t) =
             pack_bf16(dp[nt * 4 + 2 * r], dp[nt * 4 + 2 * r + 1]);
       }
     if (it + 1 < ntiles) put_row_value(st ^ 1, next);
@@ -572,8 +584,8 @@ __global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int p = 0; p < kP; ++p)
-        wgmma_ss64<1, 1>(dqa[p], smem_desc_at(d_ds, j * 16 * 128), smem_desc_at(d_k, p * kPanelBytes + j * 16 * 128),
-                         j > 0);
+        wgmma_ss64<1, 1>(dqa[p], smem_desc_at(d_ds, ds_buf * Tiles::kDsBytes + j * 16 * 128),
+                         smem_desc_at(d_k, p * kPanelBytes + j * 16 * 128), j > 0);
     wg_commit();
     wg_wait0();
 #pragma unroll
