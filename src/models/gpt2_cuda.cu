@@ -313,12 +313,14 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     mm({a.ff2.as<float>(), a.ff2b.get()}, Op::T, {dx.as<float>(), db.get()}, Op::N, F, D, M,
        m.gr(p + "mlp.c_proj.weight"), 1.0f);
     bias_grad(dx.as<float>(), m.gr(p + "mlp.c_proj.bias"), M, D);
-    db = m.bf16_gemms ? bf16_buf(M * F) : Buffer();  // written beside dff by the GELU's backward
-    gelu_tanh_backward(a.ff.get(), dff2.get(), dff.get(), M * F, s, db.get());
+    // The GELU's backward and c_fc's bias gradient in one pass; under bf16 GEMMs it writes only
+    // the bf16 copy of dff the two GEMMs read.
+    db = m.bf16_gemms ? bf16_buf(M * F) : Buffer();
+    gelu_tanh_backward_bias(a.ff.as<float>(), dff2.as<float>(), M, F, m.bf16_gemms ? nullptr : dff.as<float>(),
+                            db.get(), m.gr(p + "mlp.c_fc.bias"));
     mm({dff.as<float>(), db.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::T, M, D, F, dh.as<float>(), 0.0f);
     mm({a.h2.as<float>(), a.h2b.get()}, Op::T, {dff.as<float>(), db.get()}, Op::N, D, F, M,
        m.gr(p + "mlp.c_fc.weight"), 1.0f);
-    bias_grad(dff.as<float>(), m.gr(p + "mlp.c_fc.bias"), M, F);
     layernorm_backward(a.xm.get(), m.f(p + "ln_2.weight"), a.mu2.as<float>(), a.rs2.as<float>(), dh.get(), M, D,
                        dx.get(), m.gr(p + "ln_2.weight"), m.gr(p + "ln_2.bias"), s, /*accumulate=*/true);
     // Attention: xm = x + y Wp + bp.
@@ -338,12 +340,14 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
       attention_backward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), dy.get(), dq.as<float>(),
                          dk.as<float>(), dv.as<float>(), as, s);
     }
-    db = m.bf16_gemms ? bf16_buf(M * 3 * D) : Buffer();  // written beside dqkv by the merge
-    merge_qkv(dq.as<float>(), dk.as<float>(), dv.as<float>(), dqkv.as<float>(), M, D, db.get());
+    // The merge and c_attn's bias gradient in one pass; under bf16 GEMMs only the bf16 copy of
+    // dqkv the two GEMMs read is written.
+    db = m.bf16_gemms ? bf16_buf(M * 3 * D) : Buffer();
+    merge_qkv_bias(dq.as<float>(), dk.as<float>(), dv.as<float>(), M, D, m.bf16_gemms ? nullptr : dqkv.as<float>(),
+                   db.get(), m.gr(p + "attn.c_attn.bias"));
     mm({dqkv.as<float>(), db.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f);
     mm({a.h1.as<float>(), a.h1b.get()}, Op::T, {dqkv.as<float>(), db.get()}, Op::N, D, 3 * D, M,
        m.gr(p + "attn.c_attn.weight"), 1.0f);
-    bias_grad(dqkv.as<float>(), m.gr(p + "attn.c_attn.bias"), M, 3 * D);
     layernorm_backward(a.x.get(), m.f(p + "ln_1.weight"), a.mu1.as<float>(), a.rs1.as<float>(), dh.get(), M, D,
                        dx.get(), m.gr(p + "ln_1.weight"), m.gr(p + "ln_1.bias"), s, /*accumulate=*/true);
   }

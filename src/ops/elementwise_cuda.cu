@@ -64,6 +64,55 @@ __global__ void gelu_bwd_copy_kernel(const float4* x, const float4* dy, float4* 
   dx[i] = d;
   dxb[i] = pack_bf16x4(d);
 }
+// Row-major [M, 4·n4] values made by a functor (value(m, c): the four values of row m, column
+// group c), written as fp32 and/or bf16 (either may be null) with their column sums added to
+// dbias: a block takes 32 column groups (one per lane) over a slice of rows (its warps
+// interleaved), sums in registers, meets in shared memory, one atomic per column per block. The
+// producers whose result feeds a bias gradient use it (the GELU's backward, the q/k/v merge).
+constexpr int kColSumRowLanes = 8;
+template <class Value>
+__global__ void __launch_bounds__(32 * kColSumRowLanes)
+    rows_with_column_sums_kernel(Value value, float4* out, uint2* out_b, float* dbias, int64_t M, int n4,
+                                 int64_t rows_per_block) {
+  __shared__ float4 part[kColSumRowLanes][32];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int c = int(blockIdx.x) * 32 + tx;
+  const int64_t m0 = int64_t(blockIdx.y) * rows_per_block, m1 = m0 + rows_per_block < M ? m0 + rows_per_block : M;
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (c < n4)
+#pragma unroll 4
+    for (int64_t m = m0 + ty; m < m1; m += kColSumRowLanes) {
+      const float4 d = value(m, c);
+      if (out) out[m * n4 + c] = d;
+      if (out_b) out_b[m * n4 + c] = pack_bf16x4(d);
+      sum = make_float4(sum.x + d.x, sum.y + d.y, sum.z + d.z, sum.w + d.w);
+    }
+  part[ty][tx] = sum;
+  __syncthreads();
+  if (ty != 0 || c >= n4) return;
+#pragma unroll
+  for (int r = 1; r < kColSumRowLanes; ++r)
+    sum = make_float4(sum.x + part[r][tx].x, sum.y + part[r][tx].y, sum.z + part[r][tx].z, sum.w + part[r][tx].w);
+  atomicAdd(dbias + 4 * c, sum.x), atomicAdd(dbias + 4 * c + 1, sum.y), atomicAdd(dbias + 4 * c + 2, sum.z),
+      atomicAdd(dbias + 4 * c + 3, sum.w);
+}
+struct GeluGrad4 {  // dy ∘ GELU'(x), [M, 4·n4]
+  const float4 *x, *dy;
+  int n4;
+  __device__ __forceinline__ float4 operator()(int64_t m, int c) const {
+    const float4 v = x[m * n4 + c], g = dy[m * n4 + c];
+    return make_float4(g.x * gelu_tanh_grad(v.x), g.y * gelu_tanh_grad(v.y), g.z * gelu_tanh_grad(v.z),
+                       g.w * gelu_tanh_grad(v.w));
+  }
+};
+struct MergeQkv4 {  // [q | k | v] rows from three [M, 4·d4] arrays
+  const float4 *q, *k, *v;
+  int d4;
+  __device__ __forceinline__ float4 operator()(int64_t m, int c) const {
+    const int part = c / d4, cc = c - part * d4;
+    return (part == 0 ? q : part == 1 ? k : v)[m * d4 + cc];
+  }
+};
 
 // SiTU factors (ops/situ.h); beta ≤ 0 means the cap is absent.
 __device__ __forceinline__ float gate_f(float g, float beta) {
@@ -382,6 +431,14 @@ __global__ void __launch_bounds__(32 * kBiasRowLanes) bias_grad_kernel(const flo
   atomicAdd(&db[n], total);
 }
 
+// The grid of the column-sum kernels: col_blocks × slices of `rows` rows, about 1,024 blocks in
+// all, each slice at least 64 rows.
+dim3 column_sum_grid(int64_t M, int64_t col_blocks, int64_t& rows) {
+  const int64_t slices = std::max<int64_t>(1, std::min((1024 + col_blocks - 1) / col_blocks, (M + 63) / 64));
+  rows = (M + slices - 1) / slices;
+  return dim3(unsigned(col_blocks), unsigned((M + rows - 1) / rows));
+}
+
 }  // namespace
 
 void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D, void* qkv_bf16) {
@@ -399,11 +456,8 @@ void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64
 }
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N) {
   if (!M || !N) return;
-  const int64_t col_blocks = (N + 31) / 32;
-  // About 1,024 blocks in all, each slice at least 64 rows.
-  const int64_t slices = std::max<int64_t>(1, std::min((1024 + col_blocks - 1) / col_blocks, (M + 63) / 64));
-  const int64_t rows = (M + slices - 1) / slices;
-  const dim3 grid(unsigned(col_blocks), unsigned((M + rows - 1) / rows));
+  int64_t rows = 0;
+  const dim3 grid = column_sum_grid(M, (N + 31) / 32, rows);
   bias_grad_kernel<<<grid, 32 * kBiasRowLanes, 0, device::stream()>>>(dy, db, M, N, rows);
   K3_CUDA_LAUNCHED();
 }
@@ -494,6 +548,42 @@ void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Stor
                           static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n));
   K3_CUDA_LAUNCHED();
   if (dx_bf16) cast(static_cast<const float*>(dx), dx_bf16, n, Storage::BF16);
+}
+template <class Value>
+void launch_rows_with_column_sums(Value value, float* out, void* out_b, float* dbias, int64_t M, int64_t n4) {
+  int64_t rows = 0;
+  const dim3 grid = column_sum_grid(M, (n4 + 31) / 32, rows);
+  rows_with_column_sums_kernel<<<grid, 32 * kColSumRowLanes, 0, device::stream()>>>(
+      value, reinterpret_cast<float4*>(out), static_cast<uint2*>(out_b), dbias, M, int(n4), rows);
+  K3_CUDA_LAUNCHED();
+}
+void gelu_tanh_backward_bias(const float* x, const float* dy, int64_t M, int64_t N, float* dx, void* dx_bf16,
+                             float* dbias) {
+  if (!M || !N) return;
+  if (N % 4 == 0 && N / 4 <= INT32_MAX && aligned(x, 16) && aligned(dy, 16) && aligned(dx, 16) &&
+      aligned(dx_bf16, 8)) {
+    const GeluGrad4 value{reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(dy), int(N / 4)};
+    return launch_rows_with_column_sums(value, dx, dx_bf16, dbias, M, N / 4);
+  }
+  // Other shapes: the composed ops (dx through an fp32 array of its own if none was given).
+  device::Buffer own;
+  if (!dx) own = device::Buffer(size_t(M * N) * sizeof(float)), dx = own.as<float>();
+  gelu_tanh_backward(x, dy, dx, M * N, Storage::F32, dx_bf16);
+  bias_grad(dx, dbias, M, N);
+}
+void merge_qkv_bias(const float* q, const float* k, const float* v, int64_t M, int64_t D, float* qkv, void* qkv_bf16,
+                    float* dbias) {
+  if (!M || !D) return;
+  if (D % 4 == 0 && 3 * D / 4 <= INT32_MAX && aligned(q, 16) && aligned(k, 16) && aligned(v, 16) &&
+      aligned(qkv, 16) && aligned(qkv_bf16, 8)) {
+    const MergeQkv4 value{reinterpret_cast<const float4*>(q), reinterpret_cast<const float4*>(k),
+                          reinterpret_cast<const float4*>(v), int(D / 4)};
+    return launch_rows_with_column_sums(value, qkv, qkv_bf16, dbias, M, 3 * D / 4);
+  }
+  device::Buffer own;
+  if (!qkv) own = device::Buffer(size_t(M * 3 * D) * sizeof(float)), qkv = own.as<float>();
+  merge_qkv(q, k, v, qkv, M, D, qkv_bf16);
+  bias_grad(qkv, dbias, M, 3 * D);
 }
 void situ_glu_forward(const void* gate, const void* up, void* y, int64_t n, float beta, float beta_lin, Storage st) {
   if (!n) return;

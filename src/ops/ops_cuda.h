@@ -44,6 +44,12 @@ void rmsnorm_backward(const void* x, const float* w, const float* rstd, const vo
 void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st);
 // dx_bf16 (fp32 storage only; may be null) receives a bf16 copy of dx, a GEMM's operand.
 void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Storage st, void* dx_bf16 = nullptr);
+// The same over fp32 [M, N] rows with the bias gradient in the one pass: dx = dy ∘ GELU'(x)
+// written as fp32 (dx) and/or as its bf16 copy (dx_bf16), either may be null, and
+// dbias[N] += Σ_m dx[m, :] (the bias that fed x). One kernel where N % 4 == 0 and the arrays are
+// aligned, else the composed ops.
+void gelu_tanh_backward_bias(const float* x, const float* dy, int64_t M, int64_t N, float* dx, void* dx_bf16,
+                             float* dbias);
 // x [M, N] += bias [N] in place (null: none), then y = GELU(x) stored as st: a linear layer's bias
 // and activation in one pass, the pre-activation kept in x for the backward.
 void bias_gelu_tanh_to(float* x, const float* bias, void* y, int64_t M, int64_t N, Storage st);
@@ -103,6 +109,11 @@ void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v
 // Its inverse (fp32); qkv_bf16 (may be null) receives a bf16 copy of qkv.
 void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D,
                void* qkv_bf16 = nullptr);
+// The merge with the projection's bias gradient in the one pass: qkv (fp32) and/or qkv_bf16, either
+// may be null, and dbias[3D] += Σ_m qkv[m, :]. One kernel where D % 4 == 0 and the arrays are
+// aligned, else the composed ops.
+void merge_qkv_bias(const float* q, const float* k, const float* v, int64_t M, int64_t D, float* qkv, void* qkv_bf16,
+                    float* dbias);
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
 
 // Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored), with

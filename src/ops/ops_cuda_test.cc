@@ -189,6 +189,23 @@ TEST_P(OpsCuda, FusedProducersMatchTheComposedOps) {
     const std::vector<float> got_dpre = down(gdpre, M * F);
     EXPECT_LE(rel(got_dpre, dpre), 1e-4) << label << " gelu backward";
     EXPECT_EQ(down(gdpre_b, M * F, Storage::BF16), bf16_round(got_dpre)) << label << " gelu backward's bf16 copy";
+    // With the bias gradient in the same pass, into one that already holds values (it adds): the
+    // bf16 copy alone, then the fp32 result alone. F = 512 takes the one kernel, 381 the composed ops.
+    const auto dbias0 = randv(rng, F);
+    std::vector<double> colsum(static_cast<size_t>(F), 0.0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < F; ++n) colsum[size_t(n)] += dpre[size_t(m * F + n)];
+    std::vector<float> dbias_ref = dbias0;
+    for (int64_t n = 0; n < F; ++n) dbias_ref[size_t(n)] += float(colsum[size_t(n)]);
+    Buffer gdbias = up(dbias0), gdpre_b2(size_t(M * F) * 2);
+    cuda::gelu_tanh_backward_bias(gff.as<float>(), gdy.as<float>(), M, F, nullptr, gdpre_b2.get(), gdbias.as<float>());
+    EXPECT_EQ(down(gdpre_b2, M * F, Storage::BF16), bf16_round(got_dpre)) << label << " fused: the bf16 copy";
+    EXPECT_LE(rel(down(gdbias, F), dbias_ref), 1e-5) << label << " fused: the bias gradient";
+    Buffer gdbias2 = up(dbias0), gdpre2(size_t(M * F) * 4);
+    cuda::gelu_tanh_backward_bias(gff.as<float>(), gdy.as<float>(), M, F, gdpre2.as<float>(), nullptr,
+                                  gdbias2.as<float>());
+    EXPECT_EQ(down(gdpre2, M * F), got_dpre) << label << " fused: the fp32 result";
+    EXPECT_LE(rel(down(gdbias2, F), dbias_ref), 1e-5) << label << " fused: the bias gradient (fp32 result)";
     std::vector<float> merged = zeros(M * 3 * D);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t c = 0; c < 3 * D; ++c) merged[size_t(m * 3 * D + c)] = parts[c / D][size_t(m * D + c % D)];
@@ -197,6 +214,24 @@ TEST_P(OpsCuda, FusedProducersMatchTheComposedOps) {
     cuda::merge_qkv(p0.as<float>(), p1.as<float>(), p2.as<float>(), gmerged.as<float>(), M, D, gmerged_b.get());
     EXPECT_EQ(down(gmerged, M * 3 * D), merged) << label << " merge";
     EXPECT_EQ(down(gmerged_b, M * 3 * D, Storage::BF16), bf16_round(merged)) << label << " merge's bf16 copy";
+    // The merge with the bias gradient, into one that already holds values: D = 128 takes the one
+    // kernel, 95 the composed ops.
+    const auto qbias0 = randv(rng, 3 * D);
+    std::vector<double> qsum(static_cast<size_t>(3 * D), 0.0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < 3 * D; ++c) qsum[size_t(c)] += merged[size_t(m * 3 * D + c)];
+    std::vector<float> qbias_ref = qbias0;
+    for (int64_t c = 0; c < 3 * D; ++c) qbias_ref[size_t(c)] += float(qsum[size_t(c)]);
+    Buffer gqbias = up(qbias0), gmerged_b2(size_t(M * 3 * D) * 2), gqbias2 = up(qbias0),
+           gmerged2(size_t(M * 3 * D) * 4);
+    cuda::merge_qkv_bias(p0.as<float>(), p1.as<float>(), p2.as<float>(), M, D, nullptr, gmerged_b2.get(),
+                         gqbias.as<float>());
+    EXPECT_EQ(down(gmerged_b2, M * 3 * D, Storage::BF16), bf16_round(merged)) << label << " fused merge: bf16 copy";
+    EXPECT_LE(rel(down(gqbias, 3 * D), qbias_ref), 1e-5) << label << " fused merge: the bias gradient";
+    cuda::merge_qkv_bias(p0.as<float>(), p1.as<float>(), p2.as<float>(), M, D, gmerged2.as<float>(), nullptr,
+                         gqbias2.as<float>());
+    EXPECT_EQ(down(gmerged2, M * 3 * D), merged) << label << " fused merge: the fp32 result";
+    EXPECT_LE(rel(down(gqbias2, 3 * D), qbias_ref), 1e-5) << label << " fused merge: the bias gradient (fp32)";
   }
 }
 
