@@ -295,7 +295,9 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   for (float l : losses) total += l;
 
   // Backward. dx carries the residual stream's adjoint.
-  Buffer dh = buf(M * D), dx = buf(M * D), dff = buf(M * F), dff2 = buf(M * F), dy = buf(M * D), dqkv = buf(M * 3 * D);
+  Buffer dh = buf(M * D), dx = buf(M * D), dff2 = buf(M * F), dy = buf(M * D);
+  // fp32 dff and dqkv only without bf16 GEMMs: with them, their producers write the bf16 copies alone.
+  Buffer dff = m.bf16_gemms ? Buffer() : buf(M * F), dqkv = m.bf16_gemms ? Buffer() : buf(M * 3 * D);
   Buffer dq = buf(M * D), dk = buf(M * D), dv = buf(M * D);
   const float* dlogits = m.bf16_gemms ? nullptr : logits.as<float>();
   mm({dlogits, dlb.get()}, Op::N, W("wte.weight"), Op::N, M, D, Vp, dh.as<float>(), 0.0f);  // dhf = dlogits wte
@@ -316,7 +318,7 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     // The GELU's backward and c_fc's bias gradient in one pass; under bf16 GEMMs it writes only
     // the bf16 copy of dff the two GEMMs read.
     db = m.bf16_gemms ? bf16_buf(M * F) : Buffer();
-    gelu_tanh_backward_bias(a.ff.as<float>(), dff2.as<float>(), M, F, m.bf16_gemms ? nullptr : dff.as<float>(),
+    gelu_tanh_backward_bias(a.ff.as<float>(), dff2.as<float>(), M, F, dff.as<float>(),
                             db.get(), m.gr(p + "mlp.c_fc.bias"));
     mm({dff.as<float>(), db.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::T, M, D, F, dh.as<float>(), 0.0f);
     mm({a.h2.as<float>(), a.h2b.get()}, Op::T, {dff.as<float>(), db.get()}, Op::N, D, F, M,
@@ -343,7 +345,7 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     // The merge and c_attn's bias gradient in one pass; under bf16 GEMMs only the bf16 copy of
     // dqkv the two GEMMs read is written.
     db = m.bf16_gemms ? bf16_buf(M * 3 * D) : Buffer();
-    merge_qkv_bias(dq.as<float>(), dk.as<float>(), dv.as<float>(), M, D, m.bf16_gemms ? nullptr : dqkv.as<float>(),
+    merge_qkv_bias(dq.as<float>(), dk.as<float>(), dv.as<float>(), M, D, dqkv.as<float>(),
                    db.get(), m.gr(p + "attn.c_attn.bias"));
     mm({dqkv.as<float>(), db.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f);
     mm({a.h1.as<float>(), a.h1b.get()}, Op::T, {dqkv.as<float>(), db.get()}, Op::N, D, 3 * D, M,

@@ -55,15 +55,6 @@ __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* p, float4 v
   *reinterpret_cast<uint2*>(p) = pack_bf16x4(v);
 }
 // fp32, four at a time, dx written also as bf16 (the next GEMMs' operand).
-__global__ void gelu_bwd_copy_kernel(const float4* x, const float4* dy, float4* dx, uint2* dxb, int64_t n4) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n4) return;
-  const float4 v = x[i], g = dy[i];
-  const float4 d = make_float4(g.x * gelu_tanh_grad(v.x), g.y * gelu_tanh_grad(v.y), g.z * gelu_tanh_grad(v.z),
-                               g.w * gelu_tanh_grad(v.w));
-  dx[i] = d;
-  dxb[i] = pack_bf16x4(d);
-}
 // Row-major [M, 4·n4] values made by a functor (value(m, c): the four values of row m, column
 // group c), written as fp32 and/or bf16 (either may be null) with their column sums added to
 // dbias: a block takes 32 column groups (one per lane) over a slice of rows (its warps
@@ -534,14 +525,6 @@ void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st) {
 }
 void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Storage st, void* dx_bf16) {
   if (!n) return;
-  if (dx_bf16 && st == Storage::F32 && n % 4 == 0 && aligned(x, 16) && aligned(dy, 16) && aligned(dx, 16) &&
-      aligned(dx_bf16, 8)) {
-    gelu_bwd_copy_kernel<<<device::blocks_for(n / 4, kThreads), kThreads, 0, device::stream()>>>(
-        static_cast<const float4*>(x), static_cast<const float4*>(dy), static_cast<float4*>(dx),
-        static_cast<uint2*>(dx_bf16), n / 4);
-    K3_CUDA_LAUNCHED();
-    return;
-  }
   if (dx_bf16 && st != Storage::F32) throw error("gelu_tanh_backward", "a bf16 copy of dx needs fp32 storage");
   K3_DISPATCH_STORAGE(st, T,
                       gelu_bwd<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
