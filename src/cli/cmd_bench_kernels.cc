@@ -346,52 +346,57 @@ void run_kernels(const KernelArgs& args) {
               gms);
     }
   // Softmax attention: causal prefill (B = 1, 16 heads; hd 128, MLA's hd 192 / hdv 128, GPT-2's hd 64), bf16
-  // storage (the tensor-core kernel), and a decode step over a KV cache.
+  // storage (the tensor-core kernel), and a decode step over a KV cache. GPT-2 124M's training
+  // shape (B 8, T 1024, 12 heads of 64) is timed too: short sequences, many of them.
+  auto attention_case = [&](int64_t B, int64_t T, int64_t H, int64_t hd, int64_t hdv, const std::string& name,
+                            const std::string& label) {
+    device::Buffer q = random_values(rng, B * T * H * hd, -1, 1, device::Storage::BF16);
+    device::Buffer k = random_values(rng, B * T * H * hd, -1, 1, device::Storage::BF16);
+    device::Buffer v = random_values(rng, B * T * H * hdv, -1, 1, device::Storage::BF16);
+    device::Buffer y(size_t(B * T * H * hdv) * 2), lse(size_t(B * T * H) * 4);
+    const cuda::AttnShape shape{B, T, T, H, hd, hdv, 0, 1.0f / std::sqrt(float(hd))};
+    const double ms = median_ms(std::max(3, args.reps / 2), [&] {
+      cuda::attention_forward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), shape, device::Storage::BF16);
+    });
+    // Causal: half of the 2·T²·H·(hd + hdv) FLOPs of the two products.
+    const double tf = double(B) * T * T * H * (hd + hdv) / (ms * 1e-3) / 1e12;
+    const std::string key = "sdpa_fwd_" + name;
+    std::string anchor = fmt2("anchors cuDNN %.0f TFLOP/s: %.2fx", 605.0, tf / 605.0);
+    if (fla.contains(key) && fla[key].is_number())
+      anchor = fmt2("torch SDPA %.3f ms: %.2fx", fla[key].get<double>(), fla[key].get<double>() / ms);
+    rep.add(key + "_ms",
+            {"softmax attention causal fwd " + label, fmt2("%.3f ms %.0f TFLOP/s", ms, tf),
+             fmt("%.0f%% of GEMM", 100.0 * tf / gemm_tf), anchor},
+            ms);
+    if (hd != hdv) return;  // the backward's tensor-core kernel takes hd = hdv
+    // Forward + backward (gradients into fp32 arrays, as training does): 2.5x the forward's FLOPs.
+    device::Buffer dy = random_values(rng, B * T * H * hdv, -1, 1, device::Storage::BF16);
+    device::Buffer dq(size_t(B * T * H * hd) * 4), dk(size_t(B * T * H * hd) * 4), dv(size_t(B * T * H * hdv) * 4);
+    const double fb_ms = median_ms(std::max(3, args.reps / 2), [&] {
+      cuda::attention_forward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), shape, device::Storage::BF16);
+      device::zero(dq.get(), dq.bytes());
+      device::zero(dk.get(), dk.bytes());
+      device::zero(dv.get(), dv.bytes());
+      cuda::attention_backward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), dy.get(), dq.as<float>(),
+                               dk.as<float>(), dv.as<float>(), shape, device::Storage::BF16);
+    });
+    const double fb_tf = 3.5 * double(B) * T * T * H * (hd + hdv) / (fb_ms * 1e-3) / 1e12;
+    const std::string fb_key = "sdpa_fwdbwd_" + name;
+    std::string fb_anchor = "-";
+    if (fla.contains(fb_key) && fla[fb_key].is_number())
+      fb_anchor = fmt2("torch SDPA %.3f ms: %.2fx", fla[fb_key].get<double>(), fla[fb_key].get<double>() / fb_ms);
+    rep.add(fb_key + "_ms",
+            {"softmax attention causal fwd+bwd " + label, fmt2("%.3f ms %.0f TFLOP/s", fb_ms, fb_tf),
+             fmt("%.0f%% of GEMM", 100.0 * fb_tf / gemm_tf), fb_anchor},
+            fb_ms);
+  };
   for (int64_t T : section("attention") ? args.seq_lens : none)
-    for (const auto& [hd, hdv] : {std::pair<int64_t, int64_t>{128, 128}, {192, 128}, {64, 64}}) {
-      const int64_t H = 16;
-      device::Buffer q = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
-      device::Buffer k = random_values(rng, T * H * hd, -1, 1, device::Storage::BF16);
-      device::Buffer v = random_values(rng, T * H * hdv, -1, 1, device::Storage::BF16);
-      device::Buffer y(size_t(T * H * hdv) * 2), lse(size_t(T * H) * 4);
-      const cuda::AttnShape shape{1, T, T, H, hd, hdv, 0, 1.0f / std::sqrt(float(hd))};
-      const double ms = median_ms(std::max(3, args.reps / 2), [&] {
-        cuda::attention_forward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), shape, device::Storage::BF16);
-      });
-      // Causal: half of the 2·T²·H·(hd + hdv) FLOPs of the two products.
-      const double tf = double(T) * T * H * (hd + hdv) / (ms * 1e-3) / 1e12;
-      const std::string suffix = hd != hdv ? "_hd192" : hd == 64 ? "_hd64" : "";
-      const std::string key = "sdpa_fwd_T" + std::to_string(T) + "_H16" + suffix;
-      std::string anchor = fmt2("anchors cuDNN %.0f TFLOP/s: %.2fx", 605.0, tf / 605.0);
-      if (fla.contains(key) && fla[key].is_number())
-        anchor = fmt2("torch SDPA %.3f ms: %.2fx", fla[key].get<double>(), fla[key].get<double>() / ms);
-      rep.add(key + "_ms",
-              {"softmax attention causal fwd T" + std::to_string(T) + " H16 hd" + std::to_string(hd) +
-                   (hd == hdv ? "" : "/" + std::to_string(hdv)),
-               fmt2("%.3f ms %.0f TFLOP/s", ms, tf), fmt("%.0f%% of GEMM", 100.0 * tf / gemm_tf), anchor},
-              ms);
-      if (hd != hdv) continue;  // the backward's tensor-core kernel takes hd = hdv
-      // Forward + backward (gradients into fp32 arrays, as training does): 2.5x the forward's FLOPs.
-      device::Buffer dy = random_values(rng, T * H * hdv, -1, 1, device::Storage::BF16);
-      device::Buffer dq(size_t(T * H * hd) * 4), dk(size_t(T * H * hd) * 4), dv(size_t(T * H * hdv) * 4);
-      const double fb_ms = median_ms(std::max(3, args.reps / 2), [&] {
-        cuda::attention_forward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), shape, device::Storage::BF16);
-        device::zero(dq.get(), dq.bytes());
-        device::zero(dk.get(), dk.bytes());
-        device::zero(dv.get(), dv.bytes());
-        cuda::attention_backward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), dy.get(), dq.as<float>(),
-                                 dk.as<float>(), dv.as<float>(), shape, device::Storage::BF16);
-      });
-      const double fb_tf = 3.5 * double(T) * T * H * (hd + hdv) / (fb_ms * 1e-3) / 1e12;
-      const std::string fb_key = "sdpa_fwdbwd_T" + std::to_string(T) + "_H16" + suffix;
-      std::string fb_anchor = "-";
-      if (fla.contains(fb_key) && fla[fb_key].is_number())
-        fb_anchor = fmt2("torch SDPA %.3f ms: %.2fx", fla[fb_key].get<double>(), fla[fb_key].get<double>() / fb_ms);
-      rep.add(fb_key + "_ms",
-              {"softmax attention causal fwd+bwd T" + std::to_string(T) + " H16 hd" + std::to_string(hd),
-               fmt2("%.3f ms %.0f TFLOP/s", fb_ms, fb_tf), fmt("%.0f%% of GEMM", 100.0 * fb_tf / gemm_tf), fb_anchor},
-              fb_ms);
-    }
+    for (const auto& [hd, hdv] : {std::pair<int64_t, int64_t>{128, 128}, {192, 128}, {64, 64}})
+      attention_case(1, T, 16, hd, hdv,
+                     "T" + std::to_string(T) + "_H16" + (hd != hdv ? "_hd192" : hd == 64 ? "_hd64" : ""),
+                     "T" + std::to_string(T) + " H16 hd" + std::to_string(hd) +
+                         (hd == hdv ? "" : "/" + std::to_string(hdv)));
+  if (section("attention")) attention_case(8, 1024, 12, 64, 64, "gpt2", "B8 T1024 H12 hd64 (GPT-2 124M)");
   for (int64_t N : section("attention") ? args.decode_batches : none) {
     const int64_t H = 16, hd = 128, S = 4096;
     device::Buffer q = random_values(rng, N * H * hd, -1, 1, device::Storage::BF16);

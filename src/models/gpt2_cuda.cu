@@ -183,20 +183,25 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   auto buf = [](int64_t n) { return Buffer(size_t(n) * 4); };
   // Saved activations, per layer: the block input, both norms' outputs and statistics, q/k/v,
   // the attention output and lse, the block's mid-point, the MLP's pre- and post-GELU values
-  // (under bf16 GEMMs the norms', q/k/v's, the attention's and the GELU's outputs only as bf16:
-  // their kernels write them so, and only GEMMs and the attention read them).
+  // (under bf16 GEMMs the norms', q/k/v's, the attention's and the GELU's outputs and the
+  // pre-activation only as bf16: their kernels or GEMMs write them so, and only GEMMs, the
+  // attention and the GELU's backward read them). The residual stream is never copied: each
+  // GEMM that adds into it writes the next array (x → xm → the next block's x), reading its
+  // addend from the previous one.
   struct Saved {
     Buffer x, h1, mu1, rs1, q, k, v, y, lse, xm, h2, mu2, rs2, ff, ff2;
     // Under bf16 GEMMs: the bf16 forms read by attention and by both the forward GEMM and the
     // backward's weight-gradient GEMM that read each activation.
-    Buffer qb, kb, vb, yb, h1b, h2b, ff2b;
+    Buffer qb, kb, vb, yb, h1b, h2b, ffb, ff2b;
   };
   std::vector<Saved> sv(static_cast<size_t>(L));
-  Buffer x = buf(M * D), tmp = buf(M * D), qkv = buf(M * 3 * D);
+  Buffer x_final = buf(M * D), tmp = buf(M * D), qkv = m.bf16_gemms ? Buffer(size_t(M * 3 * D) * 2) : buf(M * 3 * D);
+  for (Saved& a : sv) a.x = buf(M * D), a.xm = buf(M * D);
+  Buffer& x0 = L > 0 ? sv[0].x : x_final;
   // Ids checked on the host and positions < n_positions: the lookups need no flag read back.
-  embedding_forward(m.f("wte.weight"), V, ids.as<int64_t>(), M, D, x.get(), s, false);
+  embedding_forward(m.f("wte.weight"), V, ids.as<int64_t>(), M, D, x0.get(), s, false);
   embedding_forward(m.f("wpe.weight"), c.n_positions, gpos.as<int64_t>(), M, D, tmp.get(), s, false);
-  add_inplace(x.as<float>(), tmp.as<float>(), M * D);
+  add_inplace(x0.as<float>(), tmp.as<float>(), M * D);
   const AttnShape as{B, T, T, H, hd, hd, 0, 1.0f / std::sqrt(float(hd))};
   // A GEMM operand: the fp32 array and, under bf16 GEMMs, its bf16 copy if one was made (an
   // operand read by two GEMMs is cast once; one without a copy is cast for its GEMM).
@@ -213,13 +218,17 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     }
     return c;
   };
+  // out = a b (beta 0) or addend + a b (beta 1; addend null: out itself), + bias; out_b, when
+  // given (bf16 GEMMs only), receives the product as bf16 in place of out.
   auto mm = [&](Operand a, Op ta, Operand b, Op tb, int64_t rows, int64_t cols, int64_t inner, float* out,
-                float beta, const float* bias = nullptr) {
-    if (!m.bf16_gemms) return gemm(ta, tb, rows, cols, inner, 1.0f, a.f, 0, b.f, 0, beta, out, 0, s, bias);
+                float beta, const float* bias = nullptr, const float* addend = nullptr, void* out_b = nullptr) {
+    if (!m.bf16_gemms)
+      return gemm_out(ta, tb, rows, cols, inner, 1.0f, a.f, 0, b.f, 0, beta, GemmOut{out, s, addend, bias}, 0, s);
     Buffer ab, bb;
     if (!a.b) ab = bf_copy(a.f, rows * inner), a.b = ab.get();
     if (!b.b) bb = bf_copy(b.f, inner * cols), b.b = bb.get();
-    gemm(ta, tb, rows, cols, inner, 1.0f, a.b, 0, b.b, 0, beta, out, 0, bf, bias);
+    const GemmOut o = out_b ? GemmOut{out_b, bf, nullptr, bias} : GemmOut{out, s, addend, bias};
+    gemm_out(ta, tb, rows, cols, inner, 1.0f, a.b, 0, b.b, 0, beta, o, 0, bf);
   };
   // Weights under bf16 GEMMs: cast once per step (the forward and the backward read each).
   std::map<std::string, Buffer> wb;
@@ -247,56 +256,73 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
     Saved& a = sv[size_t(l)];
-    a.x = buf(M * D), a.mu1 = buf(M), a.rs1 = buf(M), a.lse = buf(B * H * T), a.xm = buf(M * D), a.mu2 = buf(M);
-    a.rs2 = buf(M), a.ff = buf(M * F);
-    device::copy(a.x.get(), x.get(), size_t(M * D) * 4);
-    norm(x.as<float>(), p + "ln_1", a.h1, a.h1b, a.mu1.as<float>(), a.rs1.as<float>());
-    mm({a.h1.as<float>(), a.h1b.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::N, M, 3 * D, D, qkv.as<float>(), 0.0f);
+    a.mu1 = buf(M), a.rs1 = buf(M), a.lse = buf(B * H * T), a.mu2 = buf(M), a.rs2 = buf(M);
+    float* x_next = l + 1 < L ? sv[size_t(l + 1)].x.as<float>() : x_final.as<float>();
+    norm(a.x.as<float>(), p + "ln_1", a.h1, a.h1b, a.mu1.as<float>(), a.rs1.as<float>());
     if (m.bf16_gemms) {  // the tensor-core kernels: bf16 operands, fp32 softmax and accumulation
+      // qkv (bias by the epilogue) written as bf16, split into the attention's bf16 arrays.
+      mm({a.h1.as<float>(), a.h1b.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::N, M, 3 * D, D, nullptr, 0.0f,
+         m.f(p + "attn.c_attn.bias"), nullptr, qkv.get());
       a.qb = bf16_buf(M * D), a.kb = bf16_buf(M * D), a.vb = bf16_buf(M * D), a.yb = bf16_buf(M * D);
-      split_qkv_to(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), a.qb.get(), a.kb.get(), a.vb.get(), M, D, bf);
+      split_qkv_bf16(qkv.get(), a.qb.get(), a.kb.get(), a.vb.get(), M, D);
       attention_forward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), as, bf);
     } else {
+      mm({a.h1.as<float>()}, Op::N, W(p + "attn.c_attn.weight"), Op::N, M, 3 * D, D, qkv.as<float>(), 0.0f);
       a.q = buf(M * D), a.k = buf(M * D), a.v = buf(M * D), a.y = buf(M * D);
       split_qkv_to(qkv.as<float>(), m.f(p + "attn.c_attn.bias"), a.q.get(), a.k.get(), a.v.get(), M, D, s);
       attention_forward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), as, s);
     }
-    // x += y W + b: the residual add by the GEMM's beta, the bias by its epilogue.
-    mm({a.y.as<float>(), a.yb.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::N, M, D, D, x.as<float>(), 1.0f,
-       m.f(p + "attn.c_proj.bias"));
-    device::copy(a.xm.get(), x.get(), size_t(M * D) * 4);
-    norm(x.as<float>(), p + "ln_2", a.h2, a.h2b, a.mu2.as<float>(), a.rs2.as<float>());
-    mm({a.h2.as<float>(), a.h2b.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::N, M, F, D, a.ff.as<float>(), 0.0f);
-    if (m.bf16_gemms) {
-      a.ff2b = bf16_buf(M * F);
-      bias_gelu_tanh_to(a.ff.as<float>(), m.f(p + "mlp.c_fc.bias"), a.ff2b.get(), M, F, bf);
+    // xm = x + y W + b: the residual add by the GEMM's beta (x its addend), the bias by its epilogue.
+    mm({a.y.as<float>(), a.yb.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::N, M, D, D, a.xm.as<float>(), 1.0f,
+       m.f(p + "attn.c_proj.bias"), a.x.as<float>());
+    norm(a.xm.as<float>(), p + "ln_2", a.h2, a.h2b, a.mu2.as<float>(), a.rs2.as<float>());
+    if (m.bf16_gemms) {  // the pre-activation (bias by the epilogue) as bf16, the GELU bf16 to bf16
+      a.ffb = bf16_buf(M * F), a.ff2b = bf16_buf(M * F);
+      mm({a.h2.as<float>(), a.h2b.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::N, M, F, D, nullptr, 0.0f,
+         m.f(p + "mlp.c_fc.bias"), nullptr, a.ffb.get());
+      gelu_tanh_forward(a.ffb.get(), a.ff2b.get(), M * F, bf);
     } else {
-      a.ff2 = buf(M * F);
+      a.ff = buf(M * F), a.ff2 = buf(M * F);
+      mm({a.h2.as<float>()}, Op::N, W(p + "mlp.c_fc.weight"), Op::N, M, F, D, a.ff.as<float>(), 0.0f);
       bias_gelu_tanh_to(a.ff.as<float>(), m.f(p + "mlp.c_fc.bias"), a.ff2.get(), M, F, s);
     }
-    mm({a.ff2.as<float>(), a.ff2b.get()}, Op::N, W(p + "mlp.c_proj.weight"), Op::N, M, D, F, x.as<float>(), 1.0f,
-       m.f(p + "mlp.c_proj.bias"));
+    mm({a.ff2.as<float>(), a.ff2b.get()}, Op::N, W(p + "mlp.c_proj.weight"), Op::N, M, D, F, x_next, 1.0f,
+       m.f(p + "mlp.c_proj.bias"), a.xm.as<float>());
   }
+  const Buffer& x = x_final;
   // The LM head over wte's zero-padded Vp rows (the constructor): logits [M, Vp], their pad
   // columns zero; the loss reads the first V and zeroes the pad columns of dlogits.
   const int64_t Vp = m.numel.at("wte.weight") / D;
-  Buffer hf, hfb, muf = buf(M), rsf = buf(M), logits = buf(M * Vp), loss = buf(M);
+  Buffer hf, hfb, muf = buf(M), rsf = buf(M), loss = buf(M);
   norm(x.as<float>(), "ln_f", hf, hfb, muf.as<float>(), rsf.as<float>());
-  mm({hf.as<float>(), hfb.get()}, Op::N, W("wte.weight"), Op::T, M, Vp, D, logits.as<float>(), 0.0f);
-  // Loss and dlogits scaled by 1 / scored positions: dlogits in place of the logits, or under bf16
-  // GEMMs only as the bf16 operand its two GEMMs read, written so by the loss.
-  Buffer dlb = m.bf16_gemms ? bf16_buf(M * Vp) : Buffer();
-  cross_entropy_to(logits.as<float>(), tgt.as<int64_t>(), M, V, loss.as<float>(),
-                   m.bf16_gemms ? dlb.get() : logits.get(), m.bf16_gemms ? bf : s,
-                   1.0f / float(std::max<int64_t>(count, 1)), 0.0f, Vp);
+  // Loss and dlogits scaled by 1 / scored positions, dlogits in place of the logits: fp32, or under
+  // bf16 GEMMs bf16 logits (the GEMM rounds its fp32 sums once) and the bf16 operand dlogits' two
+  // GEMMs read.
+  Buffer logits = m.bf16_gemms ? bf16_buf(M * Vp) : buf(M * Vp);
+  const float inv_count = 1.0f / float(std::max<int64_t>(count, 1));
+  if (m.bf16_gemms) {
+    mm({hf.as<float>(), hfb.get()}, Op::N, W("wte.weight"), Op::T, M, Vp, D, nullptr, 0.0f, nullptr, nullptr,
+       logits.get());
+    cross_entropy_bf16(logits.get(), tgt.as<int64_t>(), M, V, loss.as<float>(), logits.get(), inv_count, 0.0f, Vp);
+  } else {
+    mm({hf.as<float>()}, Op::N, W("wte.weight"), Op::T, M, Vp, D, logits.as<float>(), 0.0f);
+    cross_entropy_to(logits.as<float>(), tgt.as<int64_t>(), M, V, loss.as<float>(), logits.get(), s, inv_count, 0.0f,
+                     Vp);
+  }
+  Buffer dlb = m.bf16_gemms ? std::move(logits) : Buffer();
   std::vector<float> losses(static_cast<size_t>(M));
   device::download(losses.data(), loss.get(), losses.size() * 4);
   double total = 0.0;
   for (float l : losses) total += l;
 
   // Backward. dx carries the residual stream's adjoint.
-  Buffer dh = buf(M * D), dx = buf(M * D), dff2 = buf(M * F), dy = buf(M * D);
-  // fp32 dff and dqkv only without bf16 GEMMs: with them, their producers write the bf16 copies alone.
+  // fp32 dff2, dff, dy and dqkv only without bf16 GEMMs: with them, their producers (GEMMs, the
+  // GELU's backward, the merge) write the bf16 operands alone.
+  // The norms' backwards write dx's bf16 copy (dxb) and add its column sums into the bias gradient
+  // of the GEMM whose output gradient dx is next (no cast and no bias_grad pass over dx).
+  Buffer dh = buf(M * D), dx = buf(M * D), dxb = m.bf16_gemms ? bf16_buf(M * D) : Buffer();
+  auto proj2_bias = [&](int64_t l) { return l >= 0 ? m.gr("h." + std::to_string(l) + ".mlp.c_proj.bias") : nullptr; };
+  Buffer dff2 = m.bf16_gemms ? bf16_buf(M * F) : buf(M * F), dy = m.bf16_gemms ? bf16_buf(M * D) : buf(M * D);
   Buffer dff = m.bf16_gemms ? Buffer() : buf(M * F), dqkv = m.bf16_gemms ? Buffer() : buf(M * 3 * D);
   Buffer dq = buf(M * D), dk = buf(M * D), dv = buf(M * D);
   const float* dlogits = m.bf16_gemms ? nullptr : logits.as<float>();
@@ -304,39 +330,41 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   mm({dlogits, dlb.get()}, Op::T, {hf.as<float>(), hfb.get()}, Op::N, Vp, D, M, m.gr("wte.weight"),
      1.0f);  // dwte += dlogitsᵀ hf
   dlb = Buffer();
-  layernorm_backward(x.get(), m.f("ln_f.weight"), muf.as<float>(), rsf.as<float>(), dh.get(), M, D, dx.get(),
-                     m.gr("ln_f.weight"), m.gr("ln_f.bias"), s);
+  layernorm_backward_residual(x.as<float>(), m.f("ln_f.weight"), muf.as<float>(), rsf.as<float>(), dh.as<float>(), M, D,
+                              dx.as<float>(), dxb.get(), m.gr("ln_f.weight"), m.gr("ln_f.bias"), proj2_bias(L - 1),
+                              /*accumulate=*/false);
   for (int64_t l = L - 1; l >= 0; --l) {
     const std::string p = "h." + std::to_string(l) + ".";
     Saved& a = sv[size_t(l)];
-    // MLP: x_out = xm + ff2 Wp2 + bp2.
-    Buffer db = bf_copy(dx.as<float>(), M * D);
-    mm({dx.as<float>(), db.get()}, Op::N, W(p + "mlp.c_proj.weight"), Op::T, M, F, D, dff2.as<float>(), 0.0f);
-    mm({a.ff2.as<float>(), a.ff2b.get()}, Op::T, {dx.as<float>(), db.get()}, Op::N, F, D, M,
+    // MLP: x_out = xm + ff2 Wp2 + bp2 (bp2's gradient was added by the norm's backward that wrote dx).
+    mm({dx.as<float>(), dxb.get()}, Op::N, W(p + "mlp.c_proj.weight"), Op::T, M, F, D, dff2.as<float>(), 0.0f,
+       nullptr, nullptr, m.bf16_gemms ? dff2.get() : nullptr);
+    mm({a.ff2.as<float>(), a.ff2b.get()}, Op::T, {dx.as<float>(), dxb.get()}, Op::N, F, D, M,
        m.gr(p + "mlp.c_proj.weight"), 1.0f);
-    bias_grad(dx.as<float>(), m.gr(p + "mlp.c_proj.bias"), M, D);
-    // The GELU's backward and c_fc's bias gradient in one pass; under bf16 GEMMs it writes only
-    // the bf16 copy of dff the two GEMMs read.
-    db = m.bf16_gemms ? bf16_buf(M * F) : Buffer();
-    gelu_tanh_backward_bias(a.ff.as<float>(), dff2.as<float>(), M, F, dff.as<float>(),
-                            db.get(), m.gr(p + "mlp.c_fc.bias"));
+    // The GELU's backward and c_fc's bias gradient in one pass; under bf16 GEMMs it reads the bf16
+    // pre-activation and dff2 and writes only the bf16 dff the two GEMMs read.
+    Buffer db = m.bf16_gemms ? bf16_buf(M * F) : Buffer();
+    if (m.bf16_gemms)
+      gelu_tanh_backward_bias_bf16(a.ffb.get(), dff2.get(), M, F, db.get(), m.gr(p + "mlp.c_fc.bias"));
+    else
+      gelu_tanh_backward_bias(a.ff.as<float>(), dff2.as<float>(), M, F, dff.as<float>(), nullptr,
+                              m.gr(p + "mlp.c_fc.bias"));
     mm({dff.as<float>(), db.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::T, M, D, F, dh.as<float>(), 0.0f);
     mm({a.h2.as<float>(), a.h2b.get()}, Op::T, {dff.as<float>(), db.get()}, Op::N, D, F, M,
        m.gr(p + "mlp.c_fc.weight"), 1.0f);
-    layernorm_backward(a.xm.get(), m.f(p + "ln_2.weight"), a.mu2.as<float>(), a.rs2.as<float>(), dh.get(), M, D,
-                       dx.get(), m.gr(p + "ln_2.weight"), m.gr(p + "ln_2.bias"), s, /*accumulate=*/true);
-    // Attention: xm = x + y Wp + bp.
-    db = bf_copy(dx.as<float>(), M * D);
-    mm({dx.as<float>(), db.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::T, M, D, D, dy.as<float>(), 0.0f);
-    mm({a.y.as<float>(), a.yb.get()}, Op::T, {dx.as<float>(), db.get()}, Op::N, D, D, M,
+    layernorm_backward_residual(a.xm.as<float>(), m.f(p + "ln_2.weight"), a.mu2.as<float>(), a.rs2.as<float>(),
+                                dh.as<float>(), M, D, dx.as<float>(), dxb.get(), m.gr(p + "ln_2.weight"),
+                                m.gr(p + "ln_2.bias"), m.gr(p + "attn.c_proj.bias"), /*accumulate=*/true);
+    // Attention: xm = x + y Wp + bp (bp's gradient added by the norm's backward above).
+    mm({dx.as<float>(), dxb.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::T, M, D, D, dy.as<float>(), 0.0f, nullptr,
+       nullptr, m.bf16_gemms ? dy.get() : nullptr);
+    mm({a.y.as<float>(), a.yb.get()}, Op::T, {dx.as<float>(), dxb.get()}, Op::N, D, D, M,
        m.gr(p + "attn.c_proj.weight"), 1.0f);
-    bias_grad(dx.as<float>(), m.gr(p + "attn.c_proj.bias"), M, D);
     device::zero(dq.get(), dq.bytes());
     device::zero(dk.get(), dk.bytes());
     device::zero(dv.get(), dv.bytes());
     if (m.bf16_gemms) {
-      const Buffer dyb = bf_copy(dy.as<float>(), M * D);
-      attention_backward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), dyb.get(),
+      attention_backward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), dy.get(),
                          dq.as<float>(), dk.as<float>(), dv.as<float>(), as, bf);
     } else {
       attention_backward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), dy.get(), dq.as<float>(),
@@ -350,8 +378,11 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     mm({dqkv.as<float>(), db.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f);
     mm({a.h1.as<float>(), a.h1b.get()}, Op::T, {dqkv.as<float>(), db.get()}, Op::N, D, 3 * D, M,
        m.gr(p + "attn.c_attn.weight"), 1.0f);
-    layernorm_backward(a.x.get(), m.f(p + "ln_1.weight"), a.mu1.as<float>(), a.rs1.as<float>(), dh.get(), M, D,
-                       dx.get(), m.gr(p + "ln_1.weight"), m.gr(p + "ln_1.bias"), s, /*accumulate=*/true);
+    // The first block's dx feeds only the embeddings' backward: no copy, no bias.
+    layernorm_backward_residual(a.x.as<float>(), m.f(p + "ln_1.weight"), a.mu1.as<float>(), a.rs1.as<float>(),
+                                dh.as<float>(), M, D, dx.as<float>(), l > 0 ? dxb.get() : nullptr,
+                                m.gr(p + "ln_1.weight"), m.gr(p + "ln_1.bias"), proj2_bias(l - 1),
+                                /*accumulate=*/true);
   }
   embedding_backward(ids.as<int64_t>(), M, D, dx.get(), m.gr("wte.weight"), s);
   embedding_backward(gpos.as<int64_t>(), M, D, dx.get(), m.gr("wpe.weight"), s);

@@ -118,6 +118,32 @@ __global__ void rowdot_kernel(const T* y, const T* dy, float* D, AttnShape a) {
   if (lane == 0) D[(b * a.H + h) * a.Tq + i] = s;
 }
 
+// The same over bf16 rows of hdv = 8·G values: G lanes per row, 16 bytes each, summed by shuffles
+// (a warp per row read 64 two-byte values at a fraction of the bandwidth).
+template <int G>
+__global__ void rowdot_bf16_kernel(const __nv_bfloat16* y, const __nv_bfloat16* dy, float* D, AttnShape a) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = t / G, rows = a.B * a.Tq * a.H;
+  const int part = int(t % G);
+  float s = 0.0f;
+  if (row < rows) {
+    const uint4 u = reinterpret_cast<const uint4*>(y + row * a.hdv)[part];
+    const uint4 w = reinterpret_cast<const uint4*>(dy + row * a.hdv)[part];
+    const unsigned uu[4] = {u.x, u.y, u.z, u.w}, ww[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&uu[i]));
+      const float2 q = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ww[i]));
+      s += p.x * q.x + p.y * q.y;
+    }
+  }
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (row >= rows || part != 0) return;
+  const int64_t h = row % a.H, bt = row / a.H, b = bt / a.Tq, i = bt % a.Tq;
+  D[(b * a.H + h) * a.Tq + i] = s;
+}
+
 template <class T, int DPT>
 __global__ void __launch_bounds__(kThreads) bwd_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                                        const T* __restrict__ v, const float* __restrict__ lse,
@@ -584,8 +610,19 @@ void launch_bwd(const void* q, const void* k, const void* v, const void* y, cons
                 float* dq, float* dk, float* dv, const AttnShape& a) {
   device::Buffer D(size_t(a.B * a.H * a.Tq) * sizeof(float));
   const int64_t rows = a.B * a.Tq * a.H;
-  rowdot_kernel<T><<<device::blocks_for(rows, 8), 256, 0, device::stream()>>>(
-      static_cast<const T*>(y), static_cast<const T*>(dy), D.as<float>(), a);
+  const bool aligned16 = ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(dy)) & 15) == 0;
+  if (std::is_same_v<T, __nv_bfloat16> && aligned16 && (a.hdv == 64 || a.hdv == 128)) {
+    const auto* yb = static_cast<const __nv_bfloat16*>(y);
+    const auto* dyb = static_cast<const __nv_bfloat16*>(dy);
+    if (a.hdv == 64)
+      rowdot_bf16_kernel<8><<<device::blocks_for(rows * 8, 256), 256, 0, device::stream()>>>(yb, dyb, D.as<float>(), a);
+    else
+      rowdot_bf16_kernel<16><<<device::blocks_for(rows * 16, 256), 256, 0, device::stream()>>>(yb, dyb, D.as<float>(),
+                                                                                                 a);
+  } else {
+    rowdot_kernel<T><<<device::blocks_for(rows, 8), 256, 0, device::stream()>>>(
+        static_cast<const T*>(y), static_cast<const T*>(dy), D.as<float>(), a);
+  }
   K3_CUDA_LAUNCHED();
   if constexpr (std::is_same_v<T, __nv_bfloat16>)  // tensor cores where the shape allows
     if (attention_backward_mma(q, k, v, lse, D.as<float>(), dy, dq, dk, dv, a)) return;

@@ -18,9 +18,14 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-__device__ __forceinline__ float gelu_tanh(float v) {
-  return 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+// 0.5·(1 + tanh(u)) = σ(2u): GELU(v) = v·σ(2u) with u = √(2/π)(v + 0.044715 v³), one exp and one
+// reciprocal instead of tanhf's longer sequence (tanhf made the bf16 GELU instruction-bound).
+// exp(−2u) overflows to inf for large negative v, giving σ = 0 and GELU = −0, as the limit.
+__device__ __forceinline__ float sig2u(float v) {
+  const float u = kSqrt2OverPi * (v + 0.044715f * v * v * v);
+  return __frcp_rn(1.0f + __expf(-2.0f * u));
 }
+__device__ __forceinline__ float gelu_tanh(float v) { return v * sig2u(v); }
 template <class T>
 __global__ void gelu_fwd(const T* x, T* y, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -28,10 +33,10 @@ __global__ void gelu_fwd(const T* x, T* y, int64_t n) {
   y[i] = from_f32<T>(gelu_tanh(to_f32(x[i])));
 }
 
-__device__ __forceinline__ float gelu_tanh_grad(float v) {  // d GELU(v) / dv
-  const float t = tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v));
+__device__ __forceinline__ float gelu_tanh_grad(float v) {  // d GELU(v) / dv = σ + 2v·σ(1 − σ)·du/dv
+  const float sg = sig2u(v);
   const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
-  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+  return sg + 2.0f * v * sg * (1.0f - sg) * du;
 }
 template <class T>
 __global__ void gelu_bwd(const T* x, const T* dy, T* dx, int64_t n) {
@@ -54,7 +59,29 @@ template <>
 __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* p, float4 v) {
   *reinterpret_cast<uint2*>(p) = pack_bf16x4(v);
 }
-// fp32, four at a time, dx written also as bf16 (the next GEMMs' operand).
+// Four values loaded at once: a float4, or four bf16 as 8 bytes.
+template <class T>
+__device__ __forceinline__ float4 load4(const T* p);
+template <>
+__device__ __forceinline__ float4 load4<float>(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+template <>
+__device__ __forceinline__ float4 load4<__nv_bfloat16>(const __nv_bfloat16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x)),
+               hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+// gelu_fwd four values at a time (n % 4 == 0, aligned arrays), two quads a thread (the second
+// kThreads quads on): two loads in flight per thread.
+template <class T>
+__global__ void gelu4_fwd(const T* x, T* y, int64_t n4) {
+  const int64_t i = int64_t(blockIdx.x) * 2 * blockDim.x + threadIdx.x, i2 = i + blockDim.x;
+  const float4 a = i < n4 ? load4<T>(x + 4 * i) : float4{}, b = i2 < n4 ? load4<T>(x + 4 * i2) : float4{};
+  if (i < n4) store4<T>(y + 4 * i, make_float4(gelu_tanh(a.x), gelu_tanh(a.y), gelu_tanh(a.z), gelu_tanh(a.w)));
+  if (i2 < n4) store4<T>(y + 4 * i2, make_float4(gelu_tanh(b.x), gelu_tanh(b.y), gelu_tanh(b.z), gelu_tanh(b.w)));
+}
 // Row-major [M, 4·n4] values made by a functor (value(m, c): the four values of row m, column
 // group c), written as fp32 and/or bf16 (either may be null) with their column sums added to
 // dbias: a block takes 32 column groups (one per lane) over a slice of rows (its warps
@@ -87,11 +114,12 @@ __global__ void __launch_bounds__(32 * kColSumRowLanes)
   atomicAdd(dbias + 4 * c, sum.x), atomicAdd(dbias + 4 * c + 1, sum.y), atomicAdd(dbias + 4 * c + 2, sum.z),
       atomicAdd(dbias + 4 * c + 3, sum.w);
 }
-struct GeluGrad4 {  // dy ∘ GELU'(x), [M, 4·n4]
-  const float4 *x, *dy;
+template <class T>
+struct GeluGrad4 {  // dy ∘ GELU'(x), [M, 4·n4], x and dy stored as T
+  const T *x, *dy;
   int n4;
   __device__ __forceinline__ float4 operator()(int64_t m, int c) const {
-    const float4 v = x[m * n4 + c], g = dy[m * n4 + c];
+    const float4 v = load4<T>(x + 4 * (m * n4 + c)), g = load4<T>(dy + 4 * (m * n4 + c));
     return make_float4(g.x * gelu_tanh_grad(v.x), g.y * gelu_tanh_grad(v.y), g.z * gelu_tanh_grad(v.z),
                        g.w * gelu_tanh_grad(v.w));
   }
@@ -195,22 +223,39 @@ __device__ __forceinline__ void add_value(MaxSum& a, float x) {
     a.s += expf(x - a.m);
   }
 }
-template <class T, bool VEC>
-__global__ void __launch_bounds__(512) xent_kernel(const float* logits, const int64_t* targets, int64_t vocab,
+// Four values at once: one rescale of the running sum by the four's maximum, then four exp2s of
+// prescaled differences (the per-value form's branch and exp per value made the loss
+// instruction-bound at GPT-2's 50,304 columns).
+constexpr float kLog2eX = 1.4426950408889634f;
+__device__ __forceinline__ void add_four(MaxSum& a, float4 x) {
+  const float m4 = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+  if (m4 == -INFINITY) return;  // all four are −inf: nothing to add
+  if (m4 > a.m) {
+    a.s *= exp2f((a.m - m4) * kLog2eX);  // 0 while m is still −inf
+    a.m = m4;
+  }
+  const float mb = a.m * kLog2eX;
+  a.s += (exp2f(fmaf(x.x, kLog2eX, -mb)) + exp2f(fmaf(x.y, kLog2eX, -mb))) +
+         (exp2f(fmaf(x.z, kLog2eX, -mb)) + exp2f(fmaf(x.w, kLog2eX, -mb)));
+}
+// Logits stored as TI (fp32, or bf16 from a bf16 GEMM: the row read twice is then half the bytes).
+template <class TI, class T, bool VEC>
+__global__ void __launch_bounds__(512) xent_kernel(const TI* logits, const int64_t* targets, int64_t vocab,
                                                    int64_t ld, float* loss, T* dlogits, float scale, float z_loss) {
   __shared__ MaxSum part[16];
   __shared__ float lse_shared;
   const int64_t row = blockIdx.x;
-  const float* z = logits + row * ld;
+  const TI* z = logits + row * ld;
   const int64_t t = targets[row];
-  const float zt = t >= 0 ? z[t] : 0.0f;  // read before dlogits may overwrite the logits in place
+  const float zt = t >= 0 ? to_f32(z[t]) : 0.0f;  // read before dlogits may overwrite the logits in place
   MaxSum ms{-INFINITY, 0.0f};
   const int64_t v4 = VEC ? vocab / 4 : 0;
+  // Unrolled: four loads in flight per thread (one at a time left the loss latency-bound).
+#pragma unroll 4
   for (int64_t j = threadIdx.x; j < v4; j += blockDim.x) {
-    const float4 x = reinterpret_cast<const float4*>(z)[j];
-    add_value(ms, x.x), add_value(ms, x.y), add_value(ms, x.z), add_value(ms, x.w);
+    add_four(ms, load4<TI>(z + 4 * j));
   }
-  for (int64_t j = 4 * v4 + threadIdx.x; j < vocab; j += blockDim.x) add_value(ms, z[j]);
+  for (int64_t j = 4 * v4 + threadIdx.x; j < vocab; j += blockDim.x) add_value(ms, to_f32(z[j]));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)
     ms = merge(ms, {__shfl_xor_sync(0xffffffffu, ms.m, o), __shfl_xor_sync(0xffffffffu, ms.s, o)});
@@ -227,18 +272,20 @@ __global__ void __launch_bounds__(512) xent_kernel(const float* logits, const in
   __syncthreads();
   const float lse = lse_shared;
   const float zs = 1.0f + 2.0f * z_loss * lse;  // d/dz of lse − z_t + c·lse² is softmax·(1 + 2c·lse) − onehot
+  const float lse2 = lse * kLog2eX;
   auto grad = [&](int64_t j, float x) {  // an ignored row's and the pad columns' gradients are zero
-    return t < 0 || j >= vocab ? 0.0f : (zs * expf(x - lse) - (j == t ? 1.0f : 0.0f)) * scale;
+    return t < 0 || j >= vocab ? 0.0f : (zs * exp2f(fmaf(x, kLog2eX, -lse2)) - (j == t ? 1.0f : 0.0f)) * scale;
   };
   T* d = dlogits + row * ld;
   if constexpr (VEC) {
+#pragma unroll 4
     for (int64_t j = threadIdx.x; j < ld / 4; j += blockDim.x) {
-      const float4 x = j < (vocab + 3) / 4 ? reinterpret_cast<const float4*>(z)[j] : make_float4(0, 0, 0, 0);
+      const float4 x = j < (vocab + 3) / 4 ? load4<TI>(z + 4 * j) : make_float4(0, 0, 0, 0);
       store4<T>(d + 4 * j,
                 make_float4(grad(4 * j, x.x), grad(4 * j + 1, x.y), grad(4 * j + 2, x.z), grad(4 * j + 3, x.w)));
     }
   } else {
-    for (int64_t j = threadIdx.x; j < ld; j += blockDim.x) d[j] = from_f32<T>(grad(j, j < vocab ? z[j] : 0.0f));
+    for (int64_t j = threadIdx.x; j < ld; j += blockDim.x) d[j] = from_f32<T>(grad(j, j < vocab ? to_f32(z[j]) : 0.0f));
   }
 }
 
@@ -297,13 +344,15 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
 // Row-wise kernels on [M, N] arrays: blockIdx.x over column blocks, rows strided by gridDim.y (at
 // most 65,535), so no thread divides a flat index by N (64-bit division per element cost the GPT-2
 // step's bias adds and q/k/v splits several times their memory time).
+// Each thread walks about four rows (its loads unrolled: four in flight rather than one).
 inline dim3 row_grid(int64_t M, int64_t N) {
-  return dim3(device::blocks_for(N, kThreads), unsigned(std::min<int64_t>(M, 65535)));
+  return dim3(device::blocks_for(N, kThreads), unsigned(std::min<int64_t>((M + 3) / 4, 65535)));
 }
 __global__ void bias_kernel(float* y, const float* b, int64_t M, int64_t N) {
   const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
   const float bn = b[n];
+#pragma unroll 4
   for (int64_t m = blockIdx.y; m < M; m += gridDim.y) y[m * N + n] += bn;
 }
 template <class T>
@@ -324,14 +373,15 @@ __global__ void widen_kernel(const T* x, float* y, int64_t n) {
 }
 // The q/k/v column blocks of a fused [M, 3D] projection, its bias added (bias may be null), into
 // three contiguous [M, D] arrays stored as T.
-template <class T>
-__global__ void split_qkv_to_kernel(const float* qkv, const float* bias, T* q, T* k, T* v, int64_t M, int64_t D) {
+template <class TI, class T>
+__global__ void split_qkv_to_kernel(const TI* qkv, const float* bias, T* q, T* k, T* v, int64_t M, int64_t D) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= 3 * D) return;
   const int64_t part = c / D, d = c - part * D;
   T* dst = part == 0 ? q : part == 1 ? k : v;
   const float bc = bias ? bias[c] : 0.0f;
-  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) dst[m * D + d] = from_f32<T>(qkv[m * 3 * D + c] + bc);
+#pragma unroll 4
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) dst[m * D + d] = from_f32<T>(to_f32(qkv[m * 3 * D + c]) + bc);
 }
 // x[m, n] += bias[n] in place (the pre-activation, kept for the backward), y = GELU(x) stored as T.
 template <class T>
@@ -339,6 +389,7 @@ __global__ void bias_gelu_kernel(float* x, const float* bias, T* y, int64_t M, i
   const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
   const float bn = bias ? bias[n] : 0.0f;
+#pragma unroll 4
   for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
     const float v = x[m * N + n] + bn;
     x[m * N + n] = v;
@@ -348,15 +399,16 @@ __global__ void bias_gelu_kernel(float* x, const float* bias, T* y, int64_t M, i
 
 // Both four columns at a time when D % 4 == 0 (and the arrays are 16-byte aligned): a thread per
 // (row, column quad), the part found by one 32-bit division per thread.
-template <class T>
-__global__ void split_qkv4_kernel(const float* qkv, const float* bias, T* q, T* k, T* v, int64_t M, int D4) {
+template <class TI, class T>
+__global__ void split_qkv4_kernel(const TI* qkv, const float* bias, T* q, T* k, T* v, int64_t M, int D4) {
   const int c4 = int(blockIdx.x) * blockDim.x + threadIdx.x;  // column quad of [M, 3D]
   if (c4 >= 3 * D4) return;
   const int part = c4 / D4, d4 = c4 - part * D4;
   T* dst = part == 0 ? q : part == 1 ? k : v;
   const float4 b = bias ? reinterpret_cast<const float4*>(bias)[c4] : make_float4(0, 0, 0, 0);
+#pragma unroll 4
   for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
-    const float4 x = reinterpret_cast<const float4*>(qkv)[m * 3 * D4 + c4];
+    const float4 x = load4<TI>(qkv + (m * 3 * D4 + c4) * 4);
     store4<T>(dst + (m * D4 + d4) * 4, make_float4(x.x + b.x, x.y + b.y, x.z + b.z, x.w + b.w));
   }
 }
@@ -367,6 +419,7 @@ __global__ void bias_gelu4_kernel(float* x, const float* bias, T* y, int64_t M, 
   const int n4 = int(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n4 >= N4) return;
   const float4 b = bias ? reinterpret_cast<const float4*>(bias)[n4] : make_float4(0, 0, 0, 0);
+#pragma unroll 4
   for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
     float4* xp = reinterpret_cast<float4*>(x) + m * N4 + n4;
     const float4 v0 = *xp, v = make_float4(v0.x + b.x, v0.y + b.y, v0.z + b.z, v0.w + b.w);
@@ -380,6 +433,7 @@ __global__ void merge_qkv_kernel(const float* q, const float* k, const float* v,
   if (c >= 3 * D) return;
   const int64_t part = c / D, d = c - part * D;
   const float* src = part == 0 ? q : part == 1 ? k : v;
+#pragma unroll 4
   for (int64_t m = blockIdx.y; m < M; m += gridDim.y) qkv[m * 3 * D + c] = src[m * D + d];
 }
 // qkv_b (may be null) receives a bf16 copy.
@@ -389,6 +443,7 @@ __global__ void merge_qkv4_kernel(const float* q, const float* k, const float* v
   if (c4 >= 3 * D4) return;
   const int part = c4 / D4, d4 = c4 - part * D4;
   const float4* src = reinterpret_cast<const float4*>(part == 0 ? q : part == 1 ? k : v);
+#pragma unroll 4
   for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
     const float4 x = src[m * D4 + d4];
     reinterpret_cast<float4*>(qkv)[m * 3 * D4 + c4] = x;
@@ -490,14 +545,26 @@ void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v
   if (D % 4 == 0 && 3 * D / 4 <= INT32_MAX && aligned(qkv, 16) && (!bias || aligned(bias, 16)) && aligned(q, out) &&
       aligned(k, out) && aligned(v, out)) {
     K3_DISPATCH_STORAGE(st, T,
-                        split_qkv4_kernel<T><<<row_grid(M, 3 * D / 4), kThreads, 0, device::stream()>>>(
+                        split_qkv4_kernel<float, T><<<row_grid(M, 3 * D / 4), kThreads, 0, device::stream()>>>(
                             qkv, bias, static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), M, int(D / 4)));
     K3_CUDA_LAUNCHED();
     return;
   }
   K3_DISPATCH_STORAGE(st, T,
-                      split_qkv_to_kernel<T><<<row_grid(M, 3 * D), kThreads, 0, device::stream()>>>(
+                      split_qkv_to_kernel<float, T><<<row_grid(M, 3 * D), kThreads, 0, device::stream()>>>(
                           qkv, bias, static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), M, D));
+  K3_CUDA_LAUNCHED();
+}
+void split_qkv_bf16(const void* qkv, void* q, void* k, void* v, int64_t M, int64_t D) {
+  if (!M) return;
+  using B16 = __nv_bfloat16;
+  const B16* in = static_cast<const B16*>(qkv);
+  B16 *qb = static_cast<B16*>(q), *kb = static_cast<B16*>(k), *vb = static_cast<B16*>(v);
+  if (D % 4 == 0 && 3 * D / 4 <= INT32_MAX && aligned(qkv, 8) && aligned(q, 8) && aligned(k, 8) && aligned(v, 8))
+    split_qkv4_kernel<B16, B16><<<row_grid(M, 3 * D / 4), kThreads, 0, device::stream()>>>(in, nullptr, qb, kb, vb, M,
+                                                                                           int(D / 4));
+  else
+    split_qkv_to_kernel<B16, B16><<<row_grid(M, 3 * D), kThreads, 0, device::stream()>>>(in, nullptr, qb, kb, vb, M, D);
   K3_CUDA_LAUNCHED();
 }
 void bias_gelu_tanh_to(float* x, const float* bias, void* y, int64_t M, int64_t N, Storage st) {
@@ -518,6 +585,13 @@ void bias_gelu_tanh_to(float* x, const float* bias, void* y, int64_t M, int64_t 
 
 void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st) {
   if (!n) return;
+  if (n % 4 == 0 && aligned(x, row4_bytes(st)) && aligned(y, row4_bytes(st))) {
+    K3_DISPATCH_STORAGE(st, T,
+                        gelu4_fwd<T><<<device::blocks_for(n / 4, 2 * kThreads), kThreads, 0, device::stream()>>>(
+                            static_cast<const T*>(x), static_cast<T*>(y), n / 4));
+    K3_CUDA_LAUNCHED();
+    return;
+  }
   K3_DISPATCH_STORAGE(st, T,
                       gelu_fwd<T><<<device::blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(
                           static_cast<const T*>(x), static_cast<T*>(y), n));
@@ -545,7 +619,7 @@ void gelu_tanh_backward_bias(const float* x, const float* dy, int64_t M, int64_t
   if (!M || !N) return;
   if (N % 4 == 0 && N / 4 <= INT32_MAX && aligned(x, 16) && aligned(dy, 16) && aligned(dx, 16) &&
       aligned(dx_bf16, 8)) {
-    const GeluGrad4 value{reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(dy), int(N / 4)};
+    const GeluGrad4<float> value{x, dy, int(N / 4)};
     return launch_rows_with_column_sums(value, dx, dx_bf16, dbias, M, N / 4);
   }
   // Other shapes: the composed ops (dx through an fp32 array of its own if none was given).
@@ -553,6 +627,19 @@ void gelu_tanh_backward_bias(const float* x, const float* dy, int64_t M, int64_t
   if (!dx) own = device::Buffer(size_t(M * N) * sizeof(float)), dx = own.as<float>();
   gelu_tanh_backward(x, dy, dx, M * N, Storage::F32, dx_bf16);
   bias_grad(dx, dbias, M, N);
+}
+void gelu_tanh_backward_bias_bf16(const void* x, const void* dy, int64_t M, int64_t N, void* dx_bf16, float* dbias) {
+  if (!M || !N) return;
+  using B16 = __nv_bfloat16;
+  if (N % 4 == 0 && N / 4 <= INT32_MAX && aligned(x, 8) && aligned(dy, 8) && aligned(dx_bf16, 8)) {
+    const GeluGrad4<B16> value{static_cast<const B16*>(x), static_cast<const B16*>(dy), int(N / 4)};
+    return launch_rows_with_column_sums(value, nullptr, dx_bf16, dbias, M, N / 4);
+  }
+  // Other shapes: widened to fp32 and the fp32 form's composed path.
+  device::Buffer xf(size_t(M * N) * sizeof(float)), dyf(size_t(M * N) * sizeof(float));
+  widen(x, xf.as<float>(), M * N, Storage::BF16);
+  widen(dy, dyf.as<float>(), M * N, Storage::BF16);
+  gelu_tanh_backward_bias(xf.as<float>(), dyf.as<float>(), M, N, nullptr, dx_bf16, dbias);
 }
 void merge_qkv_bias(const float* q, const float* k, const float* v, int64_t M, int64_t D, float* qkv, void* qkv_bf16,
                     float* dbias) {
@@ -631,12 +718,27 @@ void cross_entropy_to(const float* logits, const int64_t* targets, int64_t M, in
   K3_DISPATCH_STORAGE(st, T, {
     T* d = static_cast<T*>(dlogits);
     if (vec)
-      xent_kernel<T, true><<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, ld, loss, d, scale,
-                                                                      z_loss);
+      xent_kernel<float, T, true><<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, ld, loss, d,
+                                                                             scale, z_loss);
     else
-      xent_kernel<T, false><<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, ld, loss, d, scale,
-                                                                       z_loss);
+      xent_kernel<float, T, false><<<unsigned(M), 512, 0, device::stream()>>>(logits, targets, vocab, ld, loss, d,
+                                                                              scale, z_loss);
   });
+  K3_CUDA_LAUNCHED();
+}
+void cross_entropy_bf16(const void* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
+                        void* dlogits, float scale, float z_loss, int64_t ld) {
+  if (!M) return;
+  if (!ld) ld = vocab;
+  using B16 = __nv_bfloat16;
+  const B16* z = static_cast<const B16*>(logits);
+  B16* d = static_cast<B16*>(dlogits);
+  if (ld % 4 == 0 && aligned(logits, 8) && aligned(dlogits, 8))
+    xent_kernel<B16, B16, true><<<unsigned(M), 512, 0, device::stream()>>>(z, targets, vocab, ld, loss, d, scale,
+                                                                           z_loss);
+  else
+    xent_kernel<B16, B16, false><<<unsigned(M), 512, 0, device::stream()>>>(z, targets, vocab, ld, loss, d, scale,
+                                                                            z_loss);
   K3_CUDA_LAUNCHED();
 }
 void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,

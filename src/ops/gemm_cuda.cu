@@ -1,5 +1,5 @@
 // Row-major GEMM through cuBLASLt: fp32 (no TF32: CUBLAS_COMPUTE_32F) and bf16 operands with fp32
-// accumulation and fp32 output. cuBLASLt is column-major, so the row-major C = op(A) op(B) is
+// accumulation, fp32 or (bf16 operands) bf16 output. cuBLASLt is column-major, so the row-major C = op(A) op(B) is
 // computed as the column-major Cᵀ = op(B)ᵀ op(A)ᵀ: B's storage is Lt's first operand.
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -42,11 +42,12 @@ struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool bias_bf16 = false;  // the epilogue reads a bf16 bias (cuBLASLt's choice for bf16 outputs)
 };
 
 struct PlanKey {
-  int64_t v[10];
-  bool operator==(const PlanKey& o) const { return std::equal(v, v + 10, o.v); }
+  int64_t v[11];
+  bool operator==(const PlanKey& o) const { return std::equal(v, v + 11, o.v); }
 };
 struct PlanHash {
   size_t operator()(const PlanKey& k) const {
@@ -57,9 +58,10 @@ struct PlanHash {
 };
 
 Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, Storage st,
-               bool bias) {
+               Storage out_st, bool bias) {
   const int64_t a_cols = ta == Op::N ? K : M, b_cols = tb == Op::N ? N : K;
   const cudaDataType_t in = st == Storage::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t out = out_st == Storage::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   Plan p;
   lt_check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   // Lt's first operand is B's storage (col-major [b_cols, rows]); transposed iff tb == T.
@@ -69,8 +71,10 @@ Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "set TRANSB");
   if (bias) {  // the vector runs along Lt's rows, row-major C's columns; its pointer is set per call
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bias_type = CUDA_R_32F;
     lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "set EPILOGUE");
+    // An fp32 bias where the output is fp32; a bf16 output's epilogue takes the output's type.
+    p.bias_bf16 = out == CUDA_R_16BF;
+    const cudaDataType_t bias_type = p.bias_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
              "set BIAS_DATA_TYPE");
   }
@@ -78,7 +82,7 @@ Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64
   const int64_t b_rows = tb == Op::N ? K : N, a_rows = ta == Op::N ? M : K;
   lt_check(cublasLtMatrixLayoutCreate(&p.la, in, uint64_t(b_cols), uint64_t(b_rows), ldb), "layout B");
   lt_check(cublasLtMatrixLayoutCreate(&p.lb, in, uint64_t(a_cols), uint64_t(a_rows), lda), "layout A");
-  lt_check(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_32F, uint64_t(N), uint64_t(M), ldc), "layout C");
+  lt_check(cublasLtMatrixLayoutCreate(&p.lc, out, uint64_t(N), uint64_t(M), ldc), "layout C");
   cublasLtMatmulPreference_t pref = nullptr;
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   const size_t ws = lt().workspace.bytes();
@@ -115,13 +119,22 @@ void destroy(Plan& p) {
 
 void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
           int64_t ldb, float beta, float* C, int64_t ldc, Storage st, const float* bias) {
+  gemm_out(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, GemmOut{C, Storage::F32, nullptr, bias}, ldc, st);
+}
+
+void gemm_out(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+              int64_t ldb, float beta, const GemmOut& out, int64_t ldc, Storage st) {
   if (M == 0 || N == 0) return;
   device::require_cuda("gemm");
+  if (out.st == Storage::BF16 && st != Storage::BF16)
+    throw error("gemm", "a bf16 output needs bf16 operands (fp32 operands write fp32)");
   if (lda == 0) lda = ta == Op::N ? K : M;  // row-major A is [M, K] or [K, M]
   if (ldb == 0) ldb = tb == Op::N ? N : K;
   if (ldc == 0) ldc = N;
   Lt& l = lt();
-  const PlanKey key{{int64_t(ta), int64_t(tb), M, N, K, lda, ldb, ldc, int64_t(st), bias != nullptr}};
+  const float* bias = out.bias;
+  const PlanKey key{
+      {int64_t(ta), int64_t(tb), M, N, K, lda, ldb, ldc, int64_t(st), int64_t(out.st), bias != nullptr}};
   PlanCache& cache = plans();
   Plan plan;
   bool owned = false;
@@ -132,18 +145,27 @@ void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void
   if (it != cache.plans.end()) {
     plan = it->second;
   } else {
-    plan = make_plan(ta, tb, M, N, K, lda, ldb, ldc, st, bias != nullptr);
+    plan = make_plan(ta, tb, M, N, K, lda, ldb, ldc, st, out.st, bias != nullptr);
     if (cache.plans.size() < PlanCache::kMax) cache.plans.emplace(key, plan);
     else owned = true;
   }
+  device::Buffer bias_b;  // the bias rounded to bf16 where the plan's epilogue reads bf16
+  const void* bias_ptr = bias;
+  if (bias && plan.bias_bf16) {
+    bias_b = device::Buffer(size_t(N) * 2);
+    cast(bias, bias_b.get(), N, Storage::BF16);
+    bias_ptr = bias_b.get();
+  }
   if (bias)
-    lt_check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+    lt_check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr),
              "set BIAS_POINTER");
   else
     lock.unlock();
   const size_t ws = l.workspace.bytes();
-  const cublasStatus_t status = cublasLtMatmul(l.handle, plan.op, &alpha, B, plan.la, A, plan.lb, &beta, C, plan.lc,
-                                               C, plan.lc, &plan.algo, l.workspace.get(), ws, device::stream());
+  const void* addend = out.c ? out.c : out.d;  // beta's C: D itself unless another array is named
+  const cublasStatus_t status = cublasLtMatmul(l.handle, plan.op, &alpha, B, plan.la, A, plan.lb, &beta, addend,
+                                               plan.lc, out.d, plan.lc, &plan.algo, l.workspace.get(), ws,
+                                               device::stream());
   if (lock.owns_lock()) lock.unlock();
   if (owned) destroy(plan);
   lt_check(status, "cublasLtMatmul");

@@ -219,6 +219,91 @@ __global__ void __launch_bounds__(32 * kWarpRowsBlock) layernorm_bwd_warp(const 
   }
 }
 
+// The backward over fp32 rows of D = 4·n4 columns (n4 ≤ 256, 16-byte aligned) with a residual
+// stream's extras: dx accumulated in fp32, its bf16 copy (dx_b, may be null) and its column sums
+// (dsum += Σ_rows dx, may be null: the bias gradient of the GEMM that reads dx next). Each thread
+// owns one column quad for all of the block's rows, so dw, db and dsum stay in registers and
+// meet other blocks' by one atomic per column; rows go kLnRows at a time: each thread issues
+// the loads of all kLnRows rows first, the rows' two sums meet across the block's warps through
+// shared memory (two barriers per kLnRows rows). The warp-per-row kernel above held 64 registers
+// of dw/db sums per lane and ran at half the copy bandwidth.
+constexpr int kLnRows = 4;
+__global__ void __launch_bounds__(256) layernorm_bwd_cols(const float* x, const float* w, const float* mean,
+                                                         const float* rstd, const float* dy, int64_t M, int n4,
+                                                         int64_t rows_per_block, float* dx, uint2* dx_b, float* dw,
+                                                         float* db, float* dsum, bool acc) {
+  __shared__ float red[kLnRows][8][2];  // [row][warp][Σ dŷ, Σ dŷ (x − μ)]
+  __shared__ float fin[kLnRows][2];
+  const int c = threadIdx.x, lane = c & 31, warp = c >> 5, warps = int(blockDim.x + 31) >> 5;
+  const bool on = c < n4;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const float4* g4 = reinterpret_cast<const float4*>(dy);
+  float4* dx4 = reinterpret_cast<float4*>(dx);
+  const float4 wc = on ? reinterpret_cast<const float4*>(w)[c] : zero;
+  const float inv_d = 1.0f / float(4 * n4);
+  float4 adw = zero, adb = zero, ads = zero;
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block, r1 = r0 + rows_per_block < M ? r0 + rows_per_block : M;
+  for (int64_t rb = r0; rb < r1; rb += kLnRows) {
+    float4 xv[kLnRows], g[kLnRows], d0[kLnRows];
+    float mu[kLnRows], rs[kLnRows];
+#pragma unroll
+    for (int i = 0; i < kLnRows; ++i) {
+      const int64_t row = rb + i;
+      const bool ok = on && row < r1;
+      xv[i] = ok ? x4[row * n4 + c] : zero;
+      g[i] = ok ? g4[row * n4 + c] : zero;
+      d0[i] = ok && acc ? dx4[row * n4 + c] : zero;
+      mu[i] = row < r1 ? mean[row] : 0.0f;
+      rs[i] = row < r1 ? rstd[row] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kLnRows; ++i) {
+      const float4 gw = make_float4(g[i].x * wc.x, g[i].y * wc.y, g[i].z * wc.z, g[i].w * wc.w);
+      float a = (gw.x + gw.y) + (gw.z + gw.w);
+      float cc = (gw.x * (xv[i].x - mu[i]) + gw.y * (xv[i].y - mu[i])) +
+                 (gw.z * (xv[i].z - mu[i]) + gw.w * (xv[i].w - mu[i]));
+      a = device::warp_sum(a);
+      cc = device::warp_sum(cc);
+      if (lane == 0) red[i][warp][0] = a, red[i][warp][1] = cc;
+    }
+    __syncthreads();
+    if (c < 2 * kLnRows) {
+      float t = 0.0f;
+      for (int q = 0; q < warps; ++q) t += red[c >> 1][q][c & 1];
+      fin[c >> 1][c & 1] = t;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kLnRows; ++i) {
+      const int64_t row = rb + i;
+      if (!on || row >= r1) continue;
+      const float ma = fin[i][0] * inv_d, mc = fin[i][1] * rs[i] * inv_d, r = rs[i];
+      const float4 xh = make_float4((xv[i].x - mu[i]) * r, (xv[i].y - mu[i]) * r, (xv[i].z - mu[i]) * r,
+                                    (xv[i].w - mu[i]) * r);
+      const float4 o = make_float4(d0[i].x + r * (g[i].x * wc.x - ma - xh.x * mc),
+                                   d0[i].y + r * (g[i].y * wc.y - ma - xh.y * mc),
+                                   d0[i].z + r * (g[i].z * wc.z - ma - xh.z * mc),
+                                   d0[i].w + r * (g[i].w * wc.w - ma - xh.w * mc));
+      dx4[row * n4 + c] = o;
+      if (dx_b) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
+        dx_b[row * n4 + c] = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+      }
+      adw = make_float4(adw.x + g[i].x * xh.x, adw.y + g[i].y * xh.y, adw.z + g[i].z * xh.z, adw.w + g[i].w * xh.w);
+      adb = make_float4(adb.x + g[i].x, adb.y + g[i].y, adb.z + g[i].z, adb.w + g[i].w);
+      ads = make_float4(ads.x + o.x, ads.y + o.y, ads.z + o.z, ads.w + o.w);
+    }
+  }
+  if (!on) return;
+  if (dw) atomicAdd(dw + 4 * c, adw.x), atomicAdd(dw + 4 * c + 1, adw.y), atomicAdd(dw + 4 * c + 2, adw.z),
+      atomicAdd(dw + 4 * c + 3, adw.w);
+  if (db) atomicAdd(db + 4 * c, adb.x), atomicAdd(db + 4 * c + 1, adb.y), atomicAdd(db + 4 * c + 2, adb.z),
+      atomicAdd(db + 4 * c + 3, adb.w);
+  if (dsum) atomicAdd(dsum + 4 * c, ads.x), atomicAdd(dsum + 4 * c + 1, ads.y), atomicAdd(dsum + 4 * c + 2, ads.z),
+      atomicAdd(dsum + 4 * c + 3, ads.w);
+}
+
 template <class T>
 __global__ void rmsnorm_fwd(const T* x, const float* w, float eps, int64_t D, T* y, float* rstd_out) {
   __shared__ float scratch[32];
@@ -307,6 +392,33 @@ void layernorm_backward(const void* x, const float* w, const float* mean, const 
                           static_cast<const T*>(x), w, mean, rstd, static_cast<const T*>(dy), M, D, rows,
                           static_cast<T*>(dx), dw, db, accumulate));
   K3_CUDA_LAUNCHED();
+}
+void layernorm_backward_residual(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
+                                 int64_t M, int64_t D, float* dx, void* dx_bf16, float* dw, float* db, float* dsum,
+                                 bool accumulate) {
+  if (!M) return;
+  const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (D % 4 == 0 && D / 4 <= 256 && a16(x) && a16(w) && a16(dy) && a16(dx) &&
+      (reinterpret_cast<uintptr_t>(dx_bf16) & 7) == 0) {
+    const int n4 = int(D / 4), threads = (n4 + 31) / 32 * 32;
+    // One wave of as many blocks as the SMs hold (a second, part-filled wave left most SMs idle
+    // for its length), at least kLnRows rows each.
+    static const int per_sm = [] {
+      int n = 0;
+      K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, layernorm_bwd_cols, 256, 0));
+      return std::max(n, 1);
+    }();
+    const int64_t target = int64_t(per_sm) * (256 / threads) * int64_t(device::sm_count());
+    const int64_t per = std::max<int64_t>(kLnRows, ((M + target - 1) / target + kLnRows - 1) / kLnRows * kLnRows);
+    layernorm_bwd_cols<<<unsigned((M + per - 1) / per), threads, 0, device::stream()>>>(
+        x, w, mean, rstd, dy, M, n4, per, dx, static_cast<uint2*>(dx_bf16), dw, db, dsum, accumulate);
+    K3_CUDA_LAUNCHED();
+    return;
+  }
+  // Other shapes: the composed ops.
+  layernorm_backward(x, w, mean, rstd, dy, M, D, dx, dw, db, Storage::F32, accumulate);
+  if (dx_bf16) cast(dx, dx_bf16, M * D, Storage::BF16);
+  if (dsum) bias_grad(dx, dsum, M, D);
 }
 void rmsnorm_forward(const void* x, const float* w, float eps, int64_t M, int64_t D, void* y, float* rstd,
                      Storage st) {

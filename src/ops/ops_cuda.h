@@ -35,6 +35,14 @@ void layernorm_forward_to(const float* x, const float* w, const float* b, float 
 // accumulate: dx += instead of = (a residual stream's adjoint takes the norm's gradient in place).
 void layernorm_backward(const void* x, const float* w, const float* mean, const float* rstd, const void* dy,
                         int64_t M, int64_t D, void* dx, float* dw, float* db, Storage st, bool accumulate = false);
+// The backward over fp32 rows into a residual stream's adjoint, with what the GEMMs that read
+// that adjoint next want from the same pass: dx (= or +=), its bf16 copy (dx_bf16, may be null) and
+// its column sums (dsum += Σ_m dx[m, :], may be null: the bias gradient of a GEMM whose output
+// gradient dx is). One kernel where D % 4 == 0, D ≤ 1,024 and the arrays are aligned, else the
+// composed ops.
+void layernorm_backward_residual(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
+                                 int64_t M, int64_t D, float* dx, void* dx_bf16, float* dw, float* db, float* dsum,
+                                 bool accumulate);
 void rmsnorm_forward(const void* x, const float* w, float eps, int64_t M, int64_t D, void* y, float* rstd,
                      Storage st);
 void rmsnorm_backward(const void* x, const float* w, const float* rstd, const void* dy, int64_t M, int64_t D,
@@ -50,6 +58,9 @@ void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Stor
 // aligned, else the composed ops.
 void gelu_tanh_backward_bias(const float* x, const float* dy, int64_t M, int64_t N, float* dx, void* dx_bf16,
                              float* dbias);
+// The same with x and dy stored as bf16 (a bf16 GEMM's pre-activation and output gradient) and dx
+// written only as bf16.
+void gelu_tanh_backward_bias_bf16(const void* x, const void* dy, int64_t M, int64_t N, void* dx_bf16, float* dbias);
 // x [M, N] += bias [N] in place (null: none), then y = GELU(x) stored as st: a linear layer's bias
 // and activation in one pass, the pre-activation kept in x for the backward.
 void bias_gelu_tanh_to(float* x, const float* bias, void* y, int64_t M, int64_t N, Storage st);
@@ -106,6 +117,8 @@ void cast(const float* x, void* y, int64_t n, Storage st);
 void widen(const void* x, float* y, int64_t n, Storage st);  // cast's inverse: storage `st` → fp32
 // split_qkv_to adds the projection's bias [3D] (null: none) and stores q, k, v as st.
 void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v, int64_t M, int64_t D, Storage st);
+// The same from a bf16 [M, 3D] (a bf16 GEMM's output, its bias added by the GEMM) into bf16 arrays.
+void split_qkv_bf16(const void* qkv, void* q, void* k, void* v, int64_t M, int64_t D);
 // Its inverse (fp32); qkv_bf16 (may be null) receives a bf16 copy of qkv.
 void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D,
                void* qkv_bf16 = nullptr);
@@ -127,6 +140,10 @@ void cross_entropy(const float* logits, const int64_t* targets, int64_t M, int64
 // the loss itself.
 void cross_entropy_to(const float* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
                       void* dlogits, Storage st, float scale, float z_loss = 0.0f, int64_t ld = 0);
+
+// The same over bf16 logits (a bf16 GEMM's output), dlogits bf16 too (may be `logits` itself).
+void cross_entropy_bf16(const void* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
+                        void* dlogits, float scale, float z_loss = 0.0f, int64_t ld = 0);
 
 // AdamW step on fp32 parameters (train/optimizer.h semantics: decoupled weight decay,
 // bias-corrected moments).
@@ -161,6 +178,19 @@ class AdamWGroup {
 enum class Op : uint8_t { N, T };
 void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
           int64_t ldb, float beta, float* C, int64_t ldc, Storage st, const float* bias = nullptr);
+// The same with the output described apart: D stored as `st` (bf16 needs bf16 operands: the
+// product is rounded once, after fp32 accumulation and the bias; cuBLASLt's epilogue then reads
+// the bias rounded to bf16, cast by the call), and beta's addend read from `c`
+// (same layout and storage as D) when given, else from D itself: x_next = x + y W + b without
+// overwriting x.
+struct GemmOut {
+  void* d;
+  Storage st = Storage::F32;
+  const void* c = nullptr;
+  const float* bias = nullptr;
+};
+void gemm_out(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+              int64_t ldb, float beta, const GemmOut& out, int64_t ldc, Storage st);
 
 // Many GEMMs in one launch: for each problem i, row-major C_i[M_i, N] = A_i[M_i, K] · B_iᵀ with
 // B_i [N, K] (a Linear's [out, in] weight), contiguous rows; A and B stored as `st`, C fp32. One

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/device.h"
@@ -232,6 +234,104 @@ TEST_P(OpsCuda, FusedProducersMatchTheComposedOps) {
                          gqbias2.as<float>());
     EXPECT_EQ(down(gmerged2, M * 3 * D), merged) << label << " fused merge: the fp32 result";
     EXPECT_LE(rel(down(gqbias2, 3 * D), qbias_ref), 1e-5) << label << " fused merge: the bias gradient (fp32)";
+  }
+}
+
+// The norm's backward into a residual stream's adjoint with its extras (GPT-2's step): dx added to
+// what the array holds, its bf16 copy (the fp32 result rounded once) and its column sums added
+// to a bias gradient, against the CPU's backward and sums. D 768 and 128 take the one kernel (M 75
+// and 5001: ragged last row groups), D 95 the composed ops; without the copy and the sums too.
+TEST(OpsCudaOnly, LayerNormBackwardIntoAResidualStream) {
+  Rng rng(23);
+  for (const auto& [D, M] : {std::pair<int64_t, int64_t>{768, 75}, {768, 5001}, {128, 75}, {95, 75}})
+    for (const bool extras : {true, false}) {
+      const std::string label = "D " + std::to_string(D) + " M " + std::to_string(M) + (extras ? "" : " plain");
+      const auto x = randv(rng, M * D), dy = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D),
+                 dx0 = randv(rng, M * D), dw0 = randv(rng, D), db0 = randv(rng, D), ds0 = randv(rng, D);
+      std::vector<float> y = zeros(M * D), mean = zeros(M), rstd = zeros(M), dx = zeros(M * D), dw = zeros(D),
+                         db = zeros(D);
+      layernorm_forward(x.data(), w.data(), b.data(), 1e-5f, M, D, y.data(), mean.data(), rstd.data());
+      layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), M, D, dx.data(), dw.data(),
+                         db.data());
+      std::vector<float> want_dx = dx0, want_dw = dw0, want_db = db0, want_ds = ds0;
+      std::vector<double> colsum(static_cast<size_t>(D), 0.0);
+      for (int64_t i = 0; i < M * D; ++i) {
+        want_dx[size_t(i)] += dx[size_t(i)];
+        colsum[size_t(i % D)] += want_dx[size_t(i)];
+      }
+      for (int64_t d = 0; d < D; ++d) {
+        want_dw[size_t(d)] += dw[size_t(d)];
+        want_db[size_t(d)] += db[size_t(d)];
+        want_ds[size_t(d)] += float(colsum[size_t(d)]);
+      }
+      Buffer gx = up(x), gdy = up(dy), gw = up(w), gm = up(mean), gr = up(rstd), gdx = up(dx0), gdw = up(dw0),
+             gdb = up(db0), gds = up(ds0), gdxb(size_t(M * D) * 2);
+      cuda::layernorm_backward_residual(gx.as<float>(), gw.as<float>(), gm.as<float>(), gr.as<float>(),
+                                        gdy.as<float>(), M, D, gdx.as<float>(), extras ? gdxb.get() : nullptr,
+                                        gdw.as<float>(), gdb.as<float>(), extras ? gds.as<float>() : nullptr,
+                                        /*accumulate=*/true);
+      const auto got_dx = down(gdx, M * D);
+      EXPECT_LE(rel(got_dx, want_dx), 1e-5) << label << " dx";
+      EXPECT_LE(rel(down(gdw, D), want_dw), 1e-5) << label << " dw";
+      EXPECT_LE(rel(down(gdb, D), want_db), 1e-5) << label << " db";
+      if (extras) {
+        EXPECT_EQ(down(gdxb, M * D, Storage::BF16), bf16_round(got_dx)) << label << " dx's bf16 copy";
+        EXPECT_LE(rel(down(gds, D), want_ds), 1e-5) << label << " dx's column sums";
+      } else {
+        EXPECT_EQ(down(gds, D), ds0) << label << " no sums asked: left as it was";
+      }
+    }
+  // = rather than +=: dx's previous values do not count.
+  const int64_t M = 9, D = 128;
+  const auto x = randv(rng, M * D), dy = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D);
+  std::vector<float> y = zeros(M * D), mean = zeros(M), rstd = zeros(M), dx = zeros(M * D), dw = zeros(D),
+                     db = zeros(D);
+  layernorm_forward(x.data(), w.data(), b.data(), 1e-5f, M, D, y.data(), mean.data(), rstd.data());
+  layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), M, D, dx.data(), dw.data(), db.data());
+  Buffer gx = up(x), gdy = up(dy), gw = up(w), gm = up(mean), gr = up(rstd), gdx = up(randv(rng, M * D)),
+         gdw = up(zeros(D)), gdb = up(zeros(D));
+  cuda::layernorm_backward_residual(gx.as<float>(), gw.as<float>(), gm.as<float>(), gr.as<float>(), gdy.as<float>(),
+                                    M, D, gdx.as<float>(), nullptr, gdw.as<float>(), gdb.as<float>(), nullptr,
+                                    /*accumulate=*/false);
+  EXPECT_LE(rel(down(gdx, M * D), dx), 1e-5) << "overwrite";
+}
+
+// GPT-2's bf16 producers: the q/k/v split of a bf16 projection (exact), and the GELU's backward
+// over a bf16 pre-activation and output gradient, dx as bf16 with the bias gradient added in the
+// same pass (F 512: the one kernel; F 381: the widened composed path).
+TEST(OpsCudaOnly, Bf16ProducersMatchTheComposedOps) {
+  Rng rng(19);
+  for (const int64_t D : {128, 95}) {
+    const int64_t M = 75, F = 4 * D + D % 2;
+    const std::string label = "D " + std::to_string(D);
+    const auto qkv = bf16_round(randv(rng, M * 3 * D));
+    std::vector<float> parts[3] = {zeros(M * D), zeros(M * D), zeros(M * D)};
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < 3 * D; ++c) parts[c / D][size_t(m * D + c % D)] = qkv[size_t(m * 3 * D + c)];
+    Buffer gqkv = up(qkv, Storage::BF16), gq(size_t(M * D) * 2), gk(size_t(M * D) * 2), gv(size_t(M * D) * 2);
+    cuda::split_qkv_bf16(gqkv.get(), gq.get(), gk.get(), gv.get(), M, D);
+    EXPECT_EQ(down(gq, M * D, Storage::BF16), parts[0]) << label << " q";
+    EXPECT_EQ(down(gk, M * D, Storage::BF16), parts[1]) << label << " k";
+    EXPECT_EQ(down(gv, M * D, Storage::BF16), parts[2]) << label << " v";
+
+    const auto pre = bf16_round(randv(rng, M * F, 2.0f)), dy = bf16_round(randv(rng, M * F)), dbias0 = randv(rng, F);
+    std::vector<float> dpre = zeros(M * F);
+    gelu_tanh_backward(pre.data(), dy.data(), dpre.data(), M * F);
+    std::vector<double> colsum(static_cast<size_t>(F), 0.0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < F; ++n) colsum[size_t(n)] += dpre[size_t(m * F + n)];
+    std::vector<float> dbias_ref = dbias0;
+    for (int64_t n = 0; n < F; ++n) dbias_ref[size_t(n)] += float(colsum[size_t(n)]);
+    Buffer gpre = up(pre, Storage::BF16), gdy = up(dy, Storage::BF16), gdx(size_t(M * F) * 2), gdb = up(dbias0);
+    cuda::gelu_tanh_backward_bias_bf16(gpre.get(), gdy.get(), M, F, gdx.get(), gdb.as<float>());
+    EXPECT_LE(rel(down(gdx, M * F, Storage::BF16), dpre), 4e-3) << label << " gelu backward (bf16)";
+    EXPECT_LE(rel(down(gdb, F), dbias_ref), 1e-5) << label << " gelu backward's bias gradient (bf16 inputs)";
+    // The forward bf16 to bf16 (M·F a multiple of 4 at D 128: four values a thread).
+    std::vector<float> act = zeros(M * F);
+    gelu_tanh_forward(pre.data(), act.data(), M * F);
+    Buffer gact(size_t(M * F) * 2);
+    cuda::gelu_tanh_forward(gpre.get(), gact.get(), M * F, Storage::BF16);
+    EXPECT_LE(rel(down(gact, M * F, Storage::BF16), act), 4e-3) << label << " gelu forward (bf16)";
   }
 }
 
@@ -509,10 +609,11 @@ TEST(OpsCudaOnly, CrossEntropyMatchesClosedForm) {
     for (int64_t m = 0; m < M; ++m) t[size_t(m)] = m == 3 ? -1 : (m * 977) % V;
     t[5] = V - 1;  // the last column, in the straddling vector
     const float scale = 1.0f / float(M);
-    for (float c : {0.0f, 1e-3f, 0.05f}) {  // z-loss coefficient: loss + c·lse², dz·(1 + 2c·lse) on the softmax
-      std::vector<float> loss = zeros(M), dz = zeros(M * ld);
+    // The closed form over logits zz: loss per row and dlogits (pad columns zero).
+    auto reference = [&](const std::vector<float>& zz, float c, std::vector<float>& loss, std::vector<float>& dz) {
+      loss = zeros(M), dz = zeros(M * ld);
       for (int64_t m = 0; m < M; ++m) {
-        const float* zr = z.data() + m * ld;
+        const float* zr = zz.data() + m * ld;
         double mx = -INFINITY, s = 0.0;
         for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(zr[j]));
         for (int64_t j = 0; j < V; ++j) s += std::exp(double(zr[j]) - mx);
@@ -524,6 +625,10 @@ TEST(OpsCudaOnly, CrossEntropyMatchesClosedForm) {
               tm < 0 ? 0.0f
                      : float(((1.0 + 2.0 * c * lse) * std::exp(double(zr[j]) - lse) - (j == tm ? 1.0 : 0.0)) * scale);
       }
+    };
+    for (float c : {0.0f, 1e-3f, 0.05f}) {  // z-loss coefficient: loss + c·lse², dz·(1 + 2c·lse) on the softmax
+      std::vector<float> loss, dz;
+      reference(z, c, loss, dz);
       const std::string label = "V " + std::to_string(V) + " ld " + std::to_string(ld) + " z-loss " + std::to_string(c);
       Buffer gt = device::upload_new(t.data(), t.size() * 8);
       {  // fp32, in place
@@ -539,6 +644,15 @@ TEST(OpsCudaOnly, CrossEntropyMatchesClosedForm) {
         EXPECT_LE(rel(down(gl, M), loss), 1e-5) << label << " bf16";
         EXPECT_LE(rel(down(gd, M * ld, Storage::BF16), dz), 4e-3) << label << " bf16";
         EXPECT_EQ(down(gz, M * ld), z) << label << " bf16: the logits are left as they were";
+      }
+      {  // bf16 logits (a bf16 GEMM's output), dlogits in their place: the closed form on the rounded logits
+        const auto zb = bf16_round(z);
+        std::vector<float> loss_b, dz_b;
+        reference(zb, c, loss_b, dz_b);
+        Buffer gz = up(zb, Storage::BF16), gl(size_t(M) * 4);
+        cuda::cross_entropy_bf16(gz.get(), gt.as<int64_t>(), M, V, gl.as<float>(), gz.get(), scale, c, ld);
+        EXPECT_LE(rel(down(gl, M), loss_b), 1e-5) << label << " bf16 logits";
+        EXPECT_LE(rel(down(gz, M * ld, Storage::BF16), dz_b), 4e-3) << label << " bf16 logits";
       }
     }
   }
@@ -630,6 +744,51 @@ TEST(OpsCudaOnly, GemmAllTransposesF32AndBf16) {
         EXPECT_LE(rel(down(gC2, M * N), C), 1e-5)
             << "with bias: ta " << int(ta) << " tb " << int(tb) << " bf16 " << (st == Storage::BF16);
       }
+}
+
+// gemm_out: the product written as bf16 (one rounding of the fp32 sum plus bias), and an fp32
+// output whose beta addend is read from another array (left as it was). Every transpose, on
+// GPT-2-like aligned extents and on odd ones.
+TEST(OpsCudaOnly, GemmOutWritesBf16AndReadsItsAddendApart) {
+  Rng rng(17);
+  for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{70, 96, 64}, {33, 40, 24}})
+    for (cuda::Op ta : {cuda::Op::N, cuda::Op::T})
+      for (cuda::Op tb : {cuda::Op::N, cuda::Op::T}) {
+        const auto A = bf16_round(randv(rng, M * K)), B = bf16_round(randv(rng, K * N)), bias = randv(rng, N),
+                   X = randv(rng, M * N);
+        std::vector<float> P = zeros(M * N);  // A B in fp32 on the host
+        gemm(ta == cuda::Op::T ? Trans::Yes : Trans::No, tb == cuda::Op::T ? Trans::Yes : Trans::No, M, N, K, 1.0f,
+             A.data(), 0, B.data(), 0, 0.0f, P.data(), 0);
+        const std::string label = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " ta " +
+                                  std::to_string(int(ta)) + " tb " + std::to_string(int(tb));
+        Buffer gA = up(A, Storage::BF16), gB = up(B, Storage::BF16), gbias = up(bias), gX = up(X);
+        // bf16 output without a bias, then with one: within one bf16 rounding of the host's
+        // product (+ bias; the epilogue reads it rounded to bf16, inside the same tolerance).
+        Buffer gD0(size_t(M * N) * 2);
+        cuda::gemm_out(ta, tb, M, N, K, 1.0f, gA.get(), 0, gB.get(), 0, 0.0f, cuda::GemmOut{gD0.get(), Storage::BF16},
+                       0, Storage::BF16);
+        EXPECT_LE(rel(down(gD0, M * N, Storage::BF16), P), 4e-3) << label << " bf16 output, no bias";
+        std::vector<float> want = P;
+        for (int64_t i = 0; i < M * N; ++i) want[size_t(i)] += bias[size_t(i % N)];
+        Buffer gD = up(std::vector<float>(size_t(M * N), 7.0f), Storage::BF16);
+        cuda::gemm_out(ta, tb, M, N, K, 1.0f, gA.get(), 0, gB.get(), 0, 0.0f,
+                       cuda::GemmOut{gD.get(), Storage::BF16, nullptr, gbias.as<float>()}, 0, Storage::BF16);
+        const auto got = down(gD, M * N, Storage::BF16);
+        EXPECT_LE(rel(got, want), 4e-3) << label << " bf16 output";
+        EXPECT_GT(rel(got, want), 0.0) << label << " bf16 output: rounded, so not the fp32 sums";
+        // fp32 output D = X + A B + bias with X read from its own array.
+        Buffer gD2 = up(zeros(M * N));
+        cuda::gemm_out(ta, tb, M, N, K, 1.0f, gA.get(), 0, gB.get(), 0, 1.0f,
+                       cuda::GemmOut{gD2.get(), Storage::F32, gX.get(), gbias.as<float>()}, 0, Storage::BF16);
+        for (int64_t i = 0; i < M * N; ++i) want[size_t(i)] += X[size_t(i)];
+        EXPECT_LE(rel(down(gD2, M * N), want), 1e-5) << label << " addend apart";
+        EXPECT_EQ(down(gX, M * N), X) << label << " the addend is left as it was";
+      }
+  // fp32 operands cannot write bf16: a clear error.
+  Buffer a = up(zeros(16)), d(size_t(16) * 2);
+  EXPECT_THROW(cuda::gemm_out(cuda::Op::N, cuda::Op::N, 4, 4, 4, 1.0f, a.get(), 0, a.get(), 0, 0.0f,
+                              cuda::GemmOut{d.get(), Storage::BF16}, 0, Storage::F32),
+               Error);
 }
 
 // Strided batches as MLA's absorption uses them: the heads' slices of interleaved rows (lda, ldc

@@ -120,6 +120,17 @@ for T in args.seq_len:
         time_backends(f"fwdbwd_T{T}_H16{suffix}", lambda: torch.nn.functional.scaled_dot_product_attention(
             q, k_, v_, is_causal=True).backward(dout))
 
+# GPT-2 124M's training shape: B 8, T 1024, 12 heads of 64.
+q = torch.randn(8, 12, 1024, 64, device=dev, dtype=bf)
+k_ = torch.randn_like(q)
+v_ = torch.randn_like(q)
+time_backends("fwd_gpt2", lambda: torch.nn.functional.scaled_dot_product_attention(q, k_, v_, is_causal=True))
+dout = torch.randn_like(v_)
+for t_ in (q, k_, v_):
+    t_.requires_grad_(True)
+time_backends("fwdbwd_gpt2", lambda: torch.nn.functional.scaled_dot_product_attention(
+    q, k_, v_, is_causal=True).backward(dout))
+
 for kind in args.kinds:
     for H in args.heads:
         for T in args.seq_len:
