@@ -36,6 +36,11 @@ struct Gpt2Runner::Impl {
   std::map<std::string, int64_t> numel;
   int64_t step = 0;
   bool bf16_gemms = false;  // train_step's GEMM operands in bf16
+  // Under bf16 GEMMs: the GEMM weights' bf16 copies, kept across steps. AdamW writes them as it
+  // updates the weights; wb_fresh says they match the fp32 weights (else a step casts them first).
+  std::vector<std::string> gemm_weights;
+  std::map<std::string, device::Buffer> wb;
+  bool wb_fresh = false, adam_bf16 = false;
   float* gr(const std::string& name) const { return grad.at(name); }
 
   const float* f(const std::string& name) const { return at(name).as<float>(); }
@@ -74,6 +79,7 @@ Gpt2Runner::Gpt2Runner(const Gpt2Model& model, device::Storage weights) : impl_(
       impl_->w.emplace(name, device::upload_values(t.f32(), t.numel(), gemm ? weights : device::Storage::F32));
       impl_->numel[name] = t.numel();
     }
+    if (gemm || name == "wte.weight") impl_->gemm_weights.push_back(name);
     impl_->decay[name] = kind == ParamKind::Weight;
   });
 }
@@ -160,13 +166,25 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
       m.m2.emplace(name, device::zeros_f32(n));
     }
   }
-  if (!m.adam || adam.weight_decay != m.adam_decay) {  // the tensors' table carries each one's decay
+  if (m.bf16_gemms && m.wb.empty())
+    for (const std::string& name : m.gemm_weights) m.wb.emplace(name, device::Buffer(size_t(m.numel.at(name)) * 2));
+  // The tensors' table carries each one's decay and, under bf16 GEMMs, its bf16 copy.
+  if (!m.adam || adam.weight_decay != m.adam_decay || m.adam_bf16 != m.bf16_gemms) {
     std::vector<AdamWTensor> tensors;
-    for (const auto& [name, n] : m.numel)
+    for (const auto& [name, n] : m.numel) {
+      auto copy = m.bf16_gemms ? m.wb.find(name) : m.wb.end();
       tensors.push_back({m.w.at(name).as<float>(), m.gr(name), m.m1.at(name).as<float>(), m.m2.at(name).as<float>(),
-                         n, m.decay.at(name) ? adam.weight_decay : 0.0f});
+                         n, m.decay.at(name) ? adam.weight_decay : 0.0f,
+                         copy != m.wb.end() ? copy->second.get() : nullptr});
+    }
     m.adam = std::make_unique<AdamWGroup>(tensors);
     m.adam_decay = adam.weight_decay;
+    m.adam_bf16 = m.bf16_gemms;
+  }
+  if (m.bf16_gemms && !m.wb_fresh) {
+    for (const std::string& name : m.gemm_weights)
+      cast(m.f(name), m.wb.at(name).get(), m.numel.at(name), device::Storage::BF16);
+    m.wb_fresh = true;
   }
   device::zero(m.grads.get(), m.grads.bytes());
 
@@ -230,15 +248,10 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     const GemmOut o = out_b ? GemmOut{out_b, bf, nullptr, bias} : GemmOut{out, s, addend, bias};
     gemm_out(ta, tb, rows, cols, inner, 1.0f, a.b, 0, b.b, 0, beta, o, 0, bf);
   };
-  // Weights under bf16 GEMMs: cast once per step (the forward and the backward read each).
-  std::map<std::string, Buffer> wb;
+  // Weights under bf16 GEMMs: the copies AdamW keeps (cast above when stale).
   auto W = [&](const std::string& name) {
     Operand o{m.f(name)};
-    if (m.bf16_gemms) {
-      auto it = wb.find(name);
-      if (it == wb.end()) it = wb.emplace(name, bf_copy(o.f, m.numel.at(name))).first;
-      o.b = it->second.get();
-    }
+    if (m.bf16_gemms) o.b = m.wb.at(name).get();
     return o;
   };
   // A LayerNorm's output: under bf16 GEMMs only the bf16 copy the GEMMs read (the norm writes it
@@ -320,18 +333,23 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   // GELU's backward, the merge) write the bf16 operands alone.
   // The norms' backwards write dx's bf16 copy (dxb) and add its column sums into the bias gradient
   // of the GEMM whose output gradient dx is next (no cast and no bias_grad pass over dx).
-  Buffer dh = buf(M * D), dx = buf(M * D), dxb = m.bf16_gemms ? bf16_buf(M * D) : Buffer();
+  // dh (the norms' output gradients) comes from its GEMMs as bf16 under bf16 GEMMs.
+  Buffer dh = m.bf16_gemms ? bf16_buf(M * D) : buf(M * D), dx = buf(M * D);
+  Buffer dxb = m.bf16_gemms ? bf16_buf(M * D) : Buffer();
+  void* dh_b = m.bf16_gemms ? dh.get() : nullptr;
+  const auto dh_st = m.bf16_gemms ? bf : s;
   auto proj2_bias = [&](int64_t l) { return l >= 0 ? m.gr("h." + std::to_string(l) + ".mlp.c_proj.bias") : nullptr; };
   Buffer dff2 = m.bf16_gemms ? bf16_buf(M * F) : buf(M * F), dy = m.bf16_gemms ? bf16_buf(M * D) : buf(M * D);
   Buffer dff = m.bf16_gemms ? Buffer() : buf(M * F), dqkv = m.bf16_gemms ? Buffer() : buf(M * 3 * D);
   Buffer dq = buf(M * D), dk = buf(M * D), dv = buf(M * D);
   const float* dlogits = m.bf16_gemms ? nullptr : logits.as<float>();
-  mm({dlogits, dlb.get()}, Op::N, W("wte.weight"), Op::N, M, D, Vp, dh.as<float>(), 0.0f);  // dhf = dlogits wte
+  mm({dlogits, dlb.get()}, Op::N, W("wte.weight"), Op::N, M, D, Vp, dh.as<float>(), 0.0f, nullptr, nullptr,
+     dh_b);  // dhf = dlogits wte
   mm({dlogits, dlb.get()}, Op::T, {hf.as<float>(), hfb.get()}, Op::N, Vp, D, M, m.gr("wte.weight"),
      1.0f);  // dwte += dlogitsᵀ hf
   dlb = Buffer();
-  layernorm_backward_residual(x.as<float>(), m.f("ln_f.weight"), muf.as<float>(), rsf.as<float>(), dh.as<float>(), M, D,
-                              dx.as<float>(), dxb.get(), m.gr("ln_f.weight"), m.gr("ln_f.bias"), proj2_bias(L - 1),
+  layernorm_backward_residual(x.as<float>(), m.f("ln_f.weight"), muf.as<float>(), rsf.as<float>(), dh.get(), dh_st, M,
+                              D, dx.as<float>(), dxb.get(), m.gr("ln_f.weight"), m.gr("ln_f.bias"), proj2_bias(L - 1),
                               /*accumulate=*/false);
   for (int64_t l = L - 1; l >= 0; --l) {
     const std::string p = "h." + std::to_string(l) + ".";
@@ -349,11 +367,12 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     else
       gelu_tanh_backward_bias(a.ff.as<float>(), dff2.as<float>(), M, F, dff.as<float>(), nullptr,
                               m.gr(p + "mlp.c_fc.bias"));
-    mm({dff.as<float>(), db.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::T, M, D, F, dh.as<float>(), 0.0f);
+    mm({dff.as<float>(), db.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::T, M, D, F, dh.as<float>(), 0.0f, nullptr,
+       nullptr, dh_b);
     mm({a.h2.as<float>(), a.h2b.get()}, Op::T, {dff.as<float>(), db.get()}, Op::N, D, F, M,
        m.gr(p + "mlp.c_fc.weight"), 1.0f);
     layernorm_backward_residual(a.xm.as<float>(), m.f(p + "ln_2.weight"), a.mu2.as<float>(), a.rs2.as<float>(),
-                                dh.as<float>(), M, D, dx.as<float>(), dxb.get(), m.gr(p + "ln_2.weight"),
+                                dh.get(), dh_st, M, D, dx.as<float>(), dxb.get(), m.gr(p + "ln_2.weight"),
                                 m.gr(p + "ln_2.bias"), m.gr(p + "attn.c_proj.bias"), /*accumulate=*/true);
     // Attention: xm = x + y Wp + bp (bp's gradient added by the norm's backward above).
     mm({dx.as<float>(), dxb.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::T, M, D, D, dy.as<float>(), 0.0f, nullptr,
@@ -375,12 +394,13 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     db = m.bf16_gemms ? bf16_buf(M * 3 * D) : Buffer();
     merge_qkv_bias(dq.as<float>(), dk.as<float>(), dv.as<float>(), M, D, dqkv.as<float>(),
                    db.get(), m.gr(p + "attn.c_attn.bias"));
-    mm({dqkv.as<float>(), db.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f);
+    mm({dqkv.as<float>(), db.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f,
+       nullptr, nullptr, dh_b);
     mm({a.h1.as<float>(), a.h1b.get()}, Op::T, {dqkv.as<float>(), db.get()}, Op::N, D, 3 * D, M,
        m.gr(p + "attn.c_attn.weight"), 1.0f);
     // The first block's dx feeds only the embeddings' backward: no copy, no bias.
     layernorm_backward_residual(a.x.as<float>(), m.f(p + "ln_1.weight"), a.mu1.as<float>(), a.rs1.as<float>(),
-                                dh.as<float>(), M, D, dx.as<float>(), l > 0 ? dxb.get() : nullptr,
+                                dh.get(), dh_st, M, D, dx.as<float>(), l > 0 ? dxb.get() : nullptr,
                                 m.gr(p + "ln_1.weight"), m.gr(p + "ln_1.bias"), proj2_bias(l - 1),
                                 /*accumulate=*/true);
   }
@@ -393,7 +413,10 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   return float(total / double(std::max<int64_t>(count, 1)));
 }
 
-void Gpt2Runner::set_bf16_gemms(bool on) { impl_->bf16_gemms = on; }
+void Gpt2Runner::set_bf16_gemms(bool on) {
+  impl_->bf16_gemms = on;
+  impl_->wb_fresh = false;  // fp32 steps in between leave the copies behind
+}
 
 void Gpt2Runner::copy_to(const Gpt2Model& model) const {
   if (impl_->st != device::Storage::F32) throw error("gpt2 cuda", "copy_to needs fp32 weights");

@@ -289,6 +289,93 @@ __global__ void __launch_bounds__(512) xent_kernel(const TI* logits, const int64
   }
 }
 
+// bf16 rows of up to kXentRowChunks · 8 · 1,024 columns (ld % 8 == 0, 16-byte aligned) read once:
+// a block of 1,024 threads per row loads it in 16-byte chunks, keeps it in shared memory and
+// takes the running max and sum of 8 values per rescale on the way; the gradient pass reads the
+// row back from shared memory. Two blocks an SM (32 registers; two rows of GPT-2's 50,304
+// columns fit the shared memory), so one row's loads run under the other's stores. The
+// two-pass kernel reads the row from memory twice.
+constexpr int kXentRowThreads = 1024, kXentRowChunks = 8, kXentRowGroup = 2;  // chunks per thread, loaded 2 at a time
+__device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+// The 8 values of a chunk starting at column col0, −inf past the vocabulary (and past the row).
+__device__ __forceinline__ void unpack8(uint4 r, int col0, int vocab, float (&v)[8]) {
+  v[0] = bf_lo(r.x), v[1] = bf_hi(r.x), v[2] = bf_lo(r.y), v[3] = bf_hi(r.y);
+  v[4] = bf_lo(r.z), v[5] = bf_hi(r.z), v[6] = bf_lo(r.w), v[7] = bf_hi(r.w);
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    if (col0 + k >= vocab) v[k] = -INFINITY;
+}
+__global__ void __launch_bounds__(kXentRowThreads, 2)  // two rows an SM: one's loads under the other's stores
+    xent_bf16_row_kernel(const __nv_bfloat16* logits, const int64_t* targets, int64_t vocab, int64_t ld, float* loss,
+                         __nv_bfloat16* dlogits, float scale, float z_loss) {
+  extern __shared__ uint4 row_s[];  // [ld / 8]
+  __shared__ MaxSum part[32];
+  __shared__ float lse_shared;
+  const int64_t row = blockIdx.x;
+  const int n8 = int(ld / 8), V = int(vocab), tgt = int(targets[row]);  // in-row offsets fit in 32 bits
+  const uint4* z = reinterpret_cast<const uint4*>(logits + row * ld);
+  const float zt = tgt >= 0 && threadIdx.x == 0 ? __bfloat162float(logits[row * ld + tgt]) : 0.0f;
+  MaxSum ms{-INFINITY, 0.0f};
+#pragma unroll
+  for (int i0 = 0; i0 < kXentRowChunks; i0 += kXentRowGroup) {
+    uint4 raw[kXentRowGroup];
+#pragma unroll
+    for (int i = 0; i < kXentRowGroup; ++i) {
+      const int j = int(threadIdx.x) + (i0 + i) * kXentRowThreads;
+      if (j < n8) raw[i] = z[j];
+    }
+#pragma unroll
+    for (int i = 0; i < kXentRowGroup; ++i) {
+      const int j = int(threadIdx.x) + (i0 + i) * kXentRowThreads;
+      if (j >= n8) continue;
+      row_s[j] = raw[i];
+      float v[8];
+      unpack8(raw[i], 8 * j, V, v);
+      const float m8 = fmaxf(fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3])), fmaxf(fmaxf(v[4], v[5]), fmaxf(v[6], v[7])));
+      if (m8 == -INFINITY) continue;
+      if (m8 > ms.m) {
+        ms.s *= exp2f((ms.m - m8) * kLog2eX);  // 0 while m is still −inf
+        ms.m = m8;
+      }
+      const float mb = ms.m * kLog2eX;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ms.s += exp2f(fmaf(v[k], kLog2eX, -mb));
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    ms = merge(ms, {__shfl_xor_sync(0xffffffffu, ms.m, o), __shfl_xor_sync(0xffffffffu, ms.s, o)});
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ms;
+  __syncthreads();  // also orders the row's shared-memory stores before the gradient pass
+  if (threadIdx.x < 32) {
+    ms = part[threadIdx.x];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      ms = merge(ms, {__shfl_xor_sync(0xffffffffu, ms.m, o), __shfl_xor_sync(0xffffffffu, ms.s, o)});
+    if (threadIdx.x == 0) {
+      const float lse = ms.m + logf(ms.s);
+      lse_shared = lse;
+      loss[row] = tgt < 0 ? 0.0f : lse - zt + z_loss * lse * lse;
+    }
+  }
+  if (!dlogits) return;
+  __syncthreads();
+  const float lse = lse_shared, zs = 1.0f + 2.0f * z_loss * lse, lse2 = lse * kLog2eX;
+  uint4* d = reinterpret_cast<uint4*>(dlogits + row * ld);
+  for (int j = int(threadIdx.x); j < n8; j += kXentRowThreads) {
+    float v[8], g[8];
+    unpack8(row_s[j], 8 * j, V, v);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)  // an ignored row's and the pad columns' gradients are zero (exp2(−inf) = 0)
+      g[k] = tgt < 0 ? 0.0f : (zs * exp2f(fmaf(v[k], kLog2eX, -lse2)) - (8 * j + k == tgt ? 1.0f : 0.0f)) * scale;
+    const __nv_bfloat162 p0 = __floats2bfloat162_rn(g[0], g[1]), p1 = __floats2bfloat162_rn(g[2], g[3]),
+                         p2 = __floats2bfloat162_rn(g[4], g[5]), p3 = __floats2bfloat162_rn(g[6], g[7]);
+    d[j] = make_uint4(*reinterpret_cast<const unsigned*>(&p0), *reinterpret_cast<const unsigned*>(&p1),
+                      *reinterpret_cast<const unsigned*>(&p2), *reinterpret_cast<const unsigned*>(&p3));
+  }
+}
+
 __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
                              float eps, float wd, double c1, double c2) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -323,7 +410,8 @@ __global__ void adamw_group_kernel(const AdamWTensor* tensors, const int2* chunk
   int64_t i = i0;
   const uintptr_t addr_bits = reinterpret_cast<uintptr_t>(t.param) | reinterpret_cast<uintptr_t>(t.grad) |
                               reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v);
-  if ((addr_bits & 15) == 0) {
+  auto* pb = static_cast<__nv_bfloat16*>(t.param_bf16);
+  if ((addr_bits & 15) == 0 && (reinterpret_cast<uintptr_t>(pb) & 7) == 0) {
     for (int64_t j = i0 / 4 + threadIdx.x; j < i1 / 4; j += blockDim.x) {
       float4 p = reinterpret_cast<float4*>(t.param)[j], m = reinterpret_cast<float4*>(t.m)[j],
              v = reinterpret_cast<float4*>(t.v)[j];
@@ -331,10 +419,14 @@ __global__ void adamw_group_kernel(const AdamWTensor* tensors, const int2* chunk
       step(p.x, g.x, m.x, v.x), step(p.y, g.y, m.y, v.y), step(p.z, g.z, m.z, v.z), step(p.w, g.w, m.w, v.w);
       reinterpret_cast<float4*>(t.param)[j] = p, reinterpret_cast<float4*>(t.m)[j] = m,
                                      reinterpret_cast<float4*>(t.v)[j] = v;
+      if (pb) reinterpret_cast<uint2*>(pb)[j] = pack_bf16x4(p);
     }
     i = i1 / 4 * 4;  // the tensor's last 0-3 values
   }
-  for (i += threadIdx.x; i < i1; i += blockDim.x) step(t.param[i], t.grad[i], t.m[i], t.v[i]);
+  for (i += threadIdx.x; i < i1; i += blockDim.x) {
+    step(t.param[i], t.grad[i], t.m[i], t.v[i]);
+    if (pb) pb[i] = __float2bfloat16(t.param[i]);
+  }
 }
 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
@@ -733,7 +825,19 @@ void cross_entropy_bf16(const void* logits, const int64_t* targets, int64_t M, i
   using B16 = __nv_bfloat16;
   const B16* z = static_cast<const B16*>(logits);
   B16* d = static_cast<B16*>(dlogits);
-  if (ld % 4 == 0 && aligned(logits, 8) && aligned(dlogits, 8))
+  if (ld % 8 == 0 && ld <= int64_t(kXentRowChunks) * 8 * kXentRowThreads && aligned(logits, 16) &&
+      aligned(dlogits, 16)) {
+    const int smem = int(ld * 2);
+    static const bool attr = [] {  // the largest row's shared memory, once
+      K3_CUDA_CHECK(cudaFuncSetAttribute(xent_bf16_row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kXentRowChunks * 8 * kXentRowThreads * 2));
+      return true;
+    }();
+    (void)attr;
+    xent_bf16_row_kernel<<<unsigned(M), kXentRowThreads, size_t(smem), device::stream()>>>(z, targets, vocab, ld, loss,
+                                                                                          d, scale, z_loss);
+  }
+  else if (ld % 4 == 0 && aligned(logits, 8) && aligned(dlogits, 8))
     xent_kernel<B16, B16, true><<<unsigned(M), 512, 0, device::stream()>>>(z, targets, vocab, ld, loss, d, scale,
                                                                            z_loss);
   else

@@ -228,8 +228,16 @@ __global__ void __launch_bounds__(32 * kWarpRowsBlock) layernorm_bwd_warp(const 
 // shared memory (two barriers per kLnRows rows). The warp-per-row kernel above held 64 registers
 // of dw/db sums per lane and ran at half the copy bandwidth.
 constexpr int kLnRows = 4;
+__device__ __forceinline__ float4 quad(const float* p, int64_t i) { return reinterpret_cast<const float4*>(p)[i]; }
+__device__ __forceinline__ float4 quad(const __nv_bfloat16* p, int64_t i) {
+  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x)),
+               hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+template <class TD>  // dy's storage: fp32, or bf16 from a bf16 GEMM
 __global__ void __launch_bounds__(256) layernorm_bwd_cols(const float* x, const float* w, const float* mean,
-                                                         const float* rstd, const float* dy, int64_t M, int n4,
+                                                         const float* rstd, const TD* dy, int64_t M, int n4,
                                                          int64_t rows_per_block, float* dx, uint2* dx_b, float* dw,
                                                          float* db, float* dsum, bool acc) {
   __shared__ float red[kLnRows][8][2];  // [row][warp][Σ dŷ, Σ dŷ (x − μ)]
@@ -238,7 +246,6 @@ __global__ void __launch_bounds__(256) layernorm_bwd_cols(const float* x, const 
   const bool on = c < n4;
   const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   const float4* x4 = reinterpret_cast<const float4*>(x);
-  const float4* g4 = reinterpret_cast<const float4*>(dy);
   float4* dx4 = reinterpret_cast<float4*>(dx);
   const float4 wc = on ? reinterpret_cast<const float4*>(w)[c] : zero;
   const float inv_d = 1.0f / float(4 * n4);
@@ -252,7 +259,7 @@ __global__ void __launch_bounds__(256) layernorm_bwd_cols(const float* x, const 
       const int64_t row = rb + i;
       const bool ok = on && row < r1;
       xv[i] = ok ? x4[row * n4 + c] : zero;
-      g[i] = ok ? g4[row * n4 + c] : zero;
+      g[i] = ok ? quad(dy, row * n4 + c) : zero;
       d0[i] = ok && acc ? dx4[row * n4 + c] : zero;
       mu[i] = row < r1 ? mean[row] : 0.0f;
       rs[i] = row < r1 ? rstd[row] : 0.0f;
@@ -393,29 +400,45 @@ void layernorm_backward(const void* x, const float* w, const float* mean, const 
                           static_cast<T*>(dx), dw, db, accumulate));
   K3_CUDA_LAUNCHED();
 }
-void layernorm_backward_residual(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
-                                 int64_t M, int64_t D, float* dx, void* dx_bf16, float* dw, float* db, float* dsum,
-                                 bool accumulate) {
+template <class TD>
+void launch_bwd_cols(const float* x, const float* w, const float* mean, const float* rstd, const TD* dy, int64_t M,
+                     int64_t D, float* dx, void* dx_bf16, float* dw, float* db, float* dsum, bool accumulate) {
+  const int n4 = int(D / 4), threads = (n4 + 31) / 32 * 32;
+  // One wave of as many blocks as the SMs hold (a second, part-filled wave left most SMs idle
+  // for its length), at least kLnRows rows each.
+  static const int per_sm = [] {
+    int n = 0;
+    K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, layernorm_bwd_cols<TD>, 256, 0));
+    return std::max(n, 1);
+  }();
+  const int64_t target = int64_t(per_sm) * (256 / threads) * int64_t(device::sm_count());
+  const int64_t per = std::max<int64_t>(kLnRows, ((M + target - 1) / target + kLnRows - 1) / kLnRows * kLnRows);
+  layernorm_bwd_cols<TD><<<unsigned((M + per - 1) / per), threads, 0, device::stream()>>>(
+      x, w, mean, rstd, dy, M, n4, per, dx, static_cast<uint2*>(dx_bf16), dw, db, dsum, accumulate);
+  K3_CUDA_LAUNCHED();
+}
+void layernorm_backward_residual(const float* x, const float* w, const float* mean, const float* rstd, const void* dy,
+                                 Storage dy_st, int64_t M, int64_t D, float* dx, void* dx_bf16, float* dw, float* db,
+                                 float* dsum, bool accumulate) {
   if (!M) return;
   const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  if (D % 4 == 0 && D / 4 <= 256 && a16(x) && a16(w) && a16(dy) && a16(dx) &&
-      (reinterpret_cast<uintptr_t>(dx_bf16) & 7) == 0) {
-    const int n4 = int(D / 4), threads = (n4 + 31) / 32 * 32;
-    // One wave of as many blocks as the SMs hold (a second, part-filled wave left most SMs idle
-    // for its length), at least kLnRows rows each.
-    static const int per_sm = [] {
-      int n = 0;
-      K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, layernorm_bwd_cols, 256, 0));
-      return std::max(n, 1);
-    }();
-    const int64_t target = int64_t(per_sm) * (256 / threads) * int64_t(device::sm_count());
-    const int64_t per = std::max<int64_t>(kLnRows, ((M + target - 1) / target + kLnRows - 1) / kLnRows * kLnRows);
-    layernorm_bwd_cols<<<unsigned((M + per - 1) / per), threads, 0, device::stream()>>>(
-        x, w, mean, rstd, dy, M, n4, per, dx, static_cast<uint2*>(dx_bf16), dw, db, dsum, accumulate);
-    K3_CUDA_LAUNCHED();
+  const bool bf = dy_st == Storage::BF16;
+  if (D % 4 == 0 && D / 4 <= 256 && a16(x) && a16(w) && (reinterpret_cast<uintptr_t>(dy) & (bf ? 7 : 15)) == 0 &&
+      a16(dx) && (reinterpret_cast<uintptr_t>(dx_bf16) & 7) == 0) {
+    if (bf)
+      launch_bwd_cols(x, w, mean, rstd, static_cast<const __nv_bfloat16*>(dy), M, D, dx, dx_bf16, dw, db, dsum,
+                      accumulate);
+    else
+      launch_bwd_cols(x, w, mean, rstd, static_cast<const float*>(dy), M, D, dx, dx_bf16, dw, db, dsum, accumulate);
     return;
   }
-  // Other shapes: the composed ops.
+  // Other shapes: the composed ops (a bf16 dy widened first).
+  device::Buffer wide;
+  if (bf) {
+    wide = device::Buffer(size_t(M * D) * sizeof(float));
+    widen(dy, wide.as<float>(), M * D, Storage::BF16);
+    dy = wide.get();
+  }
   layernorm_backward(x, w, mean, rstd, dy, M, D, dx, dw, db, Storage::F32, accumulate);
   if (dx_bf16) cast(dx, dx_bf16, M * D, Storage::BF16);
   if (dsum) bias_grad(dx, dsum, M, D);

@@ -38,11 +38,11 @@ void layernorm_backward(const void* x, const float* w, const float* mean, const 
 // The backward over fp32 rows into a residual stream's adjoint, with what the GEMMs that read
 // that adjoint next want from the same pass: dx (= or +=), its bf16 copy (dx_bf16, may be null) and
 // its column sums (dsum += Σ_m dx[m, :], may be null: the bias gradient of a GEMM whose output
-// gradient dx is). One kernel where D % 4 == 0, D ≤ 1,024 and the arrays are aligned, else the
-// composed ops.
-void layernorm_backward_residual(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
-                                 int64_t M, int64_t D, float* dx, void* dx_bf16, float* dw, float* db, float* dsum,
-                                 bool accumulate);
+// gradient dx is). dy is stored as dy_st (fp32, or bf16 as a bf16 GEMM writes it). One kernel
+// where D % 4 == 0, D ≤ 1,024 and the arrays are aligned, else the composed ops.
+void layernorm_backward_residual(const float* x, const float* w, const float* mean, const float* rstd, const void* dy,
+                                 Storage dy_st, int64_t M, int64_t D, float* dx, void* dx_bf16, float* dw, float* db,
+                                 float* dsum, bool accumulate);
 void rmsnorm_forward(const void* x, const float* w, float eps, int64_t M, int64_t D, void* y, float* rstd,
                      Storage st);
 void rmsnorm_backward(const void* x, const float* w, const float* rstd, const void* dy, int64_t M, int64_t D,
@@ -155,6 +155,8 @@ void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const
 // The same step over many tensors in one launch, each with its own weight decay: a model's
 // parameters, whose arrays must outlive the group. The tensors' table and their chunks of 4,096
 // values are uploaded once, at construction.
+// param_bf16, when set, receives the updated parameters rounded to bf16 (the copy bf16 GEMMs
+// read, made in the step's own pass instead of a cast of its own).
 struct AdamWTensor {
   float* param;
   const float* grad;
@@ -162,6 +164,7 @@ struct AdamWTensor {
   float* v;
   int64_t n;
   float weight_decay;
+  void* param_bf16 = nullptr;
 };
 class AdamWGroup {
  public:

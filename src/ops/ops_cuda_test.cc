@@ -244,43 +244,47 @@ TEST_P(OpsCuda, FusedProducersMatchTheComposedOps) {
 TEST(OpsCudaOnly, LayerNormBackwardIntoAResidualStream) {
   Rng rng(23);
   for (const auto& [D, M] : {std::pair<int64_t, int64_t>{768, 75}, {768, 5001}, {128, 75}, {95, 75}})
-    for (const bool extras : {true, false}) {
-      const std::string label = "D " + std::to_string(D) + " M " + std::to_string(M) + (extras ? "" : " plain");
-      const auto x = randv(rng, M * D), dy = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D),
-                 dx0 = randv(rng, M * D), dw0 = randv(rng, D), db0 = randv(rng, D), ds0 = randv(rng, D);
-      std::vector<float> y = zeros(M * D), mean = zeros(M), rstd = zeros(M), dx = zeros(M * D), dw = zeros(D),
-                         db = zeros(D);
-      layernorm_forward(x.data(), w.data(), b.data(), 1e-5f, M, D, y.data(), mean.data(), rstd.data());
-      layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), M, D, dx.data(), dw.data(),
-                         db.data());
-      std::vector<float> want_dx = dx0, want_dw = dw0, want_db = db0, want_ds = ds0;
-      std::vector<double> colsum(static_cast<size_t>(D), 0.0);
-      for (int64_t i = 0; i < M * D; ++i) {
-        want_dx[size_t(i)] += dx[size_t(i)];
-        colsum[size_t(i % D)] += want_dx[size_t(i)];
+    for (const bool extras : {true, false})
+      for (const Storage dy_st : {Storage::F32, Storage::BF16}) {  // dy as a bf16 GEMM writes it too
+        const std::string label = "D " + std::to_string(D) + " M " + std::to_string(M) + (extras ? "" : " plain") +
+                                  (dy_st == Storage::BF16 ? " bf16 dy" : "");
+        auto dy = randv(rng, M * D);
+        if (dy_st == Storage::BF16) dy = bf16_round(dy);
+        const auto x = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D),
+                   dx0 = randv(rng, M * D), dw0 = randv(rng, D), db0 = randv(rng, D), ds0 = randv(rng, D);
+        std::vector<float> y = zeros(M * D), mean = zeros(M), rstd = zeros(M), dx = zeros(M * D), dw = zeros(D),
+                           db = zeros(D);
+        layernorm_forward(x.data(), w.data(), b.data(), 1e-5f, M, D, y.data(), mean.data(), rstd.data());
+        layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), M, D, dx.data(), dw.data(),
+                           db.data());
+        std::vector<float> want_dx = dx0, want_dw = dw0, want_db = db0, want_ds = ds0;
+        std::vector<double> colsum(static_cast<size_t>(D), 0.0);
+        for (int64_t i = 0; i < M * D; ++i) {
+          want_dx[size_t(i)] += dx[size_t(i)];
+          colsum[size_t(i % D)] += want_dx[size_t(i)];
+        }
+        for (int64_t d = 0; d < D; ++d) {
+          want_dw[size_t(d)] += dw[size_t(d)];
+          want_db[size_t(d)] += db[size_t(d)];
+          want_ds[size_t(d)] += float(colsum[size_t(d)]);
+        }
+        Buffer gx = up(x), gdy = up(dy, dy_st), gw = up(w), gm = up(mean), gr = up(rstd), gdx = up(dx0), gdw = up(dw0),
+               gdb = up(db0), gds = up(ds0), gdxb(size_t(M * D) * 2);
+        cuda::layernorm_backward_residual(gx.as<float>(), gw.as<float>(), gm.as<float>(), gr.as<float>(),
+                                          gdy.get(), dy_st, M, D, gdx.as<float>(), extras ? gdxb.get() : nullptr,
+                                          gdw.as<float>(), gdb.as<float>(), extras ? gds.as<float>() : nullptr,
+                                          /*accumulate=*/true);
+        const auto got_dx = down(gdx, M * D);
+        EXPECT_LE(rel(got_dx, want_dx), 1e-5) << label << " dx";
+        EXPECT_LE(rel(down(gdw, D), want_dw), 1e-5) << label << " dw";
+        EXPECT_LE(rel(down(gdb, D), want_db), 1e-5) << label << " db";
+        if (extras) {
+          EXPECT_EQ(down(gdxb, M * D, Storage::BF16), bf16_round(got_dx)) << label << " dx's bf16 copy";
+          EXPECT_LE(rel(down(gds, D), want_ds), 1e-5) << label << " dx's column sums";
+        } else {
+          EXPECT_EQ(down(gds, D), ds0) << label << " no sums asked: left as it was";
+        }
       }
-      for (int64_t d = 0; d < D; ++d) {
-        want_dw[size_t(d)] += dw[size_t(d)];
-        want_db[size_t(d)] += db[size_t(d)];
-        want_ds[size_t(d)] += float(colsum[size_t(d)]);
-      }
-      Buffer gx = up(x), gdy = up(dy), gw = up(w), gm = up(mean), gr = up(rstd), gdx = up(dx0), gdw = up(dw0),
-             gdb = up(db0), gds = up(ds0), gdxb(size_t(M * D) * 2);
-      cuda::layernorm_backward_residual(gx.as<float>(), gw.as<float>(), gm.as<float>(), gr.as<float>(),
-                                        gdy.as<float>(), M, D, gdx.as<float>(), extras ? gdxb.get() : nullptr,
-                                        gdw.as<float>(), gdb.as<float>(), extras ? gds.as<float>() : nullptr,
-                                        /*accumulate=*/true);
-      const auto got_dx = down(gdx, M * D);
-      EXPECT_LE(rel(got_dx, want_dx), 1e-5) << label << " dx";
-      EXPECT_LE(rel(down(gdw, D), want_dw), 1e-5) << label << " dw";
-      EXPECT_LE(rel(down(gdb, D), want_db), 1e-5) << label << " db";
-      if (extras) {
-        EXPECT_EQ(down(gdxb, M * D, Storage::BF16), bf16_round(got_dx)) << label << " dx's bf16 copy";
-        EXPECT_LE(rel(down(gds, D), want_ds), 1e-5) << label << " dx's column sums";
-      } else {
-        EXPECT_EQ(down(gds, D), ds0) << label << " no sums asked: left as it was";
-      }
-    }
   // = rather than +=: dx's previous values do not count.
   const int64_t M = 9, D = 128;
   const auto x = randv(rng, M * D), dy = randv(rng, M * D), w = randv(rng, D), b = randv(rng, D);
@@ -290,8 +294,8 @@ TEST(OpsCudaOnly, LayerNormBackwardIntoAResidualStream) {
   layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), M, D, dx.data(), dw.data(), db.data());
   Buffer gx = up(x), gdy = up(dy), gw = up(w), gm = up(mean), gr = up(rstd), gdx = up(randv(rng, M * D)),
          gdw = up(zeros(D)), gdb = up(zeros(D));
-  cuda::layernorm_backward_residual(gx.as<float>(), gw.as<float>(), gm.as<float>(), gr.as<float>(), gdy.as<float>(),
-                                    M, D, gdx.as<float>(), nullptr, gdw.as<float>(), gdb.as<float>(), nullptr,
+  cuda::layernorm_backward_residual(gx.as<float>(), gw.as<float>(), gm.as<float>(), gr.as<float>(), gdy.get(),
+                                    Storage::F32, M, D, gdx.as<float>(), nullptr, gdw.as<float>(), gdb.as<float>(), nullptr,
                                     /*accumulate=*/false);
   EXPECT_LE(rel(down(gdx, M * D), dx), 1e-5) << "overwrite";
 }
@@ -598,12 +602,15 @@ TEST(OpsCudaOnly, ArgmaxRowsPicksTheFirstLargest) {
 // (V 5001 in rows of 5004; V 4999 in rows of 5012, with whole vectors of pad columns past it: the
 // pad columns' gradient must be written as zero) and rows of odd length (the scalar path); the
 // gradient in place of fp32 logits and stored as bf16 (one rounding; the output array starts as
-// 7s, so a column left unwritten shows).
+// 7s, so a column left unwritten shows); and over bf16 logits (a bf16 GEMM's output) in place:
+// rows read once into shared memory (ld a multiple of 8 up to 65,536: V 5000, GPT-2's 50,257 in
+// rows of 50,304), the two-pass kernel past that (V 70,000) and for the other rows.
 TEST(OpsCudaOnly, CrossEntropyMatchesClosedForm) {
   Rng rng(5);
   const int64_t M = 19;
   for (const auto& [V, ld] :
-       {std::pair<int64_t, int64_t>{5000, 5000}, {5001, 5004}, {4999, 5012}, {4999, 5003}}) {
+       {std::pair<int64_t, int64_t>{5000, 5000}, {5001, 5004}, {4999, 5012}, {4999, 5003}, {50257, 50304},
+        {70000, 70000}}) {
     auto z = randv(rng, M * ld, 4.0f);
     std::vector<int64_t> t(static_cast<size_t>(M));
     for (int64_t m = 0; m < M; ++m) t[size_t(m)] = m == 3 ? -1 : (m * 977) % V;
@@ -701,6 +708,12 @@ TEST(OpsCudaOnly, AdamWGroupStepsEveryTensorAsItsOwnAdamW) {
     tensors.push_back({gw.back().as<float>() + shift, gg.back().as<float>(), gm.back().as<float>(),
                        gv.back().as<float>(), n, wd});
   }
+  // bf16 copies of the updated parameters for two of them (a vector-path tensor and the shifted one).
+  std::vector<Buffer> gcopy;
+  for (size_t t : {size_t(0), size_t(3)}) {
+    gcopy.emplace_back(size_t(shapes[t].n) * 2);
+    tensors[t].param_bf16 = gcopy.back().get();
+  }
   const cuda::AdamWGroup group(tensors);
   for (int64_t step = 1; step <= 3; ++step) {
     group.step(cuda::AdamWStep{1e-2f, 0.9f, 0.95f, 1e-8f, 0.5f, step});  // its weight decay is not used
@@ -718,6 +731,11 @@ TEST(OpsCudaOnly, AdamWGroupStepsEveryTensorAsItsOwnAdamW) {
       EXPECT_EQ(got[0], 0.0f) << "tensor " << t << ": the value before it was written";
     }
     EXPECT_LE(rel(std::vector<float>(got.begin() + shapes[t].shift, got.end()), w[t]), 1e-6) << "tensor " << t;
+    if (t == 0 || t == 3) {  // the copy: the parameters the step wrote, rounded to bf16
+      EXPECT_EQ(down(gcopy[t == 0 ? 0 : 1], shapes[t].n, Storage::BF16),
+                bf16_round(std::vector<float>(got.begin() + shapes[t].shift, got.end())))
+          << "tensor " << t << ": its bf16 copy";
+    }
   }
 }
 
