@@ -374,11 +374,9 @@ void run_kernels(const KernelArgs& args) {
     device::Buffer dq(size_t(B * T * H * hd) * 4), dk(size_t(B * T * H * hd) * 4), dv(size_t(B * T * H * hdv) * 4);
     const double fb_ms = median_ms(std::max(3, args.reps / 2), [&] {
       cuda::attention_forward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), shape, device::Storage::BF16);
-      device::zero(dq.get(), dq.bytes());
-      device::zero(dk.get(), dk.bytes());
-      device::zero(dv.get(), dv.bytes());
+      device::zero(dq.get(), dq.bytes());  // dk and dv are written over, as training's step does
       cuda::attention_backward(q.get(), k.get(), v.get(), y.get(), lse.as<float>(), dy.get(), dq.as<float>(),
-                               dk.as<float>(), dv.as<float>(), shape, device::Storage::BF16);
+                               dk.as<float>(), dv.as<float>(), shape, device::Storage::BF16, /*accumulate_kv=*/false);
     });
     const double fb_tf = 3.5 * double(B) * T * T * H * (hd + hdv) / (fb_ms * 1e-3) / 1e12;
     const std::string fb_key = "sdpa_fwdbwd_" + name;

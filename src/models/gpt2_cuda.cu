@@ -379,15 +379,14 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
        nullptr, m.bf16_gemms ? dy.get() : nullptr);
     mm({a.y.as<float>(), a.yb.get()}, Op::T, {dx.as<float>(), dxb.get()}, Op::N, D, D, M,
        m.gr(p + "attn.c_proj.weight"), 1.0f);
+    // dq gathers atomic adds; dk and dv are written over (accumulate_kv false): no clearing pass.
     device::zero(dq.get(), dq.bytes());
-    device::zero(dk.get(), dk.bytes());
-    device::zero(dv.get(), dv.bytes());
     if (m.bf16_gemms) {
       attention_backward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), dy.get(),
-                         dq.as<float>(), dk.as<float>(), dv.as<float>(), as, bf);
+                         dq.as<float>(), dk.as<float>(), dv.as<float>(), as, bf, /*accumulate_kv=*/false);
     } else {
       attention_backward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), dy.get(), dq.as<float>(),
-                         dk.as<float>(), dv.as<float>(), as, s);
+                         dk.as<float>(), dv.as<float>(), as, s, /*accumulate_kv=*/false);
     }
     // The merge and c_attn's bias gradient in one pass; under bf16 GEMMs only the bf16 copy of
     // dqkv the two GEMMs read is written.

@@ -607,7 +607,7 @@ void launch_fwd(const void* q, const void* k, const void* v, void* y, float* lse
 
 template <class T, int DPT>
 void launch_bwd(const void* q, const void* k, const void* v, const void* y, const float* lse, const void* dy,
-                float* dq, float* dk, float* dv, const AttnShape& a) {
+                float* dq, float* dk, float* dv, const AttnShape& a, bool accumulate_kv) {
   device::Buffer D(size_t(a.B * a.H * a.Tq) * sizeof(float));
   const int64_t rows = a.B * a.Tq * a.H;
   const bool aligned16 = ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(dy)) & 15) == 0;
@@ -625,7 +625,11 @@ void launch_bwd(const void* q, const void* k, const void* v, const void* y, cons
   }
   K3_CUDA_LAUNCHED();
   if constexpr (std::is_same_v<T, __nv_bfloat16>)  // tensor cores where the shape allows
-    if (attention_backward_mma(q, k, v, lse, D.as<float>(), dy, dq, dk, dv, a)) return;
+    if (attention_backward_mma(q, k, v, lse, D.as<float>(), dy, dq, dk, dv, a, accumulate_kv)) return;
+  if (!accumulate_kv) {  // the SIMT kernel adds: start dk and dv from zero
+    device::zero(dk, size_t(a.B * a.S * a.H * a.hd) * sizeof(float));
+    device::zero(dv, size_t(a.B * a.S * a.H * a.hdv) * sizeof(float));
+  }
   const size_t smem = size_t(kTileQ) * size_t(a.hd + a.hdv) * sizeof(float);
   K3_CUDA_CHECK(cudaFuncSetAttribute(bwd_kernel<T, DPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((a.S + kTileK - 1) / kTileK), unsigned(a.H), unsigned(a.B));
@@ -677,13 +681,20 @@ void attention_cached(const void* q, int64_t ldq, const void* const* ks, const v
 }
 
 void attention_backward(const void* q, const void* k, const void* v, const void* y, const float* lse,
-                        const void* dy, float* dq, float* dk, float* dv, const AttnShape& a, Storage st) {
+                        const void* dy, float* dq, float* dk, float* dv, const AttnShape& a, Storage st,
+                        bool accumulate_kv) {
   check(a);
-  if (!a.B || !a.Tq || !a.H) return;
+  if (!a.B || !a.Tq || !a.H) {
+    if (!accumulate_kv && a.B && a.H) {  // no queries: the key and value gradients are zero
+      device::zero(dk, size_t(a.B * a.S * a.H * a.hd) * sizeof(float));
+      device::zero(dv, size_t(a.B * a.S * a.H * a.hdv) * sizeof(float));
+    }
+    return;
+  }
   const bool wide = a.hd > 128 || a.hdv > 128;
   K3_DISPATCH_STORAGE(st, T,
-                      wide ? launch_bwd<T, 64>(q, k, v, y, lse, dy, dq, dk, dv, a)
-                           : launch_bwd<T, 32>(q, k, v, y, lse, dy, dq, dk, dv, a));
+                      wide ? launch_bwd<T, 64>(q, k, v, y, lse, dy, dq, dk, dv, a, accumulate_kv)
+                           : launch_bwd<T, 32>(q, k, v, y, lse, dy, dq, dk, dv, a, accumulate_kv));
 }
 
 }  // namespace k3::cuda

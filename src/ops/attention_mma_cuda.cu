@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant
                                                            const float* __restrict__ lse,
                                                            const float* __restrict__ Drow, float* __restrict__ dq,
                                                            float* __restrict__ dk, float* __restrict__ dv,
-                                                           AttnShape a) {
+                                                           AttnShape a, bool acc_kv) {
   using Tiles = BwdTiles<D>;
   constexpr int kP = Tiles::kPanels, kN = kBwdRows;
   constexpr unsigned kPanelBytes = kN * 128;  // one 64-column panel of a 64-row tile
@@ -447,7 +447,16 @@ __global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant
   const int h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t i_first = (k0 > a.pos0 ? k0 - a.pos0 : 0) / kN * kN;
-  if (i_first >= a.Tq) return;  // keys no query sees: nothing to add
+  if (i_first >= a.Tq) {  // keys no query sees: nothing to add, zeros to write when not adding
+    if (!acc_kv)
+      for (int e = threadIdx.x; e < kN * D; e += blockDim.x) {
+        const int64_t row = k0 + e / D;
+        if (row >= a.S) break;
+        const int64_t off = ((int64_t(b) * a.S + row) * a.H + h) * D + e % D;
+        dk[off] = 0.0f, dv[off] = 0.0f;
+      }
+    return;
+  }
   const int ntiles = int((a.Tq - i_first + kN - 1) / kN);
   const float sl2 = a.scale * kLog2e;
   const int64_t lse_row = (int64_t(b) * a.H + h) * a.Tq;
@@ -616,7 +625,7 @@ __global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant
       for (int nt = 0; nt < 8; ++nt) {
         float2* pk = reinterpret_cast<float2*>(dk + off + p * 64 + nt * 8);
         float2* pv = reinterpret_cast<float2*>(dv + off + p * 64 + nt * 8);
-        const float2 ok = *pk, ov = *pv;
+        const float2 ok = acc_kv ? *pk : make_float2(0.0f, 0.0f), ov = acc_kv ? *pv : make_float2(0.0f, 0.0f);
         *pk = make_float2(ok.x + dka[p][nt * 4 + 2 * r] * a.scale, ok.y + dka[p][nt * 4 + 2 * r + 1] * a.scale);
         *pv = make_float2(ov.x + dva[p][nt * 4 + 2 * r], ov.y + dva[p][nt * 4 + 2 * r + 1]);
       }
@@ -625,14 +634,14 @@ __global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant
 
 template <int D>
 void launch_bwd(const void* q, const void* k, const void* v, const float* lse, const float* Drow, const void* dy,
-                float* dq, float* dk, float* dv, const AttnShape& a) {
+                float* dq, float* dk, float* dv, const AttnShape& a, bool acc_kv) {
   using Tiles = BwdTiles<D>;
   const BwdMaps maps{head_rows_map(q, a.B, a.Tq, a.H, D, kBwdRows), head_rows_map(k, a.B, a.S, a.H, D, kBwdRows),
                      head_rows_map(v, a.B, a.S, a.H, D, kBwdRows), head_rows_map(dy, a.B, a.Tq, a.H, D, kBwdRows)};
   auto kernel = bwd_wgmma_kernel<D>;
   K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tiles::kSmem)));
   const dim3 grid(unsigned((a.S + kBwdRows - 1) / kBwdRows), unsigned(a.H), unsigned(a.B));
-  kernel<<<grid, 128, Tiles::kSmem, device::stream()>>>(maps, lse, Drow, dq, dk, dv, a);
+  kernel<<<grid, 128, Tiles::kSmem, device::stream()>>>(maps, lse, Drow, dq, dk, dv, a, acc_kv);
   K3_CUDA_LAUNCHED();
 }
 
@@ -649,12 +658,12 @@ bool attention_forward_mma(const void* q, const void* k, const void* v, void* y,
 }
 
 bool attention_backward_mma(const void* q, const void* k, const void* v, const float* lse, const float* D,
-                            const void* dy, float* dq, float* dk, float* dv, const AttnShape& a) {
+                            const void* dy, float* dq, float* dk, float* dv, const AttnShape& a, bool accumulate_kv) {
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dy) || !aligned16(dq) || !aligned16(dk) ||
       !aligned16(dv))
     return false;
-  if (a.hd == 64 && a.hdv == 64) return launch_bwd<64>(q, k, v, lse, D, dy, dq, dk, dv, a), true;
-  if (a.hd == 128 && a.hdv == 128) return launch_bwd<128>(q, k, v, lse, D, dy, dq, dk, dv, a), true;
+  if (a.hd == 64 && a.hdv == 64) return launch_bwd<64>(q, k, v, lse, D, dy, dq, dk, dv, a, accumulate_kv), true;
+  if (a.hd == 128 && a.hdv == 128) return launch_bwd<128>(q, k, v, lse, D, dy, dq, dk, dv, a, accumulate_kv), true;
   return false;
 }
 

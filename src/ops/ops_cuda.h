@@ -104,9 +104,12 @@ void attention_cached(const void* q, int64_t ldq, const void* const* ks, const v
                       int64_t longest, void* y, int64_t B, int64_t Tq, int64_t H, int64_t hd, int64_t hdv, float scale,
                       Storage st);
 // Gradients (fp32, accumulated: zero them first) from the forward's y and lse: recomputes the
-// probabilities tile by tile (FlashAttention-2's backward).
+// probabilities tile by tile (FlashAttention-2's backward). With accumulate_kv false, dk and dv are
+// written (=) rather than added to, so only dq needs zeroing (the tensor-core kernel then neither
+// reads them nor needs them cleared).
 void attention_backward(const void* q, const void* k, const void* v, const void* y, const float* lse,
-                        const void* dy, float* dq, float* dk, float* dv, const AttnShape& a, Storage st);
+                        const void* dy, float* dq, float* dk, float* dv, const AttnShape& a, Storage st,
+                        bool accumulate_kv = true);
 
 // Small glue kernels: y += x (n values); y[M, N] += bias[N]; fp32 → bf16/fp32 copy (casts
 // activations to a GEMM's operand storage) and back; the q/k/v column blocks of a fused [M, 3·H·hd]

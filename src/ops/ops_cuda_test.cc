@@ -433,6 +433,14 @@ TEST_P(OpsCuda, CausalAttentionForwardBackward) {
     EXPECT_LE(rel(down(gdq, int64_t(dq.size())), dq), tol(st)) << label << " dq";
     EXPECT_LE(rel(down(gdk, int64_t(dk.size())), dk), tol(st)) << label << " dk";
     EXPECT_LE(rel(down(gdv, int64_t(dv.size())), dv), tol(st)) << label << " dv";
+    // accumulate_kv false: dk and dv written over whatever they held (7s here), dq still added.
+    Buffer gdq2 = device::zeros_f32(int64_t(dq.size())), gdk2 = up(std::vector<float>(dk.size(), 7.0f)),
+           gdv2 = up(std::vector<float>(dv.size(), 7.0f));
+    cuda::attention_backward(gq.get(), gk.get(), gv.get(), gy.get(), glse.as<float>(), gdy.get(), gdq2.as<float>(),
+                             gdk2.as<float>(), gdv2.as<float>(), a, st, /*accumulate_kv=*/false);
+    EXPECT_LE(rel(down(gdq2, int64_t(dq.size())), dq), tol(st)) << label << " dq (dk, dv written over)";
+    EXPECT_LE(rel(down(gdk2, int64_t(dk.size())), dk), tol(st)) << label << " dk written over";
+    EXPECT_LE(rel(down(gdv2, int64_t(dv.size())), dv), tol(st)) << label << " dv written over";
   }
 }
 
