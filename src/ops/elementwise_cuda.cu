@@ -11,6 +11,9 @@ namespace k3::cuda {
 namespace {
 
 using device::from_f32;
+using device::load4;
+using device::pack_bf16x4;
+using device::store4;
 using device::to_f32;
 
 constexpr int kThreads = 256;
@@ -43,35 +46,6 @@ __global__ void gelu_bwd(const T* x, const T* dy, T* dx, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   dx[i] = from_f32<T>(to_f32(dy[i]) * gelu_tanh_grad(to_f32(x[i])));
-}
-// Four values stored at once: as a float4, or rounded to bf16 as 8 bytes.
-__device__ __forceinline__ uint2 pack_bf16x4(float4 v) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-  return make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
-}
-template <class T>
-__device__ __forceinline__ void store4(T* p, float4 v);
-template <>
-__device__ __forceinline__ void store4<float>(float* p, float4 v) {
-  *reinterpret_cast<float4*>(p) = v;
-}
-template <>
-__device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* p, float4 v) {
-  *reinterpret_cast<uint2*>(p) = pack_bf16x4(v);
-}
-// Four values loaded at once: a float4, or four bf16 as 8 bytes.
-template <class T>
-__device__ __forceinline__ float4 load4(const T* p);
-template <>
-__device__ __forceinline__ float4 load4<float>(const float* p) {
-  return *reinterpret_cast<const float4*>(p);
-}
-template <>
-__device__ __forceinline__ float4 load4<__nv_bfloat16>(const __nv_bfloat16* p) {
-  const uint2 u = *reinterpret_cast<const uint2*>(p);
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x)),
-               hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 // gelu_fwd four values at a time (n % 4 == 0, aligned arrays), two quads a thread (the second
 // kThreads quads on): two loads in flight per thread.
@@ -836,8 +810,7 @@ void cross_entropy_bf16(const void* logits, const int64_t* targets, int64_t M, i
     (void)attr;
     xent_bf16_row_kernel<<<unsigned(M), kXentRowThreads, size_t(smem), device::stream()>>>(z, targets, vocab, ld, loss,
                                                                                           d, scale, z_loss);
-  }
-  else if (ld % 4 == 0 && aligned(logits, 8) && aligned(dlogits, 8))
+  } else if (ld % 4 == 0 && aligned(logits, 8) && aligned(dlogits, 8))
     xent_kernel<B16, B16, true><<<unsigned(M), 512, 0, device::stream()>>>(z, targets, vocab, ld, loss, d, scale,
                                                                            z_loss);
   else

@@ -4,7 +4,6 @@
 // atomically.
 #include <algorithm>
 #include <initializer_list>
-#include <type_traits>
 
 #include "core/cuda_util.cuh"
 #include "ops/ops_cuda.h"
@@ -103,15 +102,6 @@ bool warp_rows(int64_t D, std::initializer_list<const void*> arrays) {
   return true;
 }
 template <class TY>
-__device__ __forceinline__ void store_row4(TY* p, float4 v) {
-  if constexpr (std::is_same_v<TY, float>) {
-    *reinterpret_cast<float4*>(p) = v;
-  } else {
-    reinterpret_cast<__nv_bfloat162*>(p)[0] = __floats2bfloat162_rn(v.x, v.y);
-    reinterpret_cast<__nv_bfloat162*>(p)[1] = __floats2bfloat162_rn(v.z, v.w);
-  }
-}
-template <class TY>
 __global__ void __launch_bounds__(32 * kWarpRowsBlock) layernorm_fwd_warp(const float* x, const float* w,
                                                                           const float* b, float eps, int64_t M,
                                                                           int v4, TY* y, float* mean_out,
@@ -144,8 +134,8 @@ __global__ void __launch_bounds__(32 * kWarpRowsBlock) layernorm_fwd_warp(const 
       const int c = lane + 32 * i;
       const float4 wc = reinterpret_cast<const float4*>(w)[c];
       const float4 bc = b ? reinterpret_cast<const float4*>(b)[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      store_row4(y + row * D + 4 * c, make_float4(v[i].x * rs * wc.x + bc.x, v[i].y * rs * wc.y + bc.y,
-                                                 v[i].z * rs * wc.z + bc.z, v[i].w * rs * wc.w + bc.w));
+      device::store4(y + row * D + 4 * c, make_float4(v[i].x * rs * wc.x + bc.x, v[i].y * rs * wc.y + bc.y,
+                                                     v[i].z * rs * wc.z + bc.z, v[i].w * rs * wc.w + bc.w));
     }
   if (lane == 0) {
     if (mean_out) mean_out[row] = mu;
@@ -228,13 +218,6 @@ __global__ void __launch_bounds__(32 * kWarpRowsBlock) layernorm_bwd_warp(const 
 // shared memory (two barriers per kLnRows rows). The warp-per-row kernel above held 64 registers
 // of dw/db sums per lane and ran at half the copy bandwidth.
 constexpr int kLnRows = 4;
-__device__ __forceinline__ float4 quad(const float* p, int64_t i) { return reinterpret_cast<const float4*>(p)[i]; }
-__device__ __forceinline__ float4 quad(const __nv_bfloat16* p, int64_t i) {
-  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x)),
-               hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
 template <class TD>  // dy's storage: fp32, or bf16 from a bf16 GEMM
 __global__ void __launch_bounds__(256) layernorm_bwd_cols(const float* x, const float* w, const float* mean,
                                                          const float* rstd, const TD* dy, int64_t M, int n4,
@@ -259,7 +242,7 @@ __global__ void __launch_bounds__(256) layernorm_bwd_cols(const float* x, const 
       const int64_t row = rb + i;
       const bool ok = on && row < r1;
       xv[i] = ok ? x4[row * n4 + c] : zero;
-      g[i] = ok ? quad(dy, row * n4 + c) : zero;
+      g[i] = ok ? device::load4(dy + 4 * (row * n4 + c)) : zero;
       d0[i] = ok && acc ? dx4[row * n4 + c] : zero;
       mu[i] = row < r1 ? mean[row] : 0.0f;
       rs[i] = row < r1 ? rstd[row] : 0.0f;
@@ -293,10 +276,7 @@ __global__ void __launch_bounds__(256) layernorm_bwd_cols(const float* x, const 
                                    d0[i].z + r * (g[i].z * wc.z - ma - xh.z * mc),
                                    d0[i].w + r * (g[i].w * wc.w - ma - xh.w * mc));
       dx4[row * n4 + c] = o;
-      if (dx_b) {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
-        dx_b[row * n4 + c] = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
-      }
+      if (dx_b) dx_b[row * n4 + c] = device::pack_bf16x4(o);
       adw = make_float4(adw.x + g[i].x * xh.x, adw.y + g[i].y * xh.y, adw.z + g[i].z * xh.z, adw.w + g[i].w * xh.w);
       adb = make_float4(adb.x + g[i].x, adb.y + g[i].y, adb.z + g[i].z, adb.w + g[i].w);
       ads = make_float4(ads.x + o.x, ads.y + o.y, ads.z + o.z, ads.w + o.w);
