@@ -208,12 +208,13 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   // addend from the previous one.
   struct Saved {
     Buffer x, h1, mu1, rs1, q, k, v, y, lse, xm, h2, mu2, rs2, ff, ff2;
-    // Under bf16 GEMMs: the bf16 forms read by attention and by both the forward GEMM and the
-    // backward's weight-gradient GEMM that read each activation.
-    Buffer qb, kb, vb, yb, h1b, h2b, ffb, ff2b;
+    // Under bf16 GEMMs: the bf16 forms read by attention (q, k and v packed as the projection
+    // wrote them) and by both the forward GEMM and the backward's weight-gradient GEMM that read
+    // each activation.
+    Buffer qkvb, yb, h1b, h2b, ffb, ff2b;
   };
   std::vector<Saved> sv(static_cast<size_t>(L));
-  Buffer x_final = buf(M * D), tmp = buf(M * D), qkv = m.bf16_gemms ? Buffer(size_t(M * 3 * D) * 2) : buf(M * 3 * D);
+  Buffer x_final = buf(M * D), tmp = buf(M * D), qkv = m.bf16_gemms ? Buffer() : buf(M * 3 * D);
   for (Saved& a : sv) a.x = buf(M * D), a.xm = buf(M * D);
   Buffer& x0 = L > 0 ? sv[0].x : x_final;
   // Ids checked on the host and positions < n_positions: the lookups need no flag read back.
@@ -273,12 +274,11 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     float* x_next = l + 1 < L ? sv[size_t(l + 1)].x.as<float>() : x_final.as<float>();
     norm(a.x.as<float>(), p + "ln_1", a.h1, a.h1b, a.mu1.as<float>(), a.rs1.as<float>());
     if (m.bf16_gemms) {  // the tensor-core kernels: bf16 operands, fp32 softmax and accumulation
-      // qkv (bias by the epilogue) written as bf16, split into the attention's bf16 arrays.
+      // qkv (bias by the epilogue) written as bf16; the attention reads q, k and v in place.
+      a.qkvb = bf16_buf(M * 3 * D), a.yb = bf16_buf(M * D);
       mm({a.h1.as<float>(), a.h1b.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::N, M, 3 * D, D, nullptr, 0.0f,
-         m.f(p + "attn.c_attn.bias"), nullptr, qkv.get());
-      a.qb = bf16_buf(M * D), a.kb = bf16_buf(M * D), a.vb = bf16_buf(M * D), a.yb = bf16_buf(M * D);
-      split_qkv_bf16(qkv.get(), a.qb.get(), a.kb.get(), a.vb.get(), M, D);
-      attention_forward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), as, bf);
+         m.f(p + "attn.c_attn.bias"), nullptr, a.qkvb.get());
+      attention_forward_qkv(a.qkvb.get(), a.yb.get(), a.lse.as<float>(), as);
     } else {
       mm({a.h1.as<float>()}, Op::N, W(p + "attn.c_attn.weight"), Op::N, M, 3 * D, D, qkv.as<float>(), 0.0f);
       a.q = buf(M * D), a.k = buf(M * D), a.v = buf(M * D), a.y = buf(M * D);
@@ -341,7 +341,8 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   auto proj2_bias = [&](int64_t l) { return l >= 0 ? m.gr("h." + std::to_string(l) + ".mlp.c_proj.bias") : nullptr; };
   Buffer dff2 = m.bf16_gemms ? bf16_buf(M * F) : buf(M * F), dy = m.bf16_gemms ? bf16_buf(M * D) : buf(M * D);
   Buffer dff = m.bf16_gemms ? Buffer() : buf(M * F), dqkv = m.bf16_gemms ? Buffer() : buf(M * 3 * D);
-  Buffer dq = buf(M * D), dk = buf(M * D), dv = buf(M * D);
+  Buffer dq = m.bf16_gemms ? Buffer() : buf(M * D), dk = m.bf16_gemms ? Buffer() : buf(M * D),
+         dv = m.bf16_gemms ? Buffer() : buf(M * D);
   const float* dlogits = m.bf16_gemms ? nullptr : logits.as<float>();
   mm({dlogits, dlb.get()}, Op::N, W("wte.weight"), Op::N, M, D, Vp, dh.as<float>(), 0.0f, nullptr, nullptr,
      dh_b);  // dhf = dlogits wte
@@ -379,20 +380,21 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
        nullptr, m.bf16_gemms ? dy.get() : nullptr);
     mm({a.y.as<float>(), a.yb.get()}, Op::T, {dx.as<float>(), dxb.get()}, Op::N, D, D, M,
        m.gr(p + "attn.c_proj.weight"), 1.0f);
-    // dq gathers atomic adds; dk and dv are written over (accumulate_kv false): no clearing pass.
-    device::zero(dq.get(), dq.bytes());
     if (m.bf16_gemms) {
-      attention_backward(a.qb.get(), a.kb.get(), a.vb.get(), a.yb.get(), a.lse.as<float>(), dy.get(),
-                         dq.as<float>(), dk.as<float>(), dv.as<float>(), as, bf, /*accumulate_kv=*/false);
+      // The gradient comes back packed as the bf16 dqkv the two GEMMs read, c_attn's bias
+      // gradient added on the way (no merge).
+      db = bf16_buf(M * 3 * D);
+      attention_backward_qkv(a.qkvb.get(), a.yb.get(), a.lse.as<float>(), dy.get(), db.get(),
+                             m.gr(p + "attn.c_attn.bias"), as);
     } else {
+      // dq gathers atomic adds; dk and dv are written over (accumulate_kv false): no clearing pass.
+      device::zero(dq.get(), dq.bytes());
       attention_backward(a.q.get(), a.k.get(), a.v.get(), a.y.get(), a.lse.as<float>(), dy.get(), dq.as<float>(),
                          dk.as<float>(), dv.as<float>(), as, s, /*accumulate_kv=*/false);
+      // The merge and c_attn's bias gradient in one pass.
+      merge_qkv_bias(dq.as<float>(), dk.as<float>(), dv.as<float>(), M, D, dqkv.as<float>(), nullptr,
+                     m.gr(p + "attn.c_attn.bias"));
     }
-    // The merge and c_attn's bias gradient in one pass; under bf16 GEMMs only the bf16 copy of
-    // dqkv the two GEMMs read is written.
-    db = m.bf16_gemms ? bf16_buf(M * 3 * D) : Buffer();
-    merge_qkv_bias(dq.as<float>(), dk.as<float>(), dv.as<float>(), M, D, dqkv.as<float>(),
-                   db.get(), m.gr(p + "attn.c_attn.bias"));
     mm({dqkv.as<float>(), db.get()}, Op::N, W(p + "attn.c_attn.weight"), Op::T, M, D, 3 * D, dh.as<float>(), 0.0f,
        nullptr, nullptr, dh_b);
     mm({a.h1.as<float>(), a.h1b.get()}, Op::T, {dqkv.as<float>(), db.get()}, Op::N, D, 3 * D, M,

@@ -605,9 +605,9 @@ void launch_fwd(const void* q, const void* k, const void* v, void* y, float* lse
   K3_CUDA_LAUNCHED();
 }
 
-template <class T, int DPT>
-void launch_bwd(const void* q, const void* k, const void* v, const void* y, const float* lse, const void* dy,
-                float* dq, float* dk, float* dv, const AttnShape& a, bool accumulate_kv) {
+// D = Σ dy·y of every query row, [B, H, Tq] fp32: the backward's correction term.
+template <class T>
+device::Buffer row_dots(const void* y, const void* dy, const AttnShape& a) {
   device::Buffer D(size_t(a.B * a.H * a.Tq) * sizeof(float));
   const int64_t rows = a.B * a.Tq * a.H;
   const bool aligned16 = ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(dy)) & 15) == 0;
@@ -624,8 +624,18 @@ void launch_bwd(const void* q, const void* k, const void* v, const void* y, cons
         static_cast<const T*>(y), static_cast<const T*>(dy), D.as<float>(), a);
   }
   K3_CUDA_LAUNCHED();
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)  // tensor cores where the shape allows
-    if (attention_backward_mma(q, k, v, lse, D.as<float>(), dy, dq, dk, dv, a, accumulate_kv)) return;
+  return D;
+}
+
+template <class T, int DPT>
+void launch_bwd(const void* q, const void* k, const void* v, const void* y, const float* lse, const void* dy,
+                float* dq, float* dk, float* dv, const AttnShape& a, bool accumulate_kv) {
+  const device::Buffer D = row_dots<T>(y, dy, a);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // tensor cores where the shape allows
+    AttnGrads g;
+    g.dq = dq, g.dk = dk, g.dv = dv, g.accumulate_kv = accumulate_kv;
+    if (attention_backward_mma(q, k, v, lse, D.as<float>(), dy, g, a)) return;
+  }
   if (!accumulate_kv) {  // the SIMT kernel adds: start dk and dv from zero
     device::zero(dk, size_t(a.B * a.S * a.H * a.hd) * sizeof(float));
     device::zero(dv, size_t(a.B * a.S * a.H * a.hdv) * sizeof(float));
@@ -695,6 +705,69 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
   K3_DISPATCH_STORAGE(st, T,
                       wide ? launch_bwd<T, 64>(q, k, v, y, lse, dy, dq, dk, dv, a, accumulate_kv)
                            : launch_bwd<T, 32>(q, k, v, y, lse, dy, dq, dk, dv, a, accumulate_kv));
+}
+
+namespace {
+// The packed arrays' checks: one sequence length, hd = hdv, bf16 pointers (element offsets).
+void check_packed(const AttnShape& a) {
+  check(a);
+  if (a.Tq != a.S || a.pos0 != 0 || a.hd != a.hdv)
+    throw error("attention", "packed q/k/v need a prefill (Tq = S, pos0 = 0) and hd = hdv, got Tq = ", a.Tq, ", S = ",
+                a.S, ", pos0 = ", a.pos0, ", hd = ", a.hd, ", hdv = ", a.hdv);
+}
+const __nv_bfloat16* column_block(const void* qkv, int64_t i, int64_t D) {
+  return static_cast<const __nv_bfloat16*>(qkv) + i * D;
+}
+}  // namespace
+
+void attention_forward_qkv(const void* qkv, void* y, float* lse, const AttnShape& a) {
+  check_packed(a);
+  if (!a.B || !a.Tq || !a.H) return;
+  const int64_t D = a.H * a.hd, M = a.B * a.Tq;
+  const QkvRows rows{3 * D, 3 * D, 3 * D};
+  if (attention_forward_mma(column_block(qkv, 0, D), column_block(qkv, 1, D), column_block(qkv, 2, D), y, lse, a,
+                            &rows))
+    return;
+  // Other head dims: the three arrays apart, then the general kernels.
+  device::Buffer q(size_t(M * D) * 2), k(size_t(M * D) * 2), v(size_t(M * D) * 2);
+  split_qkv_bf16(qkv, q.get(), k.get(), v.get(), M, D);
+  attention_forward(q.get(), k.get(), v.get(), y, lse, a, Storage::BF16);
+}
+
+void attention_backward_qkv(const void* qkv, const void* y, const float* lse, const void* dy, void* dqkv,
+                            float* dbias, const AttnShape& a) {
+  check_packed(a);
+  const int64_t D = a.H * a.hd, M = a.B * a.Tq;
+  if (!M || !D) return;
+  device::Buffer dq = device::zeros_f32(M * D);
+  const bool mma = (a.hd == 64 || a.hd == 128) && D % 8 == 0;
+  if (mma) {
+    const device::Buffer Drow = row_dots<__nv_bfloat16>(y, dy, a);
+    AttnGrads g;
+    g.dq = dq.as<float>(), g.accumulate_kv = false;
+    g.dk_b = static_cast<__nv_bfloat16*>(dqkv) + D, g.dv_b = static_cast<__nv_bfloat16*>(dqkv) + 2 * D;
+    g.ld_b = 3 * D;
+    g.dbias_k = dbias ? dbias + D : nullptr, g.dbias_v = dbias ? dbias + 2 * D : nullptr;
+    const QkvRows rows{3 * D, 3 * D, 3 * D};
+    if (attention_backward_mma(column_block(qkv, 0, D), column_block(qkv, 1, D), column_block(qkv, 2, D), lse,
+                               Drow.as<float>(), dy, g, a, &rows)) {
+      // dq's bf16 rows into the first column block, its column sums into the bias gradient.
+      to_bf16_with_column_sums(dq.as<float>(), M, D, dqkv, 3 * D, dbias);
+      return;
+    }
+  }
+  // Other shapes: apart, the general backward, merged.
+  device::Buffer q(size_t(M * D) * 2), k(size_t(M * D) * 2), v(size_t(M * D) * 2), dk(size_t(M * D) * 4),
+      dv(size_t(M * D) * 4);
+  split_qkv_bf16(qkv, q.get(), k.get(), v.get(), M, D);
+  attention_backward(q.get(), k.get(), v.get(), y, lse, dy, dq.as<float>(), dk.as<float>(), dv.as<float>(), a,
+                     Storage::BF16, /*accumulate_kv=*/false);
+  if (dbias) {
+    merge_qkv_bias(dq.as<float>(), dk.as<float>(), dv.as<float>(), M, D, nullptr, dqkv, dbias);
+  } else {
+    device::Buffer merged(size_t(M * 3 * D) * 4);
+    merge_qkv(dq.as<float>(), dk.as<float>(), dv.as<float>(), merged.as<float>(), M, D, dqkv);
+  }
 }
 
 }  // namespace k3::cuda

@@ -154,8 +154,11 @@ __global__ void __launch_bounds__(256, 1) fwd_wgmma_kernel(const __grid_constant
   __nv_bfloat16* sk = sq + kRows * DK;            // [kStages][kTileKeys][DK]
   __nv_bfloat16* sv = sk + kStages * kTileKeys * DK;  // [kStages][kTileKeys][DV]
 
-  const int q0 = int(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest tiles first
-  const int h = blockIdx.y, b = blockIdx.z;
+  // The grid is flat, query tiles slowest and last tiles (the most keys) first over every head and
+  // sequence, so the last wave holds the lightest tiles rather than a head's heaviest.
+  const int heads = int(a.H * a.B), ntq = int((a.Tq + kRows - 1) / kRows);
+  const int q0 = (ntq - 1 - int(blockIdx.x) / heads) * kRows;
+  const int h = int(blockIdx.x) % heads % int(a.H), b = int(blockIdx.x) % heads / int(a.H);
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
             t = lane & 3;
   const int64_t last_key = a.pos0 + min64(q0 + kRows, a.Tq) - 1;
@@ -345,12 +348,14 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// A [B, T, H, d] bf16 array as the 4-D map (d, H, T, B) with boxes of 64 columns × `rows` rows of
-// one head, 128-byte swizzled; reads past T (or any edge) give zeros.
-CUtensorMap head_rows_map(const void* base, int64_t B, int64_t T, int64_t H, int64_t d, int rows) {
+// A [B, T, H, d] bf16 array, its T rows ld elements apart (H·d: contiguous; more: the heads are a
+// column block of wider rows, as q, k and v in a fused projection's output), as the 4-D map
+// (d, H, T, B) with boxes of 64 columns × `rows` rows of one head, 128-byte swizzled; reads past T
+// (or any edge) give zeros.
+CUtensorMap head_rows_map(const void* base, int64_t B, int64_t T, int64_t H, int64_t d, int rows, int64_t ld) {
   CUtensorMap m;
   const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(H), cuuint64_t(T), cuuint64_t(B)};
-  const cuuint64_t strides[3] = {cuuint64_t(d) * 2, cuuint64_t(H * d) * 2, cuuint64_t(T * H * d) * 2};
+  const cuuint64_t strides[3] = {cuuint64_t(d) * 2, cuuint64_t(ld) * 2, cuuint64_t(T * ld) * 2};
   const cuuint32_t box[4] = {64, 1, cuuint32_t(rows), 1}, unit[4] = {1, 1, 1, 1};
   const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims,
                                           strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -363,15 +368,16 @@ CUtensorMap head_rows_map(const void* base, int64_t B, int64_t T, int64_t H, int
 }
 
 template <int DK, int DV>
-void launch_wgmma(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a) {
+void launch_wgmma(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a,
+                  const QkvRows& ld) {
   using Tiles = FwdTiles<DK, DV>;
-  const FwdMaps maps{head_rows_map(q, a.B, a.Tq, a.H, DK, Tiles::kRows),
-                     head_rows_map(k, a.B, a.S, a.H, DK, Tiles::kKeys),
-                     head_rows_map(v, a.B, a.S, a.H, DV, Tiles::kKeys)};
+  const FwdMaps maps{head_rows_map(q, a.B, a.Tq, a.H, DK, Tiles::kRows, ld.q),
+                     head_rows_map(k, a.B, a.S, a.H, DK, Tiles::kKeys, ld.k),
+                     head_rows_map(v, a.B, a.S, a.H, DV, Tiles::kKeys, ld.v)};
   auto kernel = fwd_wgmma_kernel<DK, DV>;
   K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tiles::kSmem)));
-  const dim3 grid(unsigned((a.Tq + Tiles::kRows - 1) / Tiles::kRows), unsigned(a.H), unsigned(a.B));
-  kernel<<<grid, 256, Tiles::kSmem, device::stream()>>>(maps, static_cast<__nv_bfloat16*>(y), lse, a);
+  const int64_t blocks = (a.Tq + Tiles::kRows - 1) / Tiles::kRows * a.H * a.B;
+  kernel<<<unsigned(blocks), 256, Tiles::kSmem, device::stream()>>>(maps, static_cast<__nv_bfloat16*>(y), lse, a);
   K3_CUDA_LAUNCHED();
 }
 
@@ -425,11 +431,10 @@ struct BwdTiles {
 };
 
 template <int D>
-__global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant__ BwdMaps maps,
+__global__ void __launch_bounds__(128, D <= 64 ? 3 : 2) bwd_wgmma_kernel(const __grid_constant__ BwdMaps maps,
                                                            const float* __restrict__ lse,
-                                                           const float* __restrict__ Drow, float* __restrict__ dq,
-                                                           float* __restrict__ dk, float* __restrict__ dv,
-                                                           AttnShape a, bool acc_kv) {
+                                                           const float* __restrict__ Drow, const AttnGrads o,
+                                                           AttnShape a) {
   using Tiles = BwdTiles<D>;
   constexpr int kP = Tiles::kPanels, kN = kBwdRows;
   constexpr unsigned kPanelBytes = kN * 128;  // one 64-column panel of a 64-row tile
@@ -443,17 +448,28 @@ __global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant
   __nv_bfloat16* sq = sv + kN * D;    // stage s: Q at sq + 2s·kN·D, dY right after it
   __nv_bfloat16* sds = sq + 4 * kN * D;  // dSᵀ [keys][queries], kDsBufs of them
 
-  const int64_t k0 = int64_t(blockIdx.x) * kN;  // blocks of the first keys (the most queries) first
-  const int h = blockIdx.y, b = blockIdx.z;
+  // A flat grid, key blocks slowest: the first keys (the most queries) first over every head and
+  // sequence, the lightest blocks in the last wave.
+  const int heads = int(a.H * a.B);
+  const int64_t k0 = int64_t(blockIdx.x / unsigned(heads)) * kN;
+  const int h = int(blockIdx.x) % heads % int(a.H), b = int(blockIdx.x) % heads / int(a.H);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t i_first = (k0 > a.pos0 ? k0 - a.pos0 : 0) / kN * kN;
   if (i_first >= a.Tq) {  // keys no query sees: nothing to add, zeros to write when not adding
-    if (!acc_kv)
+    if (o.dk_b)
+      for (int e = threadIdx.x; e < kN * D; e += blockDim.x) {
+        const int64_t row = k0 + e / D;
+        if (row >= a.S) break;
+        const int64_t off = (int64_t(b) * a.S + row) * o.ld_b + int64_t(h) * D + e % D;
+        static_cast<__nv_bfloat16*>(o.dk_b)[off] = __float2bfloat16(0.0f);
+        static_cast<__nv_bfloat16*>(o.dv_b)[off] = __float2bfloat16(0.0f);
+      }
+    else if (!o.accumulate_kv)
       for (int e = threadIdx.x; e < kN * D; e += blockDim.x) {
         const int64_t row = k0 + e / D;
         if (row >= a.S) break;
         const int64_t off = ((int64_t(b) * a.S + row) * a.H + h) * D + e % D;
-        dk[off] = 0.0f, dv[off] = 0.0f;
+        o.dk[off] = 0.0f, o.dv[off] = 0.0f;
       }
     return;
   }
@@ -606,7 +622,7 @@ __global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant
     for (int r = 0; r < 2; ++r) {
       const int64_t qi = i0 + warp * 16 + g + 8 * r;
       if (qi >= a.Tq) continue;
-      float* dqr = dq + ((int64_t(b) * a.Tq + qi) * a.H + h) * D + 2 * t;
+      float* dqr = o.dq + ((int64_t(b) * a.Tq + qi) * a.H + h) * D + 2 * t;
 #pragma unroll
       for (int p = 0; p < kP; ++p)
 #pragma unroll
@@ -616,54 +632,107 @@ __global__ void __launch_bounds__(128, 2) bwd_wgmma_kernel(const __grid_constant
     }
   }
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (key_row[r] >= a.S) continue;
-    const int64_t off = ((int64_t(b) * a.S + key_row[r]) * a.H + h) * D + 2 * t;
+  for (int p = 0; p < kP; ++p)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dka[p][i] *= a.scale;
+  if (o.dk_b) {  // bf16 rows of the packed gradient, written over
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (key_row[r] >= a.S) continue;
+      const int64_t off = (int64_t(b) * a.S + key_row[r]) * o.ld_b + int64_t(h) * D + 2 * t;
+#pragma unroll
+      for (int p = 0; p < kP; ++p)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const int c = p * 64 + nt * 8;
+          *reinterpret_cast<unsigned*>(static_cast<__nv_bfloat16*>(o.dk_b) + off + c) =
+              pack_bf16(dka[p][nt * 4 + 2 * r], dka[p][nt * 4 + 2 * r + 1]);
+          *reinterpret_cast<unsigned*>(static_cast<__nv_bfloat16*>(o.dv_b) + off + c) =
+              pack_bf16(dva[p][nt * 4 + 2 * r], dva[p][nt * 4 + 2 * r + 1]);
+        }
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (key_row[r] >= a.S) continue;
+      const int64_t off = ((int64_t(b) * a.S + key_row[r]) * a.H + h) * D + 2 * t;
+#pragma unroll
+      for (int p = 0; p < kP; ++p)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          float2* pk = reinterpret_cast<float2*>(o.dk + off + p * 64 + nt * 8);
+          float2* pv = reinterpret_cast<float2*>(o.dv + off + p * 64 + nt * 8);
+          const float2 ok = o.accumulate_kv ? *pk : make_float2(0.0f, 0.0f),
+                       ov = o.accumulate_kv ? *pv : make_float2(0.0f, 0.0f);
+          *pk = make_float2(ok.x + dka[p][nt * 4 + 2 * r], ok.y + dka[p][nt * 4 + 2 * r + 1]);
+          *pv = make_float2(ov.x + dva[p][nt * 4 + 2 * r], ov.y + dva[p][nt * 4 + 2 * r + 1]);
+        }
+    }
+  }
+  if (o.dbias_k) {  // the block's column sums of dK and dV (rows past S hold zeros: their P is 0)
 #pragma unroll
     for (int p = 0; p < kP; ++p)
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        float2* pk = reinterpret_cast<float2*>(dk + off + p * 64 + nt * 8);
-        float2* pv = reinterpret_cast<float2*>(dv + off + p * 64 + nt * 8);
-        const float2 ok = acc_kv ? *pk : make_float2(0.0f, 0.0f), ov = acc_kv ? *pv : make_float2(0.0f, 0.0f);
-        *pk = make_float2(ok.x + dka[p][nt * 4 + 2 * r] * a.scale, ok.y + dka[p][nt * 4 + 2 * r + 1] * a.scale);
-        *pv = make_float2(ov.x + dva[p][nt * 4 + 2 * r], ov.y + dva[p][nt * 4 + 2 * r + 1]);
-      }
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          // The warp's 16 rows: this thread's two, then the 8 lanes of the same t.
+          float sk = dka[p][nt * 4 + e] + dka[p][nt * 4 + 2 + e], sv = dva[p][nt * 4 + e] + dva[p][nt * 4 + 2 + e];
+#pragma unroll
+          for (int x = 4; x < 32; x <<= 1)
+            sk += __shfl_xor_sync(0xffffffffu, sk, x), sv += __shfl_xor_sync(0xffffffffu, sv, x);
+          if (g == nt) {  // the 8 lanes of a t share the adds out
+            const int c = h * D + p * 64 + nt * 8 + 2 * t + e;
+            atomicAdd(o.dbias_k + c, sk), atomicAdd(o.dbias_v + c, sv);
+          }
+        }
   }
 }
 
 template <int D>
 void launch_bwd(const void* q, const void* k, const void* v, const float* lse, const float* Drow, const void* dy,
-                float* dq, float* dk, float* dv, const AttnShape& a, bool acc_kv) {
+                const AttnGrads& o, const AttnShape& a, const QkvRows& ld) {
   using Tiles = BwdTiles<D>;
-  const BwdMaps maps{head_rows_map(q, a.B, a.Tq, a.H, D, kBwdRows), head_rows_map(k, a.B, a.S, a.H, D, kBwdRows),
-                     head_rows_map(v, a.B, a.S, a.H, D, kBwdRows), head_rows_map(dy, a.B, a.Tq, a.H, D, kBwdRows)};
+  const BwdMaps maps{head_rows_map(q, a.B, a.Tq, a.H, D, kBwdRows, ld.q),
+                     head_rows_map(k, a.B, a.S, a.H, D, kBwdRows, ld.k),
+                     head_rows_map(v, a.B, a.S, a.H, D, kBwdRows, ld.v),
+                     head_rows_map(dy, a.B, a.Tq, a.H, D, kBwdRows, a.H * D)};
   auto kernel = bwd_wgmma_kernel<D>;
   K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tiles::kSmem)));
-  const dim3 grid(unsigned((a.S + kBwdRows - 1) / kBwdRows), unsigned(a.H), unsigned(a.B));
-  kernel<<<grid, 128, Tiles::kSmem, device::stream()>>>(maps, lse, Drow, dq, dk, dv, a, acc_kv);
+  const int64_t blocks = (a.S + kBwdRows - 1) / kBwdRows * a.H * a.B;
+  kernel<<<unsigned(blocks), 128, Tiles::kSmem, device::stream()>>>(maps, lse, Drow, o, a);
   K3_CUDA_LAUNCHED();
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// The tensor copies want 16-byte-aligned bases and row strides; a flat grid must fit in 2^31 blocks.
+bool fits(const AttnShape& a, const QkvRows& ld, int rows) {
+  const int64_t tiles = (std::max(a.Tq, a.S) + rows - 1) / rows;
+  return ld.q % 8 == 0 && ld.k % 8 == 0 && ld.v % 8 == 0 && a.H * a.B <= INT32_MAX / std::max<int64_t>(tiles, 1);
+}
+
 }  // namespace
 
-bool attention_forward_mma(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a) {
-  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y)) return false;
-  if (a.hd == 64 && a.hdv == 64) return launch_wgmma<64, 64>(q, k, v, y, lse, a), true;
-  if (a.hd == 128 && a.hdv == 128) return launch_wgmma<128, 128>(q, k, v, y, lse, a), true;
-  if (a.hd == 192 && a.hdv == 128) return launch_wgmma<192, 128>(q, k, v, y, lse, a), true;  // MLA prefill
+bool attention_forward_mma(const void* q, const void* k, const void* v, void* y, float* lse, const AttnShape& a,
+                           const QkvRows* rows) {
+  const QkvRows ld = rows ? *rows : QkvRows{a.H * a.hd, a.H * a.hd, a.H * a.hdv};
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y) || !fits(a, ld, 64)) return false;
+  if (a.hd == 64 && a.hdv == 64) return launch_wgmma<64, 64>(q, k, v, y, lse, a, ld), true;
+  if (a.hd == 128 && a.hdv == 128) return launch_wgmma<128, 128>(q, k, v, y, lse, a, ld), true;
+  if (a.hd == 192 && a.hdv == 128) return launch_wgmma<192, 128>(q, k, v, y, lse, a, ld), true;  // MLA prefill
   return false;
 }
 
 bool attention_backward_mma(const void* q, const void* k, const void* v, const float* lse, const float* D,
-                            const void* dy, float* dq, float* dk, float* dv, const AttnShape& a, bool accumulate_kv) {
-  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dy) || !aligned16(dq) || !aligned16(dk) ||
-      !aligned16(dv))
+                            const void* dy, const AttnGrads& o, const AttnShape& a, const QkvRows* rows) {
+  const QkvRows ld = rows ? *rows : QkvRows{a.H * a.hd, a.H * a.hd, a.H * a.hdv};
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dy) || !aligned16(o.dq) || !fits(a, ld, 64))
     return false;
-  if (a.hd == 64 && a.hdv == 64) return launch_bwd<64>(q, k, v, lse, D, dy, dq, dk, dv, a, accumulate_kv), true;
-  if (a.hd == 128 && a.hdv == 128) return launch_bwd<128>(q, k, v, lse, D, dy, dq, dk, dv, a, accumulate_kv), true;
+  if (o.dk_b ? !aligned16(o.dk_b) || !aligned16(o.dv_b) || o.ld_b % 8 != 0 : !aligned16(o.dk) || !aligned16(o.dv))
+    return false;
+  if (a.hd == 64 && a.hdv == 64) return launch_bwd<64>(q, k, v, lse, D, dy, o, a, ld), true;
+  if (a.hd == 128 && a.hdv == 128) return launch_bwd<128>(q, k, v, lse, D, dy, o, a, ld), true;
   return false;
 }
 

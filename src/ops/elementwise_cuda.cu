@@ -57,15 +57,16 @@ __global__ void gelu4_fwd(const T* x, T* y, int64_t n4) {
   if (i2 < n4) store4<T>(y + 4 * i2, make_float4(gelu_tanh(b.x), gelu_tanh(b.y), gelu_tanh(b.z), gelu_tanh(b.w)));
 }
 // Row-major [M, 4·n4] values made by a functor (value(m, c): the four values of row m, column
-// group c), written as fp32 and/or bf16 (either may be null) with their column sums added to
-// dbias: a block takes 32 column groups (one per lane) over a slice of rows (its warps
-// interleaved), sums in registers, meets in shared memory, one atomic per column per block. The
-// producers whose result feeds a bias gradient use it (the GELU's backward, the q/k/v merge).
+// group c), written as fp32 and/or bf16 (either may be null; the bf16 rows ld4 groups of 4
+// apart) with their column sums added to dbias (when non-null): a block takes 32 column groups
+// (one per lane) over a slice of rows (its warps interleaved), sums in registers, meets in shared
+// memory, one atomic per column per block. The producers whose result feeds a bias gradient use
+// it (the GELU's backward, the q/k/v merge, the attention's dq).
 constexpr int kColSumRowLanes = 8;
 template <class Value>
 __global__ void __launch_bounds__(32 * kColSumRowLanes)
-    rows_with_column_sums_kernel(Value value, float4* out, uint2* out_b, float* dbias, int64_t M, int n4,
-                                 int64_t rows_per_block) {
+    rows_with_column_sums_kernel(Value value, float4* out, uint2* out_b, int64_t ld4, float* dbias, int64_t M,
+                                 int n4, int64_t rows_per_block) {
   __shared__ float4 part[kColSumRowLanes][32];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   const int c = int(blockIdx.x) * 32 + tx;
@@ -76,9 +77,10 @@ __global__ void __launch_bounds__(32 * kColSumRowLanes)
     for (int64_t m = m0 + ty; m < m1; m += kColSumRowLanes) {
       const float4 d = value(m, c);
       if (out) out[m * n4 + c] = d;
-      if (out_b) out_b[m * n4 + c] = pack_bf16x4(d);
+      if (out_b) out_b[m * ld4 + c] = pack_bf16x4(d);
       sum = make_float4(sum.x + d.x, sum.y + d.y, sum.z + d.z, sum.w + d.w);
     }
+  if (!dbias) return;
   part[ty][tx] = sum;
   __syncthreads();
   if (ty != 0 || c >= n4) return;
@@ -87,6 +89,10 @@ __global__ void __launch_bounds__(32 * kColSumRowLanes)
     sum = make_float4(sum.x + part[r][tx].x, sum.y + part[r][tx].y, sum.z + part[r][tx].z, sum.w + part[r][tx].w);
   atomicAdd(dbias + 4 * c, sum.x), atomicAdd(dbias + 4 * c + 1, sum.y), atomicAdd(dbias + 4 * c + 2, sum.z),
       atomicAdd(dbias + 4 * c + 3, sum.w);
+}
+__global__ void cast_rows_kernel(const float* x, int64_t M, int64_t N, __nv_bfloat16* y, int64_t ldy) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
+    y[i / N * ldy + i % N] = __float2bfloat16(x[i]);
 }
 template <class T>
 struct GeluGrad4 {  // dy ∘ GELU'(x), [M, 4·n4], x and dy stored as T
@@ -673,12 +679,30 @@ void gelu_tanh_backward(const void* x, const void* dy, void* dx, int64_t n, Stor
   if (dx_bf16) cast(static_cast<const float*>(dx), dx_bf16, n, Storage::BF16);
 }
 template <class Value>
-void launch_rows_with_column_sums(Value value, float* out, void* out_b, float* dbias, int64_t M, int64_t n4) {
+void launch_rows_with_column_sums(Value value, float* out, void* out_b, float* dbias, int64_t M, int64_t n4,
+                                  int64_t ld4 = 0) {
   int64_t rows = 0;
   const dim3 grid = column_sum_grid(M, (n4 + 31) / 32, rows);
   rows_with_column_sums_kernel<<<grid, 32 * kColSumRowLanes, 0, device::stream()>>>(
-      value, reinterpret_cast<float4*>(out), static_cast<uint2*>(out_b), dbias, M, int(n4), rows);
+      value, reinterpret_cast<float4*>(out), static_cast<uint2*>(out_b), ld4 ? ld4 : n4, dbias, M, int(n4), rows);
   K3_CUDA_LAUNCHED();
+}
+struct Rows4 {  // the rows of an fp32 [M, 4·n4] array
+  const float4* x;
+  int n4;
+  __device__ __forceinline__ float4 operator()(int64_t m, int c) const { return x[m * n4 + c]; }
+};
+void to_bf16_with_column_sums(const float* x, int64_t M, int64_t N, void* y, int64_t ldy, float* dbias) {
+  if (!M || !N) return;
+  if (ldy < N) throw error("to_bf16_with_column_sums", "rows of ", N, " values cannot be ", ldy, " apart");
+  if (N % 4 == 0 && ldy % 4 == 0 && N / 4 <= INT32_MAX && aligned(x, 16) && aligned(y, 8))
+    return launch_rows_with_column_sums(Rows4{reinterpret_cast<const float4*>(x), int(N / 4)}, nullptr, y, dbias, M,
+                                        N / 4, ldy / 4);
+  // Other shapes: one value a thread, then the sums.
+  cast_rows_kernel<<<device::blocks_for(M * N, kThreads), kThreads, 0, device::stream()>>>(
+      x, M, N, static_cast<__nv_bfloat16*>(y), ldy);
+  K3_CUDA_LAUNCHED();
+  if (dbias) bias_grad(x, dbias, M, N);
 }
 void gelu_tanh_backward_bias(const float* x, const float* dy, int64_t M, int64_t N, float* dx, void* dx_bf16,
                              float* dbias) {

@@ -110,6 +110,15 @@ void attention_cached(const void* q, int64_t ldq, const void* const* ks, const v
 void attention_backward(const void* q, const void* k, const void* v, const void* y, const float* lse,
                         const void* dy, float* dq, float* dk, float* dv, const AttnShape& a, Storage st,
                         bool accumulate_kv = true);
+// The same over q, k and v packed as the column blocks of one bf16 [B·T, 3·H·hd] array (a fused
+// projection's output, read in place: no split) for a prefill (Tq = S, pos0 = 0, hd = hdv); y is
+// a contiguous bf16 [B, T, H, hd] as attention_forward's. The backward writes the gradient in the
+// same packed bf16 layout, dqkv [B·T, 3·H·hd] (written over), and adds its column sums into dbias
+// [3·H·hd] when non-null: the fused projection's bias gradient. Tensor cores at hd 64 and 128;
+// other head dims split, run the general kernels and merge.
+void attention_forward_qkv(const void* qkv, void* y, float* lse, const AttnShape& a);
+void attention_backward_qkv(const void* qkv, const void* y, const float* lse, const void* dy, void* dqkv,
+                            float* dbias, const AttnShape& a);
 
 // Small glue kernels: y += x (n values); y[M, N] += bias[N]; fp32 → bf16/fp32 copy (casts
 // activations to a GEMM's operand storage) and back; the q/k/v column blocks of a fused [M, 3·H·hd]
@@ -131,6 +140,8 @@ void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64
 void merge_qkv_bias(const float* q, const float* k, const float* v, int64_t M, int64_t D, float* qkv, void* qkv_bf16,
                     float* dbias);
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
+// y (bf16, rows ldy elements apart) = x [M, N] (fp32), and dbias[N] += Σ_m x[m, :] when non-null.
+void to_bf16_with_column_sums(const float* x, int64_t M, int64_t N, void* y, int64_t ldy, float* dbias);
 
 // Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored), with
 // the z-loss c·lse² (c = z_loss): loss[M] per row, and dlogits [M, Vocab] = (softmax·(1 + 2c·lse)

@@ -444,6 +444,58 @@ TEST_P(OpsCuda, CausalAttentionForwardBackward) {
   }
 }
 
+// Attention over q, k and v packed in one bf16 [B·T, 3·H·hd] array (a fused projection's output,
+// read in place) against the CPU's direct softmax on the three column blocks: y, and the gradient
+// written packed (over 7s) with its column sums added to a bias gradient that holds values. hd 64
+// and 128 run the tensor-core kernels on strided rows (the gradients of k and v written as bf16
+// rows by the backward, dq's cast after it); hd 32 and 80 the split/merge fallback.
+TEST(OpsCudaOnly, PackedQkvAttentionMatchesTheCpu) {
+  Rng rng(31);
+  struct Case {
+    int64_t B, T, H, hd;
+    bool bias;
+  };
+  for (const Case c : {Case{2, 1, 3, 64, true}, Case{2, 63, 3, 64, true}, Case{1, 200, 2, 128, true},
+                       Case{2, 700, 3, 64, true}, Case{2, 300, 2, 128, false}, Case{2, 130, 3, 32, true},
+                       Case{1, 65, 3, 80, true}}) {
+    const int64_t D = c.H * c.hd, M = c.B * c.T;
+    const float scale = 1.0f / std::sqrt(float(c.hd));
+    const auto qkv = bf16_round(randv(rng, M * 3 * D)), dy = bf16_round(randv(rng, M * D));
+    const auto bias0 = randv(rng, 3 * D);
+    std::vector<float> y = zeros(M * D), dqkv = zeros(M * 3 * D);
+    std::vector<float> qkv_in = qkv;  // the CPU's views read it; its gradient goes to dqkv
+    for (int64_t b = 0; b < c.B; ++b) {
+      const AttentionShape as{c.T, c.T, c.H, c.hd, 0, scale, c.hd};
+      auto block = [&](std::vector<float>& buf, int64_t i) {
+        return HeadView{buf.data() + b * c.T * 3 * D + i * D, 3 * D, c.hd};
+      };
+      auto rows = [&](std::vector<float>& buf) { return HeadView{buf.data() + b * c.T * D, D, c.hd}; };
+      std::vector<float> probs = zeros(c.H * c.T * c.T), dyv = dy;
+      attention_forward(block(qkv_in, 0), block(qkv_in, 1), block(qkv_in, 2), rows(y), as, probs.data());
+      attention_backward(block(qkv_in, 0), block(qkv_in, 1), block(qkv_in, 2), probs.data(), rows(dyv),
+                         block(dqkv, 0), block(dqkv, 1), block(dqkv, 2), as);
+    }
+    std::vector<float> bias = bias0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < 3 * D; ++j) bias[size_t(j)] += dqkv[size_t(m * 3 * D + j)];
+    const cuda::AttnShape a{c.B, c.T, c.T, c.H, c.hd, c.hd, 0, scale};
+    Buffer gqkv = up(qkv, Storage::BF16), gdy = up(dy, Storage::BF16), gy(size_t(M * D) * 2),
+           glse(size_t(c.B * c.H * c.T) * 4), gd = up(std::vector<float>(size_t(M * 3 * D), 7.0f), Storage::BF16),
+           gbias = up(bias0);
+    cuda::attention_forward_qkv(gqkv.get(), gy.get(), glse.as<float>(), a);
+    cuda::attention_backward_qkv(gqkv.get(), gy.get(), glse.as<float>(), gdy.get(), gd.get(),
+                                 c.bias ? gbias.as<float>() : nullptr, a);
+    const std::string label = "B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " hd " + std::to_string(c.hd);
+    EXPECT_LE(rel(down(gy, M * D, Storage::BF16), y), 5e-3) << label << " y";
+    EXPECT_LE(rel(down(gd, M * 3 * D, Storage::BF16), dqkv), 5e-3) << label << " dqkv";
+    EXPECT_LE(rel(down(gbias, 3 * D), c.bias ? bias : bias0), 5e-3) << label << " bias gradient";
+  }
+  // Packed arrays hold one sequence length: a decode shape is refused.
+  const cuda::AttnShape bad{1, 1, 5, 2, 64, 64, 4, 0.125f};
+  Buffer g(size_t(5 * 3 * 128) * 2), gy(256 * 2);
+  EXPECT_THROW(cuda::attention_forward_qkv(g.get(), gy.get(), nullptr, bad), Error);
+}
+
 // The decode-shaped attention over per-sequence caches (attention_cached) against the CPU's direct
 // softmax, sequence by sequence: unequal lengths (one key to several thousand), 1–3 new queries,
 // heads that fill the lanes (hd = hdv = 32·2, 32·4, 32·8: the cp.async ring) and others (80 / 48,
