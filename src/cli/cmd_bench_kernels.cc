@@ -40,6 +40,7 @@ struct KernelArgs {
   std::vector<std::string> only;  // sections to run (kKernelSections); empty: all
   std::vector<std::string> cache_dtypes = {"f32", "bf16"};  // the mla section's latent caches
   std::string mla_kernel = "auto";                           // bf16 512 + 64: auto, wgmma or mma
+  bool gemm_tuning = true;                                   // cuBLASLt's candidates timed per shape
 };
 
 // The sections of the report besides the ceilings, which always run (every ratio needs them).
@@ -120,6 +121,7 @@ void run_kernels(const KernelArgs& args) {
     throw error("bench kernels", "times k3's CUDA kernels and needs an NVIDIA GPU; this machine has none usable (",
                 kCpuBenchmarks, ")");
   std::printf("device: %s\n", device::describe());
+  cuda::set_gemm_tuning(args.gemm_tuning);
   nlohmann::json fla = nlohmann::json::object();
   if (!args.versus.empty()) {
     std::ifstream in(args.versus);
@@ -605,6 +607,10 @@ void register_bench_kernels(CLI::App* bench) {
                   "JSON of the same shapes timed by fla and PyTorch (tools/gpu/fla_bench.py); a key "
                   "llmc_train_B<batch>_tok_s holds llm.c's training tokens/s timed beside k3 by hand");
   cmd->add_option("--json", args->json, "Write k3's figures as JSON");
+  cmd->add_option("--gemm-tuning", args->gemm_tuning,
+                  "Time cuBLASLt's candidate algorithms on each GEMM shape's first call and keep the fastest (false: "
+                  "its heuristic's first guess)")
+      ->capture_default_str();
   cmd->callback([args] { run_kernels(*args); });
 }
 

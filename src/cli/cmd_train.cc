@@ -38,6 +38,10 @@ void register_train(CLI::App& app) {
   cmd->add_option("--dtype", c.dtype, "GEMM operands with --device cuda: f32, or bf16 (fp32 accumulation, gradients and master weights)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--gemm-tuning", c.gemm_tuning,
+                  "With --device cuda: time cuBLASLt's candidate algorithms on each GEMM shape's first call and keep "
+                  "the fastest (false: its heuristic's first guess, the same algorithm run to run)")
+      ->capture_default_str();
   cmd->add_flag("--quiet", c.quiet, "No progress bar, summary or sample");
   add_runtime_options(cmd, rt);
   cmd->callback([] {

@@ -289,11 +289,11 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     mm({a.y.as<float>(), a.yb.get()}, Op::N, W(p + "attn.c_proj.weight"), Op::N, M, D, D, a.xm.as<float>(), 1.0f,
        m.f(p + "attn.c_proj.bias"), a.x.as<float>());
     norm(a.xm.as<float>(), p + "ln_2", a.h2, a.h2b, a.mu2.as<float>(), a.rs2.as<float>());
-    if (m.bf16_gemms) {  // the pre-activation (bias by the epilogue) as bf16, the GELU bf16 to bf16
+    if (m.bf16_gemms) {  // bias and GELU by the GEMM's epilogue: ff2 and the pre-activation as bf16
       a.ffb = bf16_buf(M * F), a.ff2b = bf16_buf(M * F);
-      mm({a.h2.as<float>(), a.h2b.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::N, M, F, D, nullptr, 0.0f,
-         m.f(p + "mlp.c_fc.bias"), nullptr, a.ffb.get());
-      gelu_tanh_forward(a.ffb.get(), a.ff2b.get(), M * F, bf);
+      GemmOut o{a.ff2b.get(), bf, nullptr, m.f(p + "mlp.c_fc.bias")};
+      o.epi = Epilogue::Gelu, o.aux = a.ffb.get();
+      gemm_out(Op::N, Op::N, M, F, D, 1.0f, a.h2b.get(), 0, W(p + "mlp.c_fc.weight").b, 0, 0.0f, o, 0, bf);
     } else {
       a.ff = buf(M * F), a.ff2 = buf(M * F);
       mm({a.h2.as<float>()}, Op::N, W(p + "mlp.c_fc.weight"), Op::N, M, F, D, a.ff.as<float>(), 0.0f);
@@ -329,8 +329,8 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   for (float l : losses) total += l;
 
   // Backward. dx carries the residual stream's adjoint.
-  // fp32 dff2, dff, dy and dqkv only without bf16 GEMMs: with them, their producers (GEMMs, the
-  // GELU's backward, the merge) write the bf16 operands alone.
+  // fp32 dff2, dff, dy and dqkv only without bf16 GEMMs: with them, their producers (GEMMs and
+  // their epilogues, the attention's backward) write the bf16 operands alone.
   // The norms' backwards write dx's bf16 copy (dxb) and add its column sums into the bias gradient
   // of the GEMM whose output gradient dx is next (no cast and no bias_grad pass over dx).
   // dh (the norms' output gradients) comes from its GEMMs as bf16 under bf16 GEMMs.
@@ -339,7 +339,7 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
   void* dh_b = m.bf16_gemms ? dh.get() : nullptr;
   const auto dh_st = m.bf16_gemms ? bf : s;
   auto proj2_bias = [&](int64_t l) { return l >= 0 ? m.gr("h." + std::to_string(l) + ".mlp.c_proj.bias") : nullptr; };
-  Buffer dff2 = m.bf16_gemms ? bf16_buf(M * F) : buf(M * F), dy = m.bf16_gemms ? bf16_buf(M * D) : buf(M * D);
+  Buffer dff2 = m.bf16_gemms ? Buffer() : buf(M * F), dy = m.bf16_gemms ? bf16_buf(M * D) : buf(M * D);
   Buffer dff = m.bf16_gemms ? Buffer() : buf(M * F), dqkv = m.bf16_gemms ? Buffer() : buf(M * 3 * D);
   Buffer dq = m.bf16_gemms ? Buffer() : buf(M * D), dk = m.bf16_gemms ? Buffer() : buf(M * D),
          dv = m.bf16_gemms ? Buffer() : buf(M * D);
@@ -356,22 +356,31 @@ float Gpt2Runner::train_step(const int64_t* ids_host, const int64_t* targets_hos
     const std::string p = "h." + std::to_string(l) + ".";
     Saved& a = sv[size_t(l)];
     // MLP: x_out = xm + ff2 Wp2 + bp2 (bp2's gradient was added by the norm's backward that wrote dx).
-    mm({dx.as<float>(), dxb.get()}, Op::N, W(p + "mlp.c_proj.weight"), Op::T, M, F, D, dff2.as<float>(), 0.0f,
-       nullptr, nullptr, m.bf16_gemms ? dff2.get() : nullptr);
+    // Under bf16 GEMMs dff comes straight from the GEMM through the GELU's gradient (its epilogue,
+    // reading the saved pre-activation), then c_fc's bias gradient is dff's column sums; else
+    // dff2, then the GELU's backward with the bias gradient in one pass.
+    Buffer db = m.bf16_gemms ? bf16_buf(M * F) : Buffer();
+    if (m.bf16_gemms) {
+      GemmOut o{db.get(), bf};
+      o.epi = Epilogue::GeluGrad, o.aux = a.ffb.get();
+      gemm_out(Op::N, Op::T, M, F, D, 1.0f, dxb.get(), 0, W(p + "mlp.c_proj.weight").b, 0, 0.0f, o, 0, bf);
+    } else {
+      mm({dx.as<float>()}, Op::N, W(p + "mlp.c_proj.weight"), Op::T, M, F, D, dff2.as<float>(), 0.0f);
+    }
     mm({a.ff2.as<float>(), a.ff2b.get()}, Op::T, {dx.as<float>(), dxb.get()}, Op::N, F, D, M,
        m.gr(p + "mlp.c_proj.weight"), 1.0f);
-    // The GELU's backward and c_fc's bias gradient in one pass; under bf16 GEMMs it reads the bf16
-    // pre-activation and dff2 and writes only the bf16 dff the two GEMMs read.
-    Buffer db = m.bf16_gemms ? bf16_buf(M * F) : Buffer();
-    if (m.bf16_gemms)
-      gelu_tanh_backward_bias_bf16(a.ffb.get(), dff2.get(), M, F, db.get(), m.gr(p + "mlp.c_fc.bias"));
-    else
+    if (!m.bf16_gemms)
       gelu_tanh_backward_bias(a.ff.as<float>(), dff2.as<float>(), M, F, dff.as<float>(), nullptr,
                               m.gr(p + "mlp.c_fc.bias"));
     mm({dff.as<float>(), db.get()}, Op::N, W(p + "mlp.c_fc.weight"), Op::T, M, D, F, dh.as<float>(), 0.0f, nullptr,
        nullptr, dh_b);
-    mm({a.h2.as<float>(), a.h2b.get()}, Op::T, {dff.as<float>(), db.get()}, Op::N, D, F, M,
-       m.gr(p + "mlp.c_fc.weight"), 1.0f);
+    if (m.bf16_gemms) {
+      column_sums(db.get(), M, F, F, bf, m.gr(p + "mlp.c_fc.bias"));
+      mm({a.h2.as<float>(), a.h2b.get()}, Op::T, {nullptr, db.get()}, Op::N, D, F, M, m.gr(p + "mlp.c_fc.weight"),
+         1.0f);
+    } else {
+      mm({a.h2.as<float>()}, Op::T, {dff.as<float>()}, Op::N, D, F, M, m.gr(p + "mlp.c_fc.weight"), 1.0f);
+    }
     layernorm_backward_residual(a.xm.as<float>(), m.f(p + "ln_2.weight"), a.mu2.as<float>(), a.rs2.as<float>(),
                                 dh.get(), dh_st, M, D, dx.as<float>(), dxb.get(), m.gr(p + "ln_2.weight"),
                                 m.gr(p + "ln_2.bias"), m.gr(p + "attn.c_proj.bias"), /*accumulate=*/true);

@@ -90,6 +90,11 @@ __global__ void __launch_bounds__(32 * kColSumRowLanes)
   atomicAdd(dbias + 4 * c, sum.x), atomicAdd(dbias + 4 * c + 1, sum.y), atomicAdd(dbias + 4 * c + 2, sum.z),
       atomicAdd(dbias + 4 * c + 3, sum.w);
 }
+template <class T>
+__global__ void widen_rows_kernel(const T* x, int64_t M, int64_t N, int64_t ldx, float* y) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = to_f32(x[i / N * ldx + i % N]);
+}
 __global__ void cast_rows_kernel(const float* x, int64_t M, int64_t N, __nv_bfloat16* y, int64_t ldy) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
     y[i / N * ldy + i % N] = __float2bfloat16(x[i]);
@@ -692,6 +697,26 @@ struct Rows4 {  // the rows of an fp32 [M, 4·n4] array
   int n4;
   __device__ __forceinline__ float4 operator()(int64_t m, int c) const { return x[m * n4 + c]; }
 };
+struct Bf16Rows4 {  // the rows of a bf16 array, ld4 groups of 4 apart
+  const __nv_bfloat16* x;
+  int64_t ld4;
+  __device__ __forceinline__ float4 operator()(int64_t m, int c) const { return load4(x + 4 * (m * ld4 + c)); }
+};
+void column_sums(const void* x, int64_t M, int64_t N, int64_t ldx, Storage st, float* dbias) {
+  if (!M || !N) return;
+  if (ldx < N) throw error("column_sums", "rows of ", N, " values cannot be ", ldx, " apart");
+  if (st == Storage::BF16 && N % 4 == 0 && ldx % 4 == 0 && N / 4 <= INT32_MAX && aligned(x, 8))
+    return launch_rows_with_column_sums(Bf16Rows4{static_cast<const __nv_bfloat16*>(x), ldx / 4}, nullptr, nullptr,
+                                        dbias, M, N / 4);
+  if (st == Storage::F32 && ldx == N) return bias_grad(static_cast<const float*>(x), dbias, M, N);
+  // Other layouts: the rows widened into a contiguous fp32 array first.
+  device::Buffer f(size_t(M * N) * sizeof(float));
+  K3_DISPATCH_STORAGE(st, T,
+                      widen_rows_kernel<T><<<device::blocks_for(M * N, kThreads), kThreads, 0, device::stream()>>>(
+                          static_cast<const T*>(x), M, N, ldx, f.as<float>()));
+  K3_CUDA_LAUNCHED();
+  bias_grad(f.as<float>(), dbias, M, N);
+}
 void to_bf16_with_column_sums(const float* x, int64_t M, int64_t N, void* y, int64_t ldy, float* dbias) {
   if (!M || !N) return;
   if (ldy < N) throw error("to_bf16_with_column_sums", "rows of ", N, " values cannot be ", ldy, " apart");

@@ -5,8 +5,11 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "core/cuda_util.cuh"
 #include "ops/ops_cuda.h"
@@ -43,11 +46,12 @@ struct Plan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool bias_bf16 = false;  // the epilogue reads a bf16 bias (cuBLASLt's choice for bf16 outputs)
+  bool none = false;       // cuBLASLt has no algorithm for the epilogue asked for: compose it
 };
 
 struct PlanKey {
-  int64_t v[11];
-  bool operator==(const PlanKey& o) const { return std::equal(v, v + 11, o.v); }
+  int64_t v[12];
+  bool operator==(const PlanKey& o) const { return std::equal(v, v + 12, o.v); }
 };
 struct PlanHash {
   size_t operator()(const PlanKey& k) const {
@@ -57,8 +61,12 @@ struct PlanHash {
   }
 };
 
+constexpr int kCandidates = 8;  // the heuristic's algorithms a tuned shape times
+
+// epi: the GELU epilogues (GemmOut). cands (may be null) receives the heuristic's first
+// kCandidates algorithms, its best guess first.
 Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, Storage st,
-               Storage out_st, bool bias) {
+               Storage out_st, bool bias, Epilogue epi, std::vector<cublasLtMatmulAlgo_t>* cands = nullptr) {
   const int64_t a_cols = ta == Op::N ? K : M, b_cols = tb == Op::N ? N : K;
   const cudaDataType_t in = st == Storage::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   const cudaDataType_t out = out_st == Storage::BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -69,9 +77,16 @@ Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64
   const cublasOperation_t opb = ta == Op::N ? CUBLAS_OP_N : CUBLAS_OP_T;
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "set TRANSA");
   lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "set TRANSB");
+  cublasLtEpilogue_t mode = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (epi == Epilogue::Gelu) mode = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (epi == Epilogue::GeluGrad) mode = CUBLASLT_EPILOGUE_DGELU;
+  lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &mode, sizeof mode), "set EPILOGUE");
+  if (epi != Epilogue::None) {  // the pre-activation: [M, N] row-major, Lt's [N, M] with ld N
+    const int64_t aux_ld = N;
+    lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+             "set EPILOGUE_AUX_LD");
+  }
   if (bias) {  // the vector runs along Lt's rows, row-major C's columns; its pointer is set per call
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "set EPILOGUE");
     // An fp32 bias where the output is fp32; a bf16 output's epilogue takes the output's type.
     p.bias_bf16 = out == CUDA_R_16BF;
     const cudaDataType_t bias_type = p.bias_bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -88,13 +103,21 @@ Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64
   const size_t ws = lt().workspace.bytes();
   lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
            "workspace preference");
-  cublasLtMatmulHeuristicResult_t heur{};
+  cublasLtMatmulHeuristicResult_t heur[kCandidates]{};
   int found = 0;
-  lt_check(cublasLtMatmulAlgoGetHeuristic(lt().handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &heur, &found),
+  lt_check(cublasLtMatmulAlgoGetHeuristic(lt().handle, p.op, p.la, p.lb, p.lc, p.lc, pref, cands ? kCandidates : 1,
+                                          heur, &found),
            "heuristic");
+  if (cands)
+    for (int i = 0; i < found; ++i)
+      if (heur[i].state == CUBLAS_STATUS_SUCCESS) cands->push_back(heur[i].algo);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0 && epi != Epilogue::None) {
+    p.none = true;  // the caller composes the epilogue
+    return p;
+  }
   if (found == 0) throw error("cublas", "no cuBLASLt algorithm for a ", M, "x", N, "x", K, " GEMM");
-  p.algo = heur.algo;
+  p.algo = heur[0].algo;
   return p;
 }
 
@@ -115,7 +138,60 @@ void destroy(Plan& p) {
   cublasLtMatmulDescDestroy(p.op);
 }
 
+std::atomic<int> g_tuning{-1};  // -1: from K3_GEMM_TUNE on first use
+
+// The fastest of a new shape's candidate algorithms, each run once and then timed over 3 runs into
+// scratch outputs (beta 0; a Gelu epilogue's aux into scratch too), so the caller's arrays are
+// left as they are. Skipped (the heuristic's first) while the stream is being captured into a
+// graph or when the scratch arrays cannot be had.
+template <class Matmul>
+cublasLtMatmulAlgo_t fastest(const std::vector<cublasLtMatmulAlgo_t>& cands, const Plan& plan, const GemmOut& out,
+                             int64_t M, int64_t ldc, Matmul matmul) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  K3_CUDA_CHECK(cudaStreamIsCapturing(device::stream(), &capture));
+  if (capture != cudaStreamCaptureStatusNone) return cands[0];
+  const size_t esize = out.st == Storage::BF16 ? 2 : 4, bytes = size_t(M) * size_t(ldc) * esize;
+  device::Buffer d, aux;
+  try {
+    d = device::Buffer(bytes);
+    if (out.epi == Epilogue::Gelu) aux = device::Buffer(bytes);
+  } catch (const Error&) {
+    return cands[0];
+  }
+  void* const aux_ptr = aux.get();
+  if (aux_ptr)
+    lt_check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ptr,
+                                            sizeof aux_ptr),
+             "set EPILOGUE_AUX_POINTER");
+  cublasLtMatmulAlgo_t best = cands[0];
+  double best_ms = 1e30;
+  device::Timer timer;
+  for (const cublasLtMatmulAlgo_t& algo : cands) {
+    if (matmul(algo, d.get(), d.get(), 0.0f) != CUBLAS_STATUS_SUCCESS) continue;
+    timer.start();
+    for (int r = 0; r < 3; ++r) matmul(algo, d.get(), d.get(), 0.0f);
+    const double ms = timer.stop_ms();
+    if (ms < best_ms) best_ms = ms, best = algo;
+  }
+  if (aux_ptr)
+    lt_check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &out.aux,
+                                            sizeof out.aux),
+             "set EPILOGUE_AUX_POINTER");
+  return best;
+}
+
 }  // namespace
+
+void set_gemm_tuning(bool on) { g_tuning = on ? 1 : 0; }
+bool gemm_tuning() {
+  int t = g_tuning.load();
+  if (t < 0) {
+    const char* e = std::getenv("K3_GEMM_TUNE");
+    t = e && e[0] == '1' ? 1 : 0;
+    g_tuning = t;
+  }
+  return t == 1;
+}
 
 void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
           int64_t ldb, float beta, float* C, int64_t ldc, Storage st, const float* bias) {
@@ -131,23 +207,41 @@ void gemm_out(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   if (lda == 0) lda = ta == Op::N ? K : M;  // row-major A is [M, K] or [K, M]
   if (ldb == 0) ldb = tb == Op::N ? N : K;
   if (ldc == 0) ldc = N;
-  Lt& l = lt();
-  const float* bias = out.bias;
-  const PlanKey key{
-      {int64_t(ta), int64_t(tb), M, N, K, lda, ldb, ldc, int64_t(st), int64_t(out.st), bias != nullptr}};
-  PlanCache& cache = plans();
+  const bool gelu = out.epi != Epilogue::None;
+  if (gelu && (out.st != Storage::BF16 || ldc != N || !out.aux || beta != 0.0f || out.c))
+    throw error("gemm", "a GELU epilogue needs a bf16 output of contiguous rows, its aux array and beta = 0");
+  if (gelu && out.epi == Epilogue::GeluGrad && out.bias) throw error("gemm", "the GELU's gradient takes no bias");
   Plan plan;
   bool owned = false;
-  // A plan with a bias takes the vector's address as a descriptor attribute: the lock covers
-  // setting it and enqueueing the product, so no other thread's call sees it in between.
+  Lt& l = lt();
+  const float* bias = out.bias;
+  PlanCache& cache = plans();
   std::unique_lock<std::mutex> lock(cache.mu);
-  auto it = cache.plans.find(key);
-  if (it != cache.plans.end()) {
-    plan = it->second;
+  std::vector<cublasLtMatmulAlgo_t> cands;  // a new shape's candidates when tuning
+  const PlanKey key{{int64_t(ta), int64_t(tb), M, N, K, lda, ldb, ldc, int64_t(st), int64_t(out.st),
+                     bias != nullptr, int64_t(out.epi)}};
+  if (!gelu || N % 8 == 0) {
+    auto it = cache.plans.find(key);
+    if (it != cache.plans.end()) {
+      plan = it->second;
+    } else {
+      plan = make_plan(ta, tb, M, N, K, lda, ldb, ldc, st, out.st, bias != nullptr, out.epi,
+                       gemm_tuning() ? &cands : nullptr);
+      if (cache.plans.size() < PlanCache::kMax) cache.plans.emplace(key, plan);
+      else owned = true;
+    }
   } else {
-    plan = make_plan(ta, tb, M, N, K, lda, ldb, ldc, st, out.st, bias != nullptr);
-    if (cache.plans.size() < PlanCache::kMax) cache.plans.emplace(key, plan);
-    else owned = true;
+    plan.none = true;
+  }
+  if (plan.none) {  // the epilogue composed: the plain GEMM, then the elementwise kernel
+    lock.unlock();
+    if (owned) destroy(plan);
+    GemmOut plain{out.d, out.st, out.c, out.bias};
+    if (out.epi == Epilogue::Gelu) plain.d = out.aux;  // the pre-activation first
+    gemm_out(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, plain, ldc, st);
+    if (out.epi == Epilogue::Gelu) gelu_tanh_forward(out.aux, out.d, M * N, Storage::BF16);
+    if (out.epi == Epilogue::GeluGrad) gelu_tanh_backward(out.aux, out.d, out.d, M * N, Storage::BF16);
+    return;
   }
   device::Buffer bias_b;  // the bias rounded to bf16 where the plan's epilogue reads bf16
   const void* bias_ptr = bias;
@@ -156,16 +250,27 @@ void gemm_out(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const 
     cast(bias, bias_b.get(), N, Storage::BF16);
     bias_ptr = bias_b.get();
   }
-  if (bias)
+  // A plan with a vector or aux array takes their addresses as descriptor attributes: the lock
+  // covers setting them and enqueueing the product, so no other thread's call sees them between.
+  if (bias_ptr)
     lt_check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr),
              "set BIAS_POINTER");
-  else
-    lock.unlock();
+  if (gelu)
+    lt_check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &out.aux,
+                                            sizeof out.aux),
+             "set EPILOGUE_AUX_POINTER");
   const size_t ws = l.workspace.bytes();
+  auto matmul = [&](const cublasLtMatmulAlgo_t& algo, const void* c, void* d, float b) {
+    return cublasLtMatmul(l.handle, plan.op, &alpha, B, plan.la, A, plan.lb, &b, c, plan.lc, d, plan.lc, &algo,
+                          l.workspace.get(), ws, device::stream());
+  };
+  if (cands.size() > 1) {
+    plan.algo = fastest(cands, plan, out, M, ldc, matmul);
+    if (!owned) cache.plans[key].algo = plan.algo;
+  }
+  if (!bias_ptr && !gelu) lock.unlock();
   const void* addend = out.c ? out.c : out.d;  // beta's C: D itself unless another array is named
-  const cublasStatus_t status = cublasLtMatmul(l.handle, plan.op, &alpha, B, plan.la, A, plan.lb, &beta, addend,
-                                               plan.lc, out.d, plan.lc, &plan.algo, l.workspace.get(), ws,
-                                               device::stream());
+  const cublasStatus_t status = matmul(plan.algo, addend, out.d, beta);
   if (lock.owns_lock()) lock.unlock();
   if (owned) destroy(plan);
   lt_check(status, "cublasLtMatmul");

@@ -140,6 +140,8 @@ void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64
 void merge_qkv_bias(const float* q, const float* k, const float* v, int64_t M, int64_t D, float* qkv, void* qkv_bf16,
                     float* dbias);
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
+// dbias[N] += Σ_m x[m, :] over rows ldx elements apart, x stored as st.
+void column_sums(const void* x, int64_t M, int64_t N, int64_t ldx, Storage st, float* dbias);
 // y (bf16, rows ldy elements apart) = x [M, N] (fp32), and dbias[N] += Σ_m x[m, :] when non-null.
 void to_bf16_with_column_sums(const float* x, int64_t M, int64_t N, void* y, int64_t ldy, float* dbias);
 
@@ -200,14 +202,31 @@ void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void
 // the bias rounded to bf16, cast by the call), and beta's addend read from `c`
 // (same layout and storage as D) when given, else from D itself: x_next = x + y W + b without
 // overwriting x.
+//
+// Epilogues for an MLP's GELU (its tanh form), run by cuBLASLt where it has them:
+// - Gelu: D = GELU(op(A) op(B) + bias), and `aux` [M, N] (contiguous, stored as D) receives the
+//   pre-activation op(A) op(B) + bias the backward needs. D must be bf16, ldc = N.
+// - GeluGrad: D = op(A) op(B) ∘ GELU'(aux), aux the forward's pre-activation: the gradient through
+//   the GELU, from the gradient of its output. D must be bf16, ldc = N.
+// Where cuBLASLt has no algorithm for an epilogue (or N % 8 ≠ 0) the same results come from the
+// plain GEMM and the elementwise kernels.
+enum class Epilogue : uint8_t { None, Gelu, GeluGrad };
 struct GemmOut {
   void* d;
   Storage st = Storage::F32;
   const void* c = nullptr;
   const float* bias = nullptr;
+  Epilogue epi = Epilogue::None;
+  void* aux = nullptr;
 };
 void gemm_out(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
               int64_t ldb, float beta, const GemmOut& out, int64_t ldc, Storage st);
+// GEMM tuning: a new shape's first call times up to 8 of cuBLASLt's candidate algorithms (on
+// scratch outputs; not while a graph is being captured) and keeps the fastest for the shape,
+// where by default the heuristic's first guess is taken. Off unless set here or by
+// K3_GEMM_TUNE=1: the choice can differ between runs, and with it the order of the sums.
+void set_gemm_tuning(bool on);
+bool gemm_tuning();
 
 // Many GEMMs in one launch: for each problem i, row-major C_i[M_i, N] = A_i[M_i, K] · B_iᵀ with
 // B_i [N, K] (a Linear's [out, in] weight), contiguous rows; A and B stored as `st`, C fp32. One

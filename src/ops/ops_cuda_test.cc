@@ -872,6 +872,118 @@ TEST(OpsCudaOnly, GemmOutWritesBf16AndReadsItsAddendApart) {
 // Strided batches as MLA's absorption uses them: the heads' slices of interleaved rows (lda, ldc
 // wider than the problem), a stride between problems, every transpose; against the host gemm
 // on each problem.
+// The GELU epilogues and column sums against the host: D = GELU(A B + bias) with the
+// pre-activation in aux, D = A B ∘ GELU'(aux), and column sums added into a bias gradient that
+// holds values. N = 96 and 3072 take cuBLASLt's epilogues, N = 20 the composed path (the
+// epilogues want N % 8 = 0).
+TEST(OpsCudaOnly, GemmGeluEpiloguesAndColumnSums) {
+  Rng rng(41);
+  for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{70, 96, 64}, {33, 20, 24}, {256, 3072, 128}}) {
+    const std::string label = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
+    const auto A = bf16_round(randv(rng, M * K)), B = bf16_round(randv(rng, K * N)), bias = randv(rng, N);
+    std::vector<float> P = zeros(M * N);
+    gemm(Trans::No, Trans::No, M, N, K, 1.0f, A.data(), 0, B.data(), 0, 0.0f, P.data(), 0);
+    std::vector<float> pre = P, act = zeros(M * N);
+    for (int64_t i = 0; i < M * N; ++i) pre[size_t(i)] += round_to_bf16(bias[size_t(i % N)]);
+    gelu_tanh_forward(pre.data(), act.data(), M * N);
+    Buffer gA = up(A, Storage::BF16), gB = up(B, Storage::BF16), gbias = up(bias), gD(size_t(M * N) * 2),
+           gaux(size_t(M * N) * 2);
+    cuda::GemmOut o{gD.get(), Storage::BF16, nullptr, gbias.as<float>()};
+    o.epi = cuda::Epilogue::Gelu, o.aux = gaux.get();
+    cuda::gemm_out(cuda::Op::N, cuda::Op::N, M, N, K, 1.0f, gA.get(), 0, gB.get(), 0, 0.0f, o, 0, Storage::BF16);
+    EXPECT_LE(rel(down(gaux, M * N, Storage::BF16), pre), 4e-3) << label << " pre-activation";
+    const auto got = down(gD, M * N, Storage::BF16);
+    EXPECT_LE(rel(got, act), 5e-3) << label << " GELU";
+    // The tanh form, not erf's (they differ by up to 4e-4; over 786K values the bf16 rounding
+    // averages out and the systematic difference shows).
+    auto erf_gelu = [](float x) { return float(0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)))); };
+    std::vector<float> act_erf = zeros(M * N), dpre_erf = zeros(M * N);
+    for (int64_t i = 0; i < M * N; ++i) act_erf[size_t(i)] = erf_gelu(pre[size_t(i)]);
+    if (M * N > 500000) {
+      EXPECT_LT(rel(got, act), rel(got, act_erf)) << label << " GELU closer to erf's than tanh's";
+    }
+    // The gradient through the GELU at the stored (rounded) pre-activation.
+    const auto aux = down(gaux, M * N, Storage::BF16);
+    std::vector<float> dpre = zeros(M * N);
+    gelu_tanh_backward(aux.data(), P.data(), dpre.data(), M * N);
+    Buffer gG(size_t(M * N) * 2);
+    cuda::GemmOut og{gG.get(), Storage::BF16};
+    og.epi = cuda::Epilogue::GeluGrad, og.aux = gaux.get();
+    cuda::gemm_out(cuda::Op::N, cuda::Op::N, M, N, K, 1.0f, gA.get(), 0, gB.get(), 0, 0.0f, og, 0, Storage::BF16);
+    const auto gotg = down(gG, M * N, Storage::BF16);
+    EXPECT_LE(rel(gotg, dpre), 5e-3) << label << " GELU gradient";
+    for (int64_t i = 0; i < M * N; ++i) {
+      const double x = aux[size_t(i)], cdf = 0.5 * (1.0 + std::erf(x / std::sqrt(2.0)));
+      dpre_erf[size_t(i)] = float(P[size_t(i)] * (cdf + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI)));
+    }
+    if (M * N > 500000) {
+      EXPECT_LT(rel(gotg, dpre), rel(gotg, dpre_erf)) << label << " GELU gradient closer to erf's than tanh's";
+    }
+    // Column sums (the bias gradient beside a weight-gradient GEMM): bf16 rows read ld apart
+    // (N + 3 at N = 20: off the 4-value lanes, the widening path) and contiguous fp32 rows, added
+    // to values already there.
+    const int64_t ld = N + (N == 20 ? 3 : 8);
+    const auto X = bf16_round(randv(rng, M * ld)), db0 = randv(rng, N);
+    std::vector<float> db = db0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) db[size_t(n)] += X[size_t(m * ld + n)];
+    Buffer gX = up(X, Storage::BF16), gdb = up(db0);
+    cuda::column_sums(gX.get(), M, N, ld, Storage::BF16, gdb.as<float>());
+    EXPECT_LE(rel(down(gdb, N), db), 1e-5) << label << " column sums of bf16 rows";
+    std::vector<float> Xc = zeros(M * N), dbc = db0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        Xc[size_t(m * N + n)] = X[size_t(m * ld + n)];
+        dbc[size_t(n)] += Xc[size_t(m * N + n)];
+      }
+    Buffer gXc = up(Xc), gdbc = up(db0);
+    cuda::column_sums(gXc.get(), M, N, N, Storage::F32, gdbc.as<float>());
+    EXPECT_LE(rel(down(gdbc, N), dbc), 1e-5) << label << " column sums of fp32 rows";
+  }
+  // A GELU epilogue without its aux array, or with beta ≠ 0: a clear error.
+  Buffer a = up(zeros(64), Storage::BF16), d(size_t(64) * 2);
+  cuda::GemmOut bad{d.get(), Storage::BF16};
+  bad.epi = cuda::Epilogue::Gelu;
+  EXPECT_THROW(cuda::gemm_out(cuda::Op::N, cuda::Op::N, 8, 8, 8, 1.0f, a.get(), 0, a.get(), 0, 0.0f, bad, 0,
+                              Storage::BF16),
+               Error);
+}
+
+// With tuning on, a new shape's first call times cuBLASLt's candidates on scratch arrays: the
+// result is still the one product, added once to what D held (beta 1, in place and from an addend
+// apart, which is left as it was), and a GELU epilogue's aux and output are the host's.
+TEST(OpsCudaOnly, GemmTuningLeavesTheCallersArraysToTheOneProduct) {
+  Rng rng(43);
+  cuda::set_gemm_tuning(true);
+  const int64_t M = 190, N = 136, K = 72;  // shapes no other test takes: new plans, tuned
+  const auto A = bf16_round(randv(rng, M * K)), B = bf16_round(randv(rng, K * N)), bias = randv(rng, N),
+             X = randv(rng, M * N), D0 = randv(rng, M * N);
+  std::vector<float> P = zeros(M * N);
+  gemm(Trans::No, Trans::No, M, N, K, 1.0f, A.data(), 0, B.data(), 0, 0.0f, P.data(), 0);
+  Buffer gA = up(A, Storage::BF16), gB = up(B, Storage::BF16), gbias = up(bias), gX = up(X), gD = up(D0);
+  cuda::gemm_out(cuda::Op::N, cuda::Op::N, M, N, K, 1.0f, gA.get(), 0, gB.get(), 0, 1.0f,
+                 cuda::GemmOut{gD.get(), Storage::F32}, 0, Storage::BF16);
+  std::vector<float> want = D0;
+  for (int64_t i = 0; i < M * N; ++i) want[size_t(i)] += P[size_t(i)];
+  EXPECT_LE(rel(down(gD, M * N), want), 1e-5) << "D += A B in place";
+  Buffer gD2 = up(zeros(M * N));
+  cuda::gemm_out(cuda::Op::N, cuda::Op::N, M, N, K, 1.0f, gA.get(), 0, gB.get(), 0, 1.0f,
+                 cuda::GemmOut{gD2.get(), Storage::F32, gX.get(), gbias.as<float>()}, 0, Storage::BF16);
+  for (int64_t i = 0; i < M * N; ++i) want[size_t(i)] = X[size_t(i)] + P[size_t(i)] + bias[size_t(i % N)];
+  EXPECT_LE(rel(down(gD2, M * N), want), 1e-5) << "D = X + A B + bias";
+  EXPECT_EQ(down(gX, M * N), X) << "the addend is left as it was";
+  std::vector<float> pre = P, act = zeros(M * N);
+  for (int64_t i = 0; i < M * N; ++i) pre[size_t(i)] += round_to_bf16(bias[size_t(i % N)]);
+  gelu_tanh_forward(pre.data(), act.data(), M * N);
+  Buffer gG(size_t(M * N) * 2), gaux(size_t(M * N) * 2);
+  cuda::GemmOut o{gG.get(), Storage::BF16, nullptr, gbias.as<float>()};
+  o.epi = cuda::Epilogue::Gelu, o.aux = gaux.get();
+  cuda::gemm_out(cuda::Op::N, cuda::Op::N, M, N, K, 1.0f, gA.get(), 0, gB.get(), 0, 0.0f, o, 0, Storage::BF16);
+  EXPECT_LE(rel(down(gaux, M * N, Storage::BF16), pre), 4e-3) << "the GELU epilogue's pre-activation";
+  EXPECT_LE(rel(down(gG, M * N, Storage::BF16), act), 5e-3) << "the GELU epilogue's output";
+  cuda::set_gemm_tuning(false);
+}
+
 TEST(OpsCudaOnly, GemmStridedBatchesMatchOneGemmPerProblem) {
   Rng rng(11);
   const int64_t M = 37, N = 24, K = 19, count = 5;

@@ -16,6 +16,7 @@
 #include "ops/ag.h"
 #if defined(K3_HAS_CUDA)
 #include "ops/ag_cuda.h"
+#include "ops/ops_cuda.h"
 #endif
 #include "models/presets.h"
 #include "models/registry.h"
@@ -246,6 +247,9 @@ TrainResult run_training(TrainConfig cfg) {
     model->init_random(cfg.seed);
   }
   if (cfg.device == "cuda") move_to(*model, Device::CUDA);  // fp32 parameters; gradients and AdamW moments follow
+#if defined(K3_HAS_CUDA)
+  if (cfg.device == "cuda") cuda::set_gemm_tuning(cfg.gemm_tuning);
+#endif
   if (cfg.seq_len > model->max_positions())
     throw error("train", "--seq-len ", cfg.seq_len, " exceeds the model's ", model->max_positions(), " positions");
   AdamWOptions ao;

@@ -30,6 +30,7 @@ struct TrainConfig {
   bool quiet = false;                  // no progress bar (tests)
   std::string device = "cpu";          // cpu | cuda: where the parameters, activations, gradients and moments live
   std::string dtype = "f32";           // f32 | bf16: GEMM operands on CUDA (bf16: fp32 accumulation, fp32 master weights)
+  bool gemm_tuning = true;             // CUDA: time cuBLASLt's candidates per GEMM shape, keep the fastest
 };
 
 struct TrainResult {
