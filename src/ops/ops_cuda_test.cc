@@ -392,13 +392,14 @@ TEST_P(OpsCuda, CausalAttentionForwardBackward) {
     int64_t Tq, pos0, hd, hdv;
   };
   // bf16 storage at hd 64 / 128 / 192-128 runs the tensor-core forward (wgmma, 128-query blocks,
-  // 128-key tiles, 80 at hd 192, in a 3-stage ring filled by tensor copies) and at 64 / 128 the
-  // tensor-core backward (64-key blocks, 64- or 32-query tiles): the longer cases walk several
-  // tiles, the longest refill every stage of the ring, with pos0 off the tile grid.
+  // 128-key tiles, 80 at hd 192, 64 at hd 64 up to 2,048 keys, in a 3- or 4-stage ring filled by
+  // tensor copies) and at 64 / 128 the tensor-core backward (64-key blocks, 64- or 32-query
+  // tiles): the longer cases walk several tiles, the longest refill every stage of the ring, with
+  // pos0 off the tile grid; 2,100 keys at hd 64 take the 128-key tiles.
   for (const Case c : {Case{1, 0, 64, 64}, Case{63, 0, 64, 64}, Case{65, 7, 128, 128}, Case{130, 0, 32, 48},
                        Case{1, 99, 128, 128}, Case{40, 3, 192, 128}, Case{300, 0, 128, 128}, Case{200, 37, 64, 64},
                        Case{150, 70, 192, 128}, Case{700, 45, 128, 128}, Case{600, 0, 64, 64},
-                       Case{330, 200, 192, 128}}) {
+                       Case{330, 200, 192, 128}, Case{2000, 100, 64, 64}}) {
     const int64_t B = 2, H = 3, S = c.pos0 + c.Tq;
     const float scale = 1.0f / std::sqrt(float(c.hd));
     auto q = randv(rng, B * c.Tq * H * c.hd), k = randv(rng, B * S * H * c.hd), v = randv(rng, B * S * H * c.hdv),
