@@ -105,9 +105,10 @@ Plan make_plan(Op ta, Op tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64
            "workspace preference");
   cublasLtMatmulHeuristicResult_t heur[kCandidates]{};
   int found = 0;
-  lt_check(cublasLtMatmulAlgoGetHeuristic(lt().handle, p.op, p.la, p.lb, p.lc, p.lc, pref, cands ? kCandidates : 1,
-                                          heur, &found),
-           "heuristic");
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt().handle, p.op, p.la, p.lb, p.lc, p.lc, pref,
+                                                            cands ? kCandidates : 1, heur, &found);
+  if (hs != CUBLAS_STATUS_SUCCESS && epi != Epilogue::None) found = 0;  // an epilogue it lacks: composed
+  else lt_check(hs, "heuristic");
   if (cands)
     for (int i = 0; i < found; ++i)
       if (heur[i].state == CUBLAS_STATUS_SUCCESS) cands->push_back(heur[i].algo);
@@ -220,13 +221,16 @@ void gemm_out(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   std::vector<cublasLtMatmulAlgo_t> cands;  // a new shape's candidates when tuning
   const PlanKey key{{int64_t(ta), int64_t(tb), M, N, K, lda, ldb, ldc, int64_t(st), int64_t(out.st),
                      bias != nullptr, int64_t(out.epi)}};
-  if (!gelu || N % 8 == 0) {
+  // The GELU epilogues want N % 8 = 0 and, as the plans assume, 16-byte-aligned D and aux.
+  const bool aligned = ((reinterpret_cast<uintptr_t>(out.d) | reinterpret_cast<uintptr_t>(out.aux)) & 15) == 0;
+  if (!gelu || (N % 8 == 0 && aligned)) {
     auto it = cache.plans.find(key);
     if (it != cache.plans.end()) {
       plan = it->second;
     } else {
-      plan = make_plan(ta, tb, M, N, K, lda, ldb, ldc, st, out.st, bias != nullptr, out.epi,
-                       gemm_tuning() ? &cands : nullptr);
+      // Tuned only where the plan will be kept (a full cache makes plans per call).
+      const bool tune = gemm_tuning() && cache.plans.size() < PlanCache::kMax;
+      plan = make_plan(ta, tb, M, N, K, lda, ldb, ldc, st, out.st, bias != nullptr, out.epi, tune ? &cands : nullptr);
       if (cache.plans.size() < PlanCache::kMax) cache.plans.emplace(key, plan);
       else owned = true;
     }

@@ -208,8 +208,8 @@ void gemm(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const void
 //   pre-activation op(A) op(B) + bias the backward needs. D must be bf16, ldc = N.
 // - GeluGrad: D = op(A) op(B) ∘ GELU'(aux), aux the forward's pre-activation: the gradient through
 //   the GELU, from the gradient of its output. D must be bf16, ldc = N.
-// Where cuBLASLt has no algorithm for an epilogue (or N % 8 ≠ 0) the same results come from the
-// plain GEMM and the elementwise kernels.
+// Where cuBLASLt has no algorithm for an epilogue (or N % 8 ≠ 0, or D or aux is not 16-byte
+// aligned) the same results come from the plain GEMM and the elementwise kernels.
 enum class Epilogue : uint8_t { None, Gelu, GeluGrad };
 struct GemmOut {
   void* d;
@@ -223,8 +223,10 @@ void gemm_out(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const 
               int64_t ldb, float beta, const GemmOut& out, int64_t ldc, Storage st);
 // GEMM tuning: a new shape's first call times up to 8 of cuBLASLt's candidate algorithms (on
 // scratch outputs; not while a graph is being captured) and keeps the fastest for the shape,
-// where by default the heuristic's first guess is taken. Off unless set here or by
-// K3_GEMM_TUNE=1: the choice can differ between runs, and with it the order of the sums.
+// where otherwise the heuristic's first guess is taken. The choice can differ between runs, and
+// with it the order of the sums. The library starts with K3_GEMM_TUNE (1: on; default off);
+// `k3 train` and `k3 bench kernels` set it from their --gemm-tuning (default on), and a shape
+// keeps the algorithm chosen at its first call.
 void set_gemm_tuning(bool on);
 bool gemm_tuning();
 

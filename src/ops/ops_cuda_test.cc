@@ -870,9 +870,6 @@ TEST(OpsCudaOnly, GemmOutWritesBf16AndReadsItsAddendApart) {
                Error);
 }
 
-// Strided batches as MLA's absorption uses them: the heads' slices of interleaved rows (lda, ldc
-// wider than the problem), a stride between problems, every transpose; against the host gemm
-// on each problem.
 // The GELU epilogues and column sums against the host: D = GELU(A B + bias) with the
 // pre-activation in aux, D = A B ∘ GELU'(aux), and column sums added into a bias gradient that
 // holds values. N = 96 and 3072 take cuBLASLt's epilogues, N = 20 the composed path (the
@@ -955,6 +952,7 @@ TEST(OpsCudaOnly, GemmGeluEpiloguesAndColumnSums) {
 // apart, which is left as it was), and a GELU epilogue's aux and output are the host's.
 TEST(OpsCudaOnly, GemmTuningLeavesTheCallersArraysToTheOneProduct) {
   Rng rng(43);
+  const bool was = cuda::gemm_tuning();
   cuda::set_gemm_tuning(true);
   const int64_t M = 190, N = 136, K = 72;  // shapes no other test takes: new plans, tuned
   const auto A = bf16_round(randv(rng, M * K)), B = bf16_round(randv(rng, K * N)), bias = randv(rng, N),
@@ -982,9 +980,12 @@ TEST(OpsCudaOnly, GemmTuningLeavesTheCallersArraysToTheOneProduct) {
   cuda::gemm_out(cuda::Op::N, cuda::Op::N, M, N, K, 1.0f, gA.get(), 0, gB.get(), 0, 0.0f, o, 0, Storage::BF16);
   EXPECT_LE(rel(down(gaux, M * N, Storage::BF16), pre), 4e-3) << "the GELU epilogue's pre-activation";
   EXPECT_LE(rel(down(gG, M * N, Storage::BF16), act), 5e-3) << "the GELU epilogue's output";
-  cuda::set_gemm_tuning(false);
+  cuda::set_gemm_tuning(was);
 }
 
+// Strided batches as MLA's absorption uses them: the heads' slices of interleaved rows (lda, ldc
+// wider than the problem), a stride between problems, every transpose; against the host gemm
+// on each problem.
 TEST(OpsCudaOnly, GemmStridedBatchesMatchOneGemmPerProblem) {
   Rng rng(11);
   const int64_t M = 37, N = 24, K = 19, count = 5;
