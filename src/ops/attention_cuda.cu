@@ -762,12 +762,7 @@ void attention_backward_qkv(const void* qkv, const void* y, const float* lse, co
   split_qkv_bf16(qkv, q.get(), k.get(), v.get(), M, D);
   attention_backward(q.get(), k.get(), v.get(), y, lse, dy, dq.as<float>(), dk.as<float>(), dv.as<float>(), a,
                      Storage::BF16, /*accumulate_kv=*/false);
-  if (dbias) {
-    merge_qkv_bias(dq.as<float>(), dk.as<float>(), dv.as<float>(), M, D, nullptr, dqkv, dbias);
-  } else {
-    device::Buffer merged(size_t(M * 3 * D) * 4);
-    merge_qkv(dq.as<float>(), dk.as<float>(), dv.as<float>(), merged.as<float>(), M, D, dqkv);
-  }
+  merge_qkv_bias(dq.as<float>(), dk.as<float>(), dv.as<float>(), M, D, nullptr, dqkv, dbias);
 }
 
 }  // namespace k3::cuda

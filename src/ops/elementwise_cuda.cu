@@ -90,14 +90,11 @@ __global__ void __launch_bounds__(32 * kColSumRowLanes)
   atomicAdd(dbias + 4 * c, sum.x), atomicAdd(dbias + 4 * c + 1, sum.y), atomicAdd(dbias + 4 * c + 2, sum.z),
       atomicAdd(dbias + 4 * c + 3, sum.w);
 }
-template <class T>
-__global__ void widen_rows_kernel(const T* x, int64_t M, int64_t N, int64_t ldx, float* y) {
+// y = x over [M, N] rows, ldx and ldy elements apart, converted from TI to TO through fp32.
+template <class TI, class TO>
+__global__ void convert_rows_kernel(const TI* x, int64_t ldx, TO* y, int64_t ldy, int64_t M, int64_t N) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = to_f32(x[i / N * ldx + i % N]);
-}
-__global__ void cast_rows_kernel(const float* x, int64_t M, int64_t N, __nv_bfloat16* y, int64_t ldy) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
-    y[i / N * ldy + i % N] = __float2bfloat16(x[i]);
+    y[i / N * ldy + i % N] = from_f32<TO>(to_f32(x[i / N * ldx + i % N]));
 }
 template <class T>
 struct GeluGrad4 {  // dy ∘ GELU'(x), [M, 4·n4], x and dy stored as T
@@ -692,28 +689,24 @@ void launch_rows_with_column_sums(Value value, float* out, void* out_b, float* d
       value, reinterpret_cast<float4*>(out), static_cast<uint2*>(out_b), ld4 ? ld4 : n4, dbias, M, int(n4), rows);
   K3_CUDA_LAUNCHED();
 }
-struct Rows4 {  // the rows of an fp32 [M, 4·n4] array
-  const float4* x;
-  int n4;
-  __device__ __forceinline__ float4 operator()(int64_t m, int c) const { return x[m * n4 + c]; }
-};
-struct Bf16Rows4 {  // the rows of a bf16 array, ld4 groups of 4 apart
-  const __nv_bfloat16* x;
+template <class T>
+struct Rows4 {  // the rows of an array stored as T, ld4 groups of 4 apart
+  const T* x;
   int64_t ld4;
-  __device__ __forceinline__ float4 operator()(int64_t m, int c) const { return load4(x + 4 * (m * ld4 + c)); }
+  __device__ __forceinline__ float4 operator()(int64_t m, int c) const { return load4<T>(x + 4 * (m * ld4 + c)); }
 };
 void column_sums(const void* x, int64_t M, int64_t N, int64_t ldx, Storage st, float* dbias) {
   if (!M || !N) return;
   if (ldx < N) throw error("column_sums", "rows of ", N, " values cannot be ", ldx, " apart");
   if (st == Storage::BF16 && N % 4 == 0 && ldx % 4 == 0 && N / 4 <= INT32_MAX && aligned(x, 8))
-    return launch_rows_with_column_sums(Bf16Rows4{static_cast<const __nv_bfloat16*>(x), ldx / 4}, nullptr, nullptr,
-                                        dbias, M, N / 4);
+    return launch_rows_with_column_sums(Rows4<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(x), ldx / 4},
+                                        nullptr, nullptr, dbias, M, N / 4);
   if (st == Storage::F32 && ldx == N) return bias_grad(static_cast<const float*>(x), dbias, M, N);
   // Other layouts: the rows widened into a contiguous fp32 array first.
   device::Buffer f(size_t(M * N) * sizeof(float));
   K3_DISPATCH_STORAGE(st, T,
-                      widen_rows_kernel<T><<<device::blocks_for(M * N, kThreads), kThreads, 0, device::stream()>>>(
-                          static_cast<const T*>(x), M, N, ldx, f.as<float>()));
+                      convert_rows_kernel<<<device::blocks_for(M * N, kThreads), kThreads, 0, device::stream()>>>(
+                          static_cast<const T*>(x), ldx, f.as<float>(), N, M, N));
   K3_CUDA_LAUNCHED();
   bias_grad(f.as<float>(), dbias, M, N);
 }
@@ -721,11 +714,10 @@ void to_bf16_with_column_sums(const float* x, int64_t M, int64_t N, void* y, int
   if (!M || !N) return;
   if (ldy < N) throw error("to_bf16_with_column_sums", "rows of ", N, " values cannot be ", ldy, " apart");
   if (N % 4 == 0 && ldy % 4 == 0 && N / 4 <= INT32_MAX && aligned(x, 16) && aligned(y, 8))
-    return launch_rows_with_column_sums(Rows4{reinterpret_cast<const float4*>(x), int(N / 4)}, nullptr, y, dbias, M,
-                                        N / 4, ldy / 4);
+    return launch_rows_with_column_sums(Rows4<float>{x, N / 4}, nullptr, y, dbias, M, N / 4, ldy / 4);
   // Other shapes: one value a thread, then the sums.
-  cast_rows_kernel<<<device::blocks_for(M * N, kThreads), kThreads, 0, device::stream()>>>(
-      x, M, N, static_cast<__nv_bfloat16*>(y), ldy);
+  convert_rows_kernel<<<device::blocks_for(M * N, kThreads), kThreads, 0, device::stream()>>>(
+      x, N, static_cast<__nv_bfloat16*>(y), ldy, M, N);
   K3_CUDA_LAUNCHED();
   if (dbias) bias_grad(x, dbias, M, N);
 }
@@ -768,7 +760,7 @@ void merge_qkv_bias(const float* q, const float* k, const float* v, int64_t M, i
   device::Buffer own;
   if (!qkv) own = device::Buffer(size_t(M * 3 * D) * sizeof(float)), qkv = own.as<float>();
   merge_qkv(q, k, v, qkv, M, D, qkv_bf16);
-  bias_grad(qkv, dbias, M, 3 * D);
+  if (dbias) bias_grad(qkv, dbias, M, 3 * D);
 }
 void situ_glu_forward(const void* gate, const void* up, void* y, int64_t n, float beta, float beta_lin, Storage st) {
   if (!n) return;

@@ -135,8 +135,8 @@ void split_qkv_bf16(const void* qkv, void* q, void* k, void* v, int64_t M, int64
 void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D,
                void* qkv_bf16 = nullptr);
 // The merge with the projection's bias gradient in the one pass: qkv (fp32) and/or qkv_bf16, either
-// may be null, and dbias[3D] += Σ_m qkv[m, :]. One kernel where D % 4 == 0 and the arrays are
-// aligned, else the composed ops.
+// may be null, and dbias[3D] += Σ_m qkv[m, :] (dbias null: no sums). One kernel where D % 4 == 0
+// and the arrays are aligned, else the composed ops.
 void merge_qkv_bias(const float* q, const float* k, const float* v, int64_t M, int64_t D, float* qkv, void* qkv_bf16,
                     float* dbias);
 void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
