@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -24,6 +25,24 @@ namespace k3::device {
 #define K3_CUDA_LAUNCHED() K3_CUDA_CHECK(cudaGetLastError())
 
 cudaStream_t stream();  // k3's stream (non-blocking, created on first use)
+
+// Launches `kernel` on k3's stream as a programmatic dependent of the work before it: its blocks
+// may be scheduled while the previous grid drains, so the kernel must execute
+// `griddepcontrol.wait` before it reads anything that work wrote (the instruction returns once the
+// previous grid has finished and its writes are visible).
+template <class... P, class... A>
+void launch_dependent(void (*kernel)(P...), unsigned blocks, unsigned threads, A&&... args) {
+  cudaLaunchConfig_t c{};
+  c.gridDim = dim3(blocks);
+  c.blockDim = dim3(threads);
+  c.stream = stream();
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  c.attrs = &attr;
+  c.numAttrs = 1;
+  K3_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...));
+}
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 

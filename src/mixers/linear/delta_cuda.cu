@@ -393,30 +393,39 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dev p) {
 }
 
 // The decode step (every sequence one token), the bandwidth-bound case: each element of S is read
-// once and written once. One block per (sequence, value head, tile of 32 value columns); a row of
-// the tile is 128 bytes, read by 8 lanes as float4s, so each load instruction of a warp fetches 4
-// whole rows (whole 128-byte lines when V is a multiple of 32, as every model's heads are). Rows
-// go round-robin to the block's 16 row groups (4 per warp): 8 rows × 4 columns of S per thread
-// for K ≤ 128, 32 registers, 8 blocks of 128 threads per SM. The state loads are issued before q,
-// k and the decays are staged (one barrier). The column sums (u = Sᵀk after the decay, o = Sᵀq
-// after the write) are a shuffle across the warp's row groups and an exchange across warps in
-// shared memory, a barrier each. (On the H200 2 and 4 rows per thread were slower; a version
-// staging the tile by cp.async, 11 blocks of 16 KB in flight per SM, ran at the same speed:
-// tools/gpu/NOTES.md, "Seventh session".)
-constexpr int kDecodeRows = 8, kDecodeWarps = kKMax / kDecodeRows / 4;
-constexpr int kDecodeBlocksPerSM = 8;  // launch bounds: ≤ 64 registers per thread
-static_assert(kKMax % (4 * kDecodeRows) == 0, "the row groups times the rows per thread cover kKMax");
+// once and written once. One block per (sequence, value head, tile of 64 value columns); a row of
+// the tile is 256 bytes, read by 16 lanes as float4s, so each load instruction of a warp fetches 2
+// whole 256-byte stretches (for V a multiple of 64, as every model's heads are). Rows go
+// round-robin to the block's 16 row groups (2 per warp): 8 rows × 4 columns of S per thread for
+// K ≤ 128, 32 registers, 4 blocks of 256 threads per SM. The state loads are issued before q, k
+// and the decays are staged (one barrier). The column sums (u = Sᵀk after the decay, o = Sᵀq after
+// the write) are a shuffle across the warp's two row groups and an exchange across warps in shared
+// memory, a barrier each. On the H200 the KDA step in a CUDA graph went from 82–83 % of the copy
+// rate at N 64 with 32-column tiles (128-byte pieces of each 512-byte row) to 86 %, and from
+// 88–89 % to 92–93 % at N 256; 128 columns (one 512-thread block per head) and 4 or 16 rows per
+// thread were slower (tools/gpu/NOTES.md, "Twenty-sixth session"). The kernel waits on the
+// previous grid (griddepcontrol.wait, a no-op unless launched as a programmatic dependent) before
+// it reads anything, so a replayed decode loop overlaps each step's launch with the last one's
+// tail.
+constexpr int kDecodeRows = 8, kDecodeCols = 64, kDecodeLanes = kDecodeCols / 4;  // lanes per row
+constexpr int kDecodeGroups = kKMax / kDecodeRows, kDecodeWarps = kDecodeGroups * kDecodeLanes / 32;
+constexpr int kDecodeBlocksPerSM = 4;  // launch bounds: ≤ 64 registers per thread
+static_assert(kDecodeGroups * kDecodeRows == kKMax && kDecodeWarps * 32 == kDecodeGroups * kDecodeLanes,
+              "the row groups times the rows per thread cover kKMax, and the warps the row groups");
 
-// Four columns j…j+3 of one row of S (zeros past V). `vec`: V % 4 == 0 and S 16-byte aligned, so
+// Four columns j…j+3 of one row of S (zeros past V). `Vec`: V % 4 == 0 and S 16-byte aligned, so
 // the four are one aligned float4 (every row starts at a multiple of 4 floats) and lie wholly
-// inside or outside.
-__device__ __forceinline__ float4 load_cols(const float* row, int j, int V, bool vec) {
-  if (vec) return j < V ? __ldcs(reinterpret_cast<const float4*>(row + j)) : make_float4(0, 0, 0, 0);
+// inside or outside. A template argument: the scalar form's predicated loads, unrolled over the
+// rows beside the vector form, doubled the step's instructions.
+template <bool Vec>
+__device__ __forceinline__ float4 load_cols(const float* row, int j, int V) {
+  if (Vec) return j < V ? __ldcs(reinterpret_cast<const float4*>(row + j)) : make_float4(0, 0, 0, 0);
   return make_float4(j < V ? row[j] : 0.0f, j + 1 < V ? row[j + 1] : 0.0f, j + 2 < V ? row[j + 2] : 0.0f,
                      j + 3 < V ? row[j + 3] : 0.0f);
 }
-__device__ __forceinline__ void store_cols(float* row, int j, int V, bool vec, float4 x) {
-  if (vec) {
+template <bool Vec>
+__device__ __forceinline__ void store_cols(float* row, int j, int V, float4 x) {
+  if (Vec) {
     if (j < V) __stcs(reinterpret_cast<float4*>(row + j), x);
     return;
   }
@@ -425,23 +434,23 @@ __device__ __forceinline__ void store_cols(float* row, int j, int V, bool vec, f
   if (j + 2 < V) row[j + 2] = x.z;
   if (j + 3 < V) row[j + 3] = x.w;
 }
-// Sum over the warp's 4 row groups (lanes 8 and 16 apart), then over the block's warps: every
+// Sum over the warp's row groups (lanes kDecodeLanes apart), then over the block's warps: every
 // thread gets the totals of its 4 columns. `red` holds one float4 per (warp, column lane).
-template <int W>
-__device__ __forceinline__ float4 column_sums(float4 x, float4 (*red)[8], int warp, int lane) {
+__device__ __forceinline__ float4 column_sums(float4 x, float4 (*red)[kDecodeLanes], int warp, int lane) {
 #pragma unroll
-  for (int m = 8; m <= 16; m *= 2) {
+  for (int m = kDecodeLanes; m < 32; m *= 2) {
     x.x += __shfl_xor_sync(0xffffffffu, x.x, m);
     x.y += __shfl_xor_sync(0xffffffffu, x.y, m);
     x.z += __shfl_xor_sync(0xffffffffu, x.z, m);
     x.w += __shfl_xor_sync(0xffffffffu, x.w, m);
   }
-  if (lane < 8) red[warp][lane] = x;
+  const int c = lane % kDecodeLanes;
+  if (lane < kDecodeLanes) red[warp][c] = x;
   __syncthreads();
-  float4 t = red[0][lane & 7];
-#pragma unroll
-  for (int w = 1; w < W; ++w) {
-    const float4 y = red[w][lane & 7];
+  float4 t = red[0][c];
+#pragma unroll 3  // unrolled whole, the eight loads in flight beside S's 32 registers spill
+  for (int w = 1; w < kDecodeWarps; ++w) {
+    const float4 y = red[w][c];
     t.x += y.x, t.y += y.y, t.z += y.z, t.w += y.w;
   }
   return t;
@@ -453,35 +462,42 @@ __device__ __forceinline__ float sigmoid_of(float x) {
   const float e = __expf(x);
   return e / (1.0f + e);
 }
-__device__ __forceinline__ float gate_of(const Dev& p, float x, int hv, int64_t c) {
-  const float a = __expf(p.A_log[hv]), u = x + p.dt_bias[c];
+// The gate's log-decay from its pre-activation x, given A_log and dt_bias for this channel.
+__device__ __forceinline__ float gate_of(const Dev& p, float x, float A_log, float dt_bias) {
+  const float a = __expf(A_log), u = x + dt_bias;
   if (p.gate == 1) return -a * (fmaxf(u, 0.0f) + log1pf(__expf(-fabsf(u))));  // −a · softplus(u)
   return p.lower_bound * sigmoid_of(a * u);
 }
 
 // Stages q (scaled), k and the decay multipliers a = exp(g) of token r, head h / value head hv in
-// shared memory. Fused: from the layer's raw activations (Dev::l2norm, gate), q and k normalised.
+// shared memory, zeros past K (so the rows past K, zero in S, need no guard but at the store).
+// Fused: from the layer's raw activations (Dev::l2norm, gate), q and k normalised.
 template <class T, bool Fused>
-__device__ __forceinline__ void stage_decode(const Dev& p, int64_t r, int h, int hv, float* sq, float* sk, float* sa,
-                                             int warp, int lane) {
+__device__ __forceinline__ void stage_decode(const Dev& p, int64_t r, int h, int hv, int j0, float* sq, float* sk,
+                                             float* sa, float* sv, int warp, int lane) {
+  static_assert(kDecodeWarps * 32 > kKMax + kDecodeCols, "a thread per row of S, per value column and for β");
   const int K = p.K;
+  // v's columns of this tile, by the threads past the rows, with q and k: loaded after the first
+  // column sum they put one more memory round trip on every block's path (1–2 % at N 64).
+  if (const int c = int(threadIdx.x) - kKMax; c >= 0 && c < kDecodeCols)
+    sv[c] = j0 + c < p.V ? to_f32(static_cast<const T*>(p.v)[(r * p.HV + hv) * p.V + j0 + c]) : 0.0f;
   float nq = 0.0f, nk = 0.0f;  // ‖q‖², ‖k‖²
-  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+  if (const int i = threadIdx.x; i >= K && i < kKMax) sq[i] = sk[i] = sa[i] = 0.0f;
+  if (const int i = threadIdx.x; i < K) {
     const float qi = to_f32(static_cast<const T*>(p.q)[(r * p.H + h) * K + i]);
     const float ki = to_f32(static_cast<const T*>(p.k)[(r * p.H + h) * K + i]);
+    const int64_t gi = p.decay == 1 ? r * p.HV + hv : (r * p.HV + hv) * K + i;
+    const float x = p.decay ? p.g[gi] : 0.0f;
+    const bool gate = Fused && p.decay && p.gate;
+    const float A_log = gate ? p.A_log[hv] : 0.0f, dt_bias = gate ? p.dt_bias[p.decay == 1 ? hv : hv * K + i] : 0.0f;
     sq[i] = qi * p.scale;
     sk[i] = ki;
-    float a = 1.0f;
-    if (p.decay) {
-      const int64_t gi = p.decay == 1 ? r * p.HV + hv : (r * p.HV + hv) * K + i;
-      a = __expf(Fused && p.gate ? gate_of(p, p.g[gi], hv, p.decay == 1 ? hv : hv * K + i) : p.g[gi]);
-    }
-    sa[i] = a;
+    sa[i] = p.decay ? __expf(gate ? gate_of(p, x, A_log, dt_bias) : x) : 1.0f;
     if (Fused) nq += qi * qi, nk += ki * ki;
   }
-  if (Fused && threadIdx.x == 0) {  // β's logit through σ, into sa[kKMax] (the plain kernel reads β itself)
+  if (threadIdx.x == kKMax + kDecodeCols) {  // β (fused: its logit through σ) into sa[kKMax]
     const float b = p.delta_write ? p.beta[r * p.HV + hv] : 1.0f;
-    sa[kKMax] = p.delta_write && p.beta_logit ? sigmoid_of(b) : b;
+    sa[kKMax] = Fused && p.delta_write && p.beta_logit ? sigmoid_of(b) : b;
   }
   if (Fused && p.l2norm) {  // q/‖q‖, k/‖k‖ in place: each thread rescales the elements it staged
     __shared__ float2 norms[kDecodeWarps];
@@ -492,7 +508,7 @@ __device__ __forceinline__ void stage_decode(const Dev& p, int64_t r, int h, int
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) nq += norms[w].x, nk += norms[w].y;
     const float rq = rsqrtf(nq + p.l2_eps), rk = rsqrtf(nk + p.l2_eps);
-    for (int i = threadIdx.x; i < K; i += blockDim.x) sq[i] *= rq, sk[i] *= rk;
+    if (const int i = threadIdx.x; i < K) sq[i] *= rq, sk[i] *= rk;
   }
   __syncthreads();
 }
@@ -500,18 +516,24 @@ __device__ __forceinline__ void stage_decode(const Dev& p, int64_t r, int h, int
 // Fused (the layer's activations in the kernel): staged before the state is loaded, whose 32
 // registers would otherwise be live through the gate's arithmetic and spill; plain: the state's
 // loads are issued first, so that they are in flight while q, k and the decays are staged.
-template <class T, bool Fused>
+template <class T, bool Fused, bool Vec>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_kernel(Dev p) {
-  constexpr int G = kDecodeWarps * 4;  // row groups
+  constexpr int G = kDecodeGroups;
   const int K = p.K, V = p.V;
   __shared__ float sq[kKMax], sk[kKMax], sa[kKMax + 1];
-  __shared__ float4 red_u[kDecodeWarps][8], red_o[kDecodeWarps][8];
+  __shared__ __align__(16) float sv[kDecodeCols];
+  __shared__ float4 red_u[kDecodeWarps][kDecodeLanes], red_o[kDecodeWarps][kDecodeLanes];
   // A head's column tiles are consecutive blocks, so the blocks running at one time read whole
-  // stretches of the state (each tile alone touches a quarter of every 512-byte row).
-  const int tiles = (p.V + 31) / 32, nh = blockIdx.x / tiles, tile = blockIdx.x % tiles;
+  // stretches of the state (each tile alone touches half of every 512-byte row).
+  const int tiles = (p.V + kDecodeCols - 1) / kDecodeCols, nh = blockIdx.x / tiles, tile = blockIdx.x % tiles;
   const int n = nh / p.HV, hv = nh % p.HV, h = hv / p.group;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, rg = warp * 4 + lane / 8;
-  const int j = tile * 32 + 4 * (lane & 7);  // the first of this thread's 4 columns
+  constexpr int kRowsPerWarp = 32 / kDecodeLanes;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, rg = warp * kRowsPerWarp + lane / kDecodeLanes;
+  const int j = tile * kDecodeCols + 4 * (lane % kDecodeLanes);  // the first of this thread's 4 columns
+  // A programmatic dependent launch may start before the previous grid ends: nothing it wrote is
+  // read before this. The next step's launch may begin at once (it waits here in turn).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int64_t r = p.row0 ? p.row0[n] : n;  // this sequence's token row
   // Where the state is read and written: one [N, HV, K, V] array each, or each sequence's own.
   const float* src = p.h0;
@@ -522,15 +544,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_
     src = dst;
     soff = int64_t(hv) * K * V + int64_t(rg) * V;
   }
-  const bool vec = (V & 3) == 0 && ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
-  if (Fused) stage_decode<T, true>(p, r, h, hv, sq, sk, sa, warp, lane);
+  if (Fused) stage_decode<T, true>(p, r, h, hv, tile * kDecodeCols, sq, sk, sa, sv, warp, lane);
   float4 S[kDecodeRows];
 #pragma unroll
   for (int rr = 0; rr < kDecodeRows; ++rr) {
     const int i = rg + G * rr;
-    S[rr] = src && i < K ? load_cols(src + soff + G * V * rr, j, V, vec) : make_float4(0, 0, 0, 0);
+    S[rr] = src && i < K ? load_cols<Vec>(src + soff + G * V * rr, j, V) : make_float4(0, 0, 0, 0);
   }
-  if (!Fused) stage_decode<T, false>(p, r, h, hv, sq, sk, sa, warp, lane);
+  if (!Fused) stage_decode<T, false>(p, r, h, hv, tile * kDecodeCols, sq, sk, sa, sv, warp, lane);
   // Volatile reads keep q, k and a in shared memory: hoisted into registers ahead of their use
   // they would take as many registers as S and halve the blocks in flight.
   const volatile float* vq = sq;
@@ -540,20 +561,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_
 #pragma unroll
   for (int rr = 0; rr < kDecodeRows; ++rr) {
     const int i = rg + G * rr;
-    if (i < K) {
-      const float a = va[i], kk = vk[i];
-      S[rr].x *= a, S[rr].y *= a, S[rr].z *= a, S[rr].w *= a;
-      axpy4(u, kk, S[rr]);
-    }
+    const float a = va[i], kk = vk[i];
+    S[rr].x *= a, S[rr].y *= a, S[rr].z *= a, S[rr].w *= a;
+    axpy4(u, kk, S[rr]);
   }
-  u = column_sums<kDecodeWarps>(u, red_u, warp, lane);
+  u = column_sums(u, red_u, warp, lane);
   float4 d;  // the write's value: β (v − u) for the delta rule, v for the additive one
   {
-    const T* vr = static_cast<const T*>(p.v) + (r * p.HV + hv) * V;
-    const float beta = Fused ? sa[kKMax] : p.delta_write ? p.beta[r * p.HV + hv] : 1.0f;
-    float vj[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) vj[e] = j + e < V ? to_f32(vr[j + e]) : 0.0f;
+    const float beta = sa[kKMax];
+    const float4 vj4 = reinterpret_cast<const float4*>(sv)[lane % kDecodeLanes];
+    const float vj[4] = {vj4.x, vj4.y, vj4.z, vj4.w};
     d = p.delta_write ? make_float4(beta * (vj[0] - u.x), beta * (vj[1] - u.y), beta * (vj[2] - u.z), beta * (vj[3] - u.w))
                       : make_float4(vj[0], vj[1], vj[2], vj[3]);
   }
@@ -565,11 +582,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeBlocksPerSM) decode_
       const float kk = vk[i], qq = vq[i];
       axpy4(S[rr], kk, d);
       axpy4(o, qq, S[rr]);
-      if (dst) store_cols(dst + soff + G * V * rr, j, V, vec, S[rr]);
+      if (dst) store_cols<Vec>(dst + soff + G * V * rr, j, V, S[rr]);
     }
   }
-  o = column_sums<kDecodeWarps>(o, red_o, warp, lane);
-  if (threadIdx.x < 8) {
+  o = column_sums(o, red_o, warp, lane);
+  if (threadIdx.x < kDecodeLanes) {
     const int64_t oi = (r * p.HV + hv) * V;
     const float oj[4] = {o.x, o.y, o.z, o.w};
 #pragma unroll
@@ -714,15 +731,22 @@ void forward(const DeviceArgs& a) {
     return cuda::chunked_forward(a);
   const Dev d = to_dev(a);
   if (a.max_len == 1) {  // every sequence one token: the decode step
-    const int64_t nblocks = a.N * a.HV * ((a.V + 31) / 32);
+    const int64_t nblocks = a.N * a.HV * ((a.V + kDecodeCols - 1) / kDecodeCols);
     if (!nblocks) return;
     if (nblocks > INT32_MAX) throw error("delta", "the decode step takes at most 2^31 - 1 blocks, got ", nblocks);
     const unsigned blocks = unsigned(nblocks);
     const bool fused = a.prologue.active();
-    auto* kernel = a.io == DType::BF16 ? (fused ? decode_kernel<__nv_bfloat16, true> : decode_kernel<__nv_bfloat16, false>)
-                                       : (fused ? decode_kernel<float, true> : decode_kernel<float, false>);
-    kernel<<<blocks, kDecodeWarps * 32, 0, device::stream()>>>(d);
-    K3_CUDA_LAUNCHED();
+    // Whole float4s of S where V % 4 == 0 and the states are 16-byte aligned (per-sequence states
+    // are by contract: DeviceArgs::states).
+    const bool vec = a.V % 4 == 0 && (reinterpret_cast<uintptr_t>(a.h0) | reinterpret_cast<uintptr_t>(a.ht)) % 16 == 0;
+    using Kernel = void (*)(Dev);
+    static constexpr Kernel kernels[2][2][2] = {
+        {{decode_kernel<float, false, false>, decode_kernel<float, false, true>},
+         {decode_kernel<float, true, false>, decode_kernel<float, true, true>}},
+        {{decode_kernel<__nv_bfloat16, false, false>, decode_kernel<__nv_bfloat16, false, true>},
+         {decode_kernel<__nv_bfloat16, true, false>, decode_kernel<__nv_bfloat16, true, true>}}};
+    const Kernel kernel = kernels[a.io == DType::BF16][fused][vec];
+    device::launch_dependent(kernel, blocks, kDecodeWarps * 32, d);
     return;
   }
   const dim3 blocks(unsigned(a.N * a.HV), unsigned((a.V + kVMax - 1) / kVMax));

@@ -76,6 +76,7 @@ struct DeviceArgs {
   float* ht = nullptr;                      // [N, HV, K, V] or null (may equal h0: in-place decode)
   // Decode step only (max_len 1): N device pointers, each to one sequence's [HV, K, V] state,
   // read and written in place (h0 and ht unused); with row0 null, sequence n's token is row n.
+  // Each 16-byte aligned where V % 4 == 0 (device allocations are 256-byte aligned).
   float* const* states = nullptr;
   // Decode step only: the layer's activations in the kernel, so that a delta layer's step is one
   // launch after its projections and convolutions. Off by default (q, k, β and g as given).

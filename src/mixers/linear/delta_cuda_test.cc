@@ -314,12 +314,12 @@ INSTANTIATE_TEST_SUITE_P(Kernels, DeltaCudaChunked,
 // written to a second buffer (h0 left as it was), not written (ht null), bf16 q/k/v/o, and a
 // state 4 bytes off 16-byte alignment (the kernel's scalar path), and each sequence's state in its
 // own allocation, read and written in place through a pointer array (the model's decode; token
-// rows implied by row0 null); K = V = 128 (whole-line loads) and K 64 / V 37 (the scalar path's
-// shape).
+// rows implied by row0 null); K = V = 128 (whole-line loads), K 64 / V 37 (the scalar path's
+// shape) and K 32 / V 100 (vector loads with a partial second column tile).
 TEST(DeltaCudaDecode, EveryModeMatchesCpu) {
   for (const Variant& var : kVariants) {
     if (var.normalize == Normalize::On) continue;  // the normaliser is the host wrapper's extra column
-    for (const auto& [K, V] : {std::pair<int64_t, int64_t>{128, 128}, {64, 37}}) {
+    for (const auto& [K, V] : {std::pair<int64_t, int64_t>{128, 128}, {64, 37}, {32, 100}}) {
       const int64_t N = 5, H = 2, HV = 4, n_state = N * HV * K * V;
       DeltaInputs in = random_inputs(var, 1, N, H, HV, K, V, N, 31);
       in.cu_seqlens = {0, 1, 2, 3, 4, 5};
@@ -400,7 +400,8 @@ TEST(DeltaCudaDecode, EveryModeMatchesCpu) {
 // definitions: q/‖q‖ and k/‖k‖ in double precision (eps 1e-6 inside the root), β = σ(logit), and
 // g by ops/gates.h's softplus and lower-bound gate forms (the fixture-tested CPU gates). DeltaNet,
 // Gated DeltaNet (scalar softplus gate, dt_bias per head) and KDA in both gate forms; grouped
-// value heads; K = V = 128 and K 64 / V 37; each sequence's state in its own buffer, in place.
+// value heads; K = V = 128, K 64 / V 37 and K 32 / V 100; each sequence's state in its own buffer,
+// in place.
 TEST(DeltaCudaDecode, FusedActivationsMatchCpu) {
   struct Case {
     Variant var;
@@ -411,7 +412,7 @@ TEST(DeltaCudaDecode, FusedActivationsMatchCpu) {
                         {kVariants[4], cuda::GateInput::Softplus},
                         {kVariants[4], cuda::GateInput::LowerBound}};
   for (const Case& c : cases) {
-    for (const auto& [K, V] : {std::pair<int64_t, int64_t>{128, 128}, {64, 37}}) {
+    for (const auto& [K, V] : {std::pair<int64_t, int64_t>{128, 128}, {64, 37}, {32, 100}}) {
       const int64_t N = 5, H = 2, HV = 4, SS = HV * K * V;
       Rng rng(77);
       DeltaInputs in = random_inputs(c.var, 1, N, H, HV, K, V, N, 41);
