@@ -44,7 +44,7 @@ struct KernelArgs {
 };
 
 // The sections of the report besides the ceilings, which always run (every ratio needs them).
-const std::vector<std::string> kKernelSections = {"prefill", "decode", "attention", "mla", "small-gemm", "gpt2"};
+const std::vector<std::string> kKernelSections = {"prefill", "varlen", "decode", "attention", "mla", "small-gemm", "gpt2"};
 
 // The command has no CPU form: its errors say what it needs and where the CPU benchmarks are (the
 // shared require_cuda message would point at a --device option this command does not have).
@@ -266,6 +266,59 @@ void run_kernels(const KernelArgs& args) {
                   bms);
         }
       }
+
+  // A packed batch of unequal sequences (serving's prefill, training on documents): 16 sequences
+  // of 64…1024 tokens, 8,704 in all, H 16, the chunked forward and forward + backward.
+  // fla_bench.py --varlen times chunk_kda & co. on the same lengths through cu_seqlens.
+  for (const Var& var : vars) {
+    if (!section("varlen")) break;
+    const int64_t H = 16, N = 16;
+    std::vector<int64_t> r0, ln;
+    int64_t rows = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      r0.push_back(rows);
+      ln.push_back(64 * (1 + (7 * i) % 16));
+      rows += ln.back();
+    }
+    device::Buffer q = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
+    device::Buffer k = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
+    device::Buffer v = random_values(rng, rows * H * V, -1, 1, device::Storage::BF16);
+    device::Buffer beta = random_values(rng, rows * H, 0, 1, device::Storage::F32);
+    const int64_t gn = var.d == linear::Decay::PerChannel ? rows * H * K : rows * H;
+    device::Buffer g = var.d == linear::Decay::None ? device::Buffer() : random_values(rng, gn, -5, 0, device::Storage::F32);
+    device::Buffer row0 = device::upload_new(r0.data(), r0.size() * 8), len = device::upload_new(ln.data(), ln.size() * 8);
+    device::Buffer o(size_t(rows * H * V) * 2), ht(size_t(N * H * K * V) * 4);
+    linear::cuda::DeviceArgs da;
+    da.N = N, da.H = H, da.HV = H, da.K = K, da.V = V, da.write = var.w, da.decay = var.d, da.io = DType::BF16;
+    da.row0 = row0.as<int64_t>(), da.len = len.as<int64_t>(), da.max_len = 1024;
+    da.q = q.get(), da.k = k.get(), da.v = v.get(), da.beta = beta.as<float>(), da.g = g.as<float>();
+    da.o = o.get(), da.ht = ht.as<float>();
+    const double ms = median_ms(std::max(3, args.reps / 4), [&] { linear::cuda::forward(da); });
+    const std::string key = std::string(var.name) + "_varlen_fwd_H16";
+    rep.add(key + "_ms",
+            {std::string(var.name) + " chunked fwd, 16 packed seqs of 64-1024 (8704 tok) H16",
+             fmt2("%.3f ms %.2fM tok/s", ms, double(rows) / (ms * 1e-3) / 1e6), "-", anchor_of(key, ms, 0.0, "")},
+            ms);
+    device::Buffer dq = device::zeros_f32(rows * H * K), dk = device::zeros_f32(rows * H * K),
+                   dv = device::zeros_f32(rows * H * V), db = device::zeros_f32(rows * H),
+                   dg = device::zeros_f32(std::max<int64_t>(gn, 1)), dh0 = device::zeros_f32(N * H * K * V);
+    device::Buffer d_o = random_values(rng, rows * H * V, -1, 1, device::Storage::BF16);
+    linear::cuda::DeviceGrads gr;
+    gr.d_o = d_o.get(), gr.dq = dq.as<float>(), gr.dk = dk.as<float>(), gr.dv = dv.as<float>();
+    gr.dbeta = db.as<float>(), gr.dg = dg.as<float>(), gr.dh0 = dh0.as<float>(), gr.longest = 1024;
+    linear::cuda::ForwardScratch keep;
+    da.keep = &keep;
+    const double bms = median_ms(3, [&] {
+      linear::cuda::forward(da);
+      linear::cuda::backward(da, gr);
+    });
+    da.keep = nullptr;
+    const std::string bkey = std::string(var.name) + "_varlen_fwdbwd_H16";
+    rep.add(bkey + "_ms",
+            {std::string(var.name) + " chunked fwd+bwd, the same packed batch", fmt("%.3f ms", bms), "-",
+             anchor_of(bkey, bms, 0.0, "")},
+            bms);
+  }
 
   // Decode: one token per sequence, state read and written in place (fp32).
   for (const Var& var : vars)

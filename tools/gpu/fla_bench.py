@@ -2,8 +2,9 @@
 """Times flash-linear-attention's kernels on the shapes `k3 bench kernels` times, in the same
 session on the same GPU, and writes {key: milliseconds} JSON for `k3 bench kernels --versus`.
 fla is installed from its PyPI wheels (flash-linear-attention, fla-core) beside k3, not vendored.
-Usage: fla_bench.py OUT.json [--seq-len 8192 32768] [--heads 16] [--decode-batch 64 256]"""
+Usage: fla_bench.py OUT.json [--seq-len 8192 32768] [--heads 16] [--decode-batch 64 256] [--varlen] [--no-sdpa]"""
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -19,6 +20,9 @@ p.add_argument("--kinds", nargs="*", default=["kda", "deltanet"],
 p.add_argument("--heads", type=int, nargs="+", default=[16])
 p.add_argument("--decode-batch", type=int, nargs="+", default=[64, 256])
 p.add_argument("--no-backward", action="store_true", help="skip fwd+bwd (its first-call autotune takes minutes)")
+p.add_argument("--varlen", action="store_true",
+               help="also a packed batch (cu_seqlens) of 16 sequences of 64..1024 tokens, H 16, as `bench kernels --only varlen`")
+p.add_argument("--no-sdpa", action="store_true", help="skip PyTorch's SDPA figures")
 args = p.parse_args()
 
 if args.kinds:  # `--kinds` with no kind times PyTorch's figures alone (no fla needed)
@@ -104,7 +108,7 @@ def time_backends(what, fn):
         record(f"sdpa_{what}", best)
 
 
-for T in args.seq_len:
+for T in ([] if args.no_sdpa else args.seq_len):
     for hd, hdv, suffix in ((128, 128, ""), (192, 128, "_hd192"), (64, 64, "_hd64")):
         q = torch.randn(1, 16, T, hd, device=dev, dtype=bf)
         k_ = torch.randn_like(q)
@@ -121,15 +125,19 @@ for T in args.seq_len:
             q, k_, v_, is_causal=True).backward(dout))
 
 # GPT-2 124M's training shape: B 8, T 1024, 12 heads of 64.
-q = torch.randn(8, 12, 1024, 64, device=dev, dtype=bf)
-k_ = torch.randn_like(q)
-v_ = torch.randn_like(q)
-time_backends("fwd_gpt2", lambda: torch.nn.functional.scaled_dot_product_attention(q, k_, v_, is_causal=True))
-dout = torch.randn_like(v_)
-for t_ in (q, k_, v_):
-    t_.requires_grad_(True)
-time_backends("fwdbwd_gpt2", lambda: torch.nn.functional.scaled_dot_product_attention(
-    q, k_, v_, is_causal=True).backward(dout))
+if not args.no_sdpa:
+    q = torch.randn(8, 12, 1024, 64, device=dev, dtype=bf)
+    k_ = torch.randn_like(q)
+    v_ = torch.randn_like(q)
+    time_backends("fwd_gpt2", lambda: torch.nn.functional.scaled_dot_product_attention(q, k_, v_, is_causal=True))
+    dout = torch.randn_like(v_)
+    for t_ in (q, k_, v_):
+        t_.requires_grad_(True)
+    time_backends("fwdbwd_gpt2", lambda: torch.nn.functional.scaled_dot_product_attention(
+        q, k_, v_, is_causal=True).backward(dout))
+
+# The packed batch of `bench kernels --only varlen`: lengths 64·(1 + 7i mod 16), i < 16.
+VARLEN = [64 * (1 + (7 * i) % 16) for i in range(16)]
 
 for kind in args.kinds:
     for H in args.heads:
@@ -151,6 +159,19 @@ for kind in args.kinds:
                     record(f"{kind}_fwdbwd_T{T}_H{H}", ms(fb))
             except Exception as e:  # report, keep going
                 print(f"{key}: {type(e).__name__}: {e}", file=sys.stderr)
+    if args.varlen:
+        key = f"{kind}_varlen_fwd_H16"
+        try:
+            q, k, v, beta, g = inputs(1, sum(VARLEN), 16, kind)
+            cu = torch.tensor([0] + list(itertools.accumulate(VARLEN)), device=dev, dtype=torch.long)
+            record(key, ms(lambda: chunk(kind, q, k, v, beta, g, cu_seqlens=cu)))
+            if not args.no_backward:
+                for t in [q, k, v, beta] + ([g] if g is not None else []):
+                    t.requires_grad_(True)
+                do = torch.randn_like(v)
+                record(f"{kind}_varlen_fwdbwd_H16", ms(lambda: chunk(kind, q, k, v, beta, g, cu_seqlens=cu)[0].backward(do)))
+        except Exception as e:
+            print(f"{key}: {type(e).__name__}: {e}", file=sys.stderr)
     for N in args.decode_batch:
         key = f"{kind}_decode_N{N}_ms"
         try:
