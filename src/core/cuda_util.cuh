@@ -41,7 +41,11 @@ void launch_dependent(void (*kernel)(P...), unsigned blocks, unsigned threads, A
   attr.val.programmaticStreamSerializationAllowed = 1;
   c.attrs = &attr;
   c.numAttrs = 1;
-  K3_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...));
+  const cudaError_t e = cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not left pending for the next launch's check to blame
+    cuda_fail(e, "cudaLaunchKernelEx", __FILE__, __LINE__);
+  }
 }
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }

@@ -1,5 +1,6 @@
 // Device memories and the cached forward paths of mixers_cuda.h.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "core/device.h"
@@ -324,7 +325,12 @@ Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, cons
            "delta_rule: inputs do not fit B=", s.B, " T=", s.T, " H=", s.H, " HV=", s.HV, " K=", s.K, " V=", s.V);
   const int64_t SS = s.HV * s.K * s.V;
   std::vector<float*> states(static_cast<size_t>(s.B));
-  for (int64_t b = 0; b < s.B; ++b) states[size_t(b)] = device_memory<DeviceState>(memories[b], "delta_rule")->state();
+  for (int64_t b = 0; b < s.B; ++b) {
+    states[size_t(b)] = device_memory<DeviceState>(memories[b], "delta_rule")->state();
+    // The decode kernel reads each state as float4s (linear::cuda::DeviceArgs::states).
+    K3_CHECK(reinterpret_cast<uintptr_t>(states[size_t(b)]) % 16 == 0, "delta_rule: sequence ", b,
+             "'s state is not 16-byte aligned");
+  }
   const device::Buffer d_states =
       device::upload_new(states.data(), states.size() * sizeof(float*), device::Refresh::Constant);
   Tensor o = dev_empty({s.B * s.T, s.HV * s.V});

@@ -315,11 +315,12 @@ INSTANTIATE_TEST_SUITE_P(Kernels, DeltaCudaChunked,
 // state 4 bytes off 16-byte alignment (the kernel's scalar path), and each sequence's state in its
 // own allocation, read and written in place through a pointer array (the model's decode; token
 // rows implied by row0 null); K = V = 128 (whole-line loads), K 64 / V 37 (the scalar path's
-// shape) and K 32 / V 100 (vector loads with a partial second column tile).
+// shape), K 32 / V 100 (vector loads with a partial second column tile) and K 100 / V 48 (vector
+// loads narrower than one tile, rows not a multiple of the 16 row groups).
 TEST(DeltaCudaDecode, EveryModeMatchesCpu) {
   for (const Variant& var : kVariants) {
     if (var.normalize == Normalize::On) continue;  // the normaliser is the host wrapper's extra column
-    for (const auto& [K, V] : {std::pair<int64_t, int64_t>{128, 128}, {64, 37}, {32, 100}}) {
+    for (const auto& [K, V] : {std::pair<int64_t, int64_t>{128, 128}, {64, 37}, {32, 100}, {100, 48}}) {
       const int64_t N = 5, H = 2, HV = 4, n_state = N * HV * K * V;
       DeltaInputs in = random_inputs(var, 1, N, H, HV, K, V, N, 31);
       in.cu_seqlens = {0, 1, 2, 3, 4, 5};
@@ -391,6 +392,52 @@ TEST(DeltaCudaDecode, EveryModeMatchesCpu) {
           EXPECT_EQ(state[0], 0.0f) << label << ": wrote before the state";
         }
       }
+    }
+  }
+}
+
+// Three decode steps launched back to back on one state (each kernel follows the one that wrote
+// the state it reads: the programmatic dependent launch's wait is what orders them), every token
+// row list uploaded before the first, against the CPU recurrence over the three-token sequences:
+// every step's outputs and the final state. KDA and DeltaNet; K = V = 128 and K 100 / V 48.
+TEST(DeltaCudaDecode, StepsBackToBackMatchTheCpu) {
+  for (const Variant& var : {kVariants[4], kVariants[2]}) {
+    for (const auto& [K, V] : {std::pair<int64_t, int64_t>{128, 128}, {100, 48}}) {
+      const int64_t N = 6, T = 3, H = 2, HV = 4;
+      DeltaInputs in = random_inputs(var, 1, N * T, H, HV, K, V, N, 53);
+      in.cu_seqlens.clear();
+      for (int64_t n = 0; n <= N; ++n) in.cu_seqlens.push_back(n * T);
+      const DeltaOutputs want = delta_forward(in, testing::options(var), Impl::Recurrent);
+      auto put = [](const Tensor& t) {
+        return t.defined() ? device::upload_values(t.f32(), t.numel(), device::Storage::F32) : device::Buffer();
+      };
+      device::Buffer q = put(in.q), k = put(in.k), v = put(in.v), beta = put(in.beta), g = put(in.g);
+      device::Buffer S = put(in.h0), o(size_t(N * T * HV * V) * 4);
+      std::vector<device::Buffer> rows;
+      const std::vector<int64_t> ln(static_cast<size_t>(N), 1);
+      device::Buffer len = device::upload_new(ln.data(), ln.size() * 8);
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int64_t> r0;
+        for (int64_t n = 0; n < N; ++n) r0.push_back(n * T + t);
+        rows.push_back(device::upload_new(r0.data(), r0.size() * 8));
+      }
+      cuda::DeviceArgs a;
+      a.N = N, a.H = H, a.HV = HV, a.K = K, a.V = V, a.write = var.write, a.decay = var.decay;
+      a.io = DType::F32, a.o_dtype = DType::F32;
+      a.len = len.as<int64_t>(), a.max_len = 1;
+      a.q = q.get(), a.k = k.get(), a.v = v.get(), a.beta = beta.as<float>(), a.g = g.as<float>();
+      a.h0 = a.ht = S.as<float>();
+      a.o = o.get();
+      for (int64_t t = 0; t < T; ++t) {
+        a.row0 = rows[size_t(t)].as<int64_t>();
+        cuda::forward(a);
+      }
+      const std::string label = std::string(var.name) + " K " + std::to_string(K) + " V " + std::to_string(V);
+      Tensor go = Tensor::empty(want.o.shape()), ght = Tensor::empty(want.ht.shape());
+      device::download_values(go.f32(), o, go.numel(), device::Storage::F32);
+      device::download_values(ght.f32(), S, ght.numel(), device::Storage::F32);
+      expect_close(go, want.o, 1e-4, label + " o");
+      expect_close(ght, want.ht, 1e-4, label + " ht");
     }
   }
 }
