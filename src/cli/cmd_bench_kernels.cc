@@ -184,24 +184,49 @@ void run_kernels(const KernelArgs& args) {
                       {"gdn", linear::Write::Delta, linear::Decay::Scalar, 0.0},
                       {"deltanet", linear::Write::Delta, linear::Decay::None, 0.0}};
   const int64_t K = 128, V = 128;
+  // A prefill problem over packed sequences of the given lengths: bf16 q/k/v, fp32 β and decays,
+  // and the DeviceArgs pointing at them; with_grads adds the backward's arrays (zeroed) and dO.
+  struct DeltaProblem {
+    device::Buffer q, k, v, beta, g, row0, len, o, ht, d_o, dq, dk, dv, dbeta, dg, dh0;
+    linear::cuda::DeviceArgs da;
+    linear::cuda::DeviceGrads gr;
+    int64_t rows = 0;
+  };
+  auto delta_problem = [&](const Var& var, int64_t H, const std::vector<int64_t>& lens, bool with_grads) {
+    DeltaProblem p;
+    const int64_t N = int64_t(lens.size());
+    std::vector<int64_t> r0;
+    for (int64_t l : lens) r0.push_back(p.rows), p.rows += l;
+    const int64_t rows = p.rows, gn = var.d == linear::Decay::PerChannel ? rows * H * K : rows * H;
+    p.q = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
+    p.k = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
+    p.v = random_values(rng, rows * H * V, -1, 1, device::Storage::BF16);
+    p.beta = random_values(rng, rows * H, 0, 1, device::Storage::F32);
+    if (var.d != linear::Decay::None) p.g = random_values(rng, gn, -5, 0, device::Storage::F32);
+    p.row0 = device::upload_new(r0.data(), r0.size() * 8), p.len = device::upload_new(lens.data(), lens.size() * 8);
+    p.o = device::Buffer(size_t(rows * H * V) * 2), p.ht = device::Buffer(size_t(N * H * K * V) * 4);
+    linear::cuda::DeviceArgs& da = p.da;
+    da.N = N, da.H = H, da.HV = H, da.K = K, da.V = V, da.write = var.w, da.decay = var.d, da.io = DType::BF16;
+    da.row0 = p.row0.as<int64_t>(), da.len = p.len.as<int64_t>();
+    da.max_len = *std::max_element(lens.begin(), lens.end());
+    da.q = p.q.get(), da.k = p.k.get(), da.v = p.v.get(), da.beta = p.beta.as<float>(), da.g = p.g.as<float>();
+    da.o = p.o.get(), da.ht = p.ht.as<float>();
+    if (with_grads) {
+      p.dq = device::zeros_f32(rows * H * K), p.dk = device::zeros_f32(rows * H * K);
+      p.dv = device::zeros_f32(rows * H * V), p.dbeta = device::zeros_f32(rows * H);
+      p.dg = device::zeros_f32(std::max<int64_t>(gn, 1)), p.dh0 = device::zeros_f32(N * H * K * V);
+      p.d_o = random_values(rng, rows * H * V, -1, 1, device::Storage::BF16);
+      linear::cuda::DeviceGrads& gr = p.gr;
+      gr.d_o = p.d_o.get(), gr.dq = p.dq.as<float>(), gr.dk = p.dk.as<float>(), gr.dv = p.dv.as<float>();
+      gr.dbeta = p.dbeta.as<float>(), gr.dg = p.dg.as<float>(), gr.dh0 = p.dh0.as<float>(), gr.longest = da.max_len;
+    }
+    return p;
+  };
   for (const Var& var : vars)
     for (int64_t H : section("prefill") ? args.heads : none)
       for (int64_t T : args.seq_lens) {
-        const int64_t rows = T;
-        device::Buffer q = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
-        device::Buffer k = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
-        device::Buffer v = random_values(rng, rows * H * V, -1, 1, device::Storage::BF16);
-        device::Buffer beta = random_values(rng, rows * H, 0, 1, device::Storage::F32);
-        const int64_t gn = var.d == linear::Decay::PerChannel ? rows * H * K : rows * H;
-        device::Buffer g = var.d == linear::Decay::None ? device::Buffer() : random_values(rng, gn, -5, 0, device::Storage::F32);
-        const int64_t zero = 0;
-        device::Buffer row0 = device::upload_new(&zero, 8), len = device::upload_new(&T, 8);
-        device::Buffer o(size_t(rows * H * V) * 2), ht(size_t(H * K * V) * 4);
-        linear::cuda::DeviceArgs da;
-        da.N = 1, da.H = H, da.HV = H, da.K = K, da.V = V, da.write = var.w, da.decay = var.d, da.io = DType::BF16;
-        da.row0 = row0.as<int64_t>(), da.len = len.as<int64_t>();
-        da.q = q.get(), da.k = k.get(), da.v = v.get(), da.beta = beta.as<float>(), da.g = g.as<float>();
-        da.o = o.get(), da.ht = ht.as<float>();
+        DeltaProblem pb = delta_problem(var, H, {T}, T == args.seq_lens.front());
+        linear::cuda::DeviceArgs& da = pb.da;
         const std::string key = std::string(var.name) + "_fwd_T" + std::to_string(T) + "_H" + std::to_string(H);
         // Both forward forms; the chunked one is what prefill uses (Form::Auto: on the tensor
         // cores, TF32), fla's figure is its. The chunked SIMT kernels are timed beside it.
@@ -209,7 +234,6 @@ void run_kernels(const KernelArgs& args) {
           const bool chunked = which < 2, simt = which == 1;
           da.form = chunked ? linear::cuda::Form::Chunked : linear::cuda::Form::Recurrent;
           da.simt = simt;
-          da.max_len = T;
           const double ms = median_ms(std::max(3, args.reps / 4), [&] { linear::cuda::forward(da); });
           const double tps = double(T) / (ms * 1e-3);
           // Recurrent: decay+u, write, read, 3 multiply-adds per state element and token. Chunked
@@ -231,13 +255,7 @@ void run_kernels(const KernelArgs& args) {
         da.form = linear::cuda::Form::Auto;
         da.simt = false;
         if (T == args.seq_lens.front()) {
-          device::Buffer dq = device::zeros_f32(rows * H * K), dk = device::zeros_f32(rows * H * K),
-                         dv = device::zeros_f32(rows * H * V), db = device::zeros_f32(rows * H),
-                         dg = device::zeros_f32(std::max<int64_t>(gn, 1)), dh0 = device::zeros_f32(H * K * V);
-          device::Buffer d_o = random_values(rng, rows * H * V, -1, 1, device::Storage::BF16);
-          linear::cuda::DeviceGrads gr;
-          gr.d_o = d_o.get(), gr.dq = dq.as<float>(), gr.dk = dk.as<float>(), gr.dv = dv.as<float>();
-          gr.dbeta = db.as<float>(), gr.dg = dg.as<float>(), gr.dh0 = dh0.as<float>(), gr.longest = T;
+          const linear::cuda::DeviceGrads& gr = pb.gr;
           // As in training: the forward keeps its scratch for the backward where it fits the budget.
           linear::cuda::ForwardScratch keep;
           size_t kept = 0;
@@ -272,45 +290,21 @@ void run_kernels(const KernelArgs& args) {
   // fla_bench.py --varlen times chunk_kda & co. on the same lengths through cu_seqlens.
   for (const Var& var : vars) {
     if (!section("varlen")) break;
-    const int64_t H = 16, N = 16;
-    std::vector<int64_t> r0, ln;
-    int64_t rows = 0;
-    for (int64_t i = 0; i < N; ++i) {
-      r0.push_back(rows);
-      ln.push_back(64 * (1 + (7 * i) % 16));
-      rows += ln.back();
-    }
-    device::Buffer q = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
-    device::Buffer k = random_values(rng, rows * H * K, -0.09f, 0.09f, device::Storage::BF16);
-    device::Buffer v = random_values(rng, rows * H * V, -1, 1, device::Storage::BF16);
-    device::Buffer beta = random_values(rng, rows * H, 0, 1, device::Storage::F32);
-    const int64_t gn = var.d == linear::Decay::PerChannel ? rows * H * K : rows * H;
-    device::Buffer g = var.d == linear::Decay::None ? device::Buffer() : random_values(rng, gn, -5, 0, device::Storage::F32);
-    device::Buffer row0 = device::upload_new(r0.data(), r0.size() * 8), len = device::upload_new(ln.data(), ln.size() * 8);
-    device::Buffer o(size_t(rows * H * V) * 2), ht(size_t(N * H * K * V) * 4);
-    linear::cuda::DeviceArgs da;
-    da.N = N, da.H = H, da.HV = H, da.K = K, da.V = V, da.write = var.w, da.decay = var.d, da.io = DType::BF16;
-    da.row0 = row0.as<int64_t>(), da.len = len.as<int64_t>(), da.max_len = 1024;
-    da.q = q.get(), da.k = k.get(), da.v = v.get(), da.beta = beta.as<float>(), da.g = g.as<float>();
-    da.o = o.get(), da.ht = ht.as<float>();
+    std::vector<int64_t> lens;
+    for (int64_t i = 0; i < 16; ++i) lens.push_back(64 * (1 + (7 * i) % 16));
+    DeltaProblem pb = delta_problem(var, 16, lens, true);
+    linear::cuda::DeviceArgs& da = pb.da;
     const double ms = median_ms(std::max(3, args.reps / 4), [&] { linear::cuda::forward(da); });
     const std::string key = std::string(var.name) + "_varlen_fwd_H16";
     rep.add(key + "_ms",
             {std::string(var.name) + " chunked fwd, 16 packed seqs of 64-1024 (8704 tok) H16",
-             fmt2("%.3f ms %.2fM tok/s", ms, double(rows) / (ms * 1e-3) / 1e6), "-", anchor_of(key, ms, 0.0, "")},
+             fmt2("%.3f ms %.2fM tok/s", ms, double(pb.rows) / (ms * 1e-3) / 1e6), "-", anchor_of(key, ms, 0.0, "")},
             ms);
-    device::Buffer dq = device::zeros_f32(rows * H * K), dk = device::zeros_f32(rows * H * K),
-                   dv = device::zeros_f32(rows * H * V), db = device::zeros_f32(rows * H),
-                   dg = device::zeros_f32(std::max<int64_t>(gn, 1)), dh0 = device::zeros_f32(N * H * K * V);
-    device::Buffer d_o = random_values(rng, rows * H * V, -1, 1, device::Storage::BF16);
-    linear::cuda::DeviceGrads gr;
-    gr.d_o = d_o.get(), gr.dq = dq.as<float>(), gr.dk = dk.as<float>(), gr.dv = dv.as<float>();
-    gr.dbeta = db.as<float>(), gr.dg = dg.as<float>(), gr.dh0 = dh0.as<float>(), gr.longest = 1024;
     linear::cuda::ForwardScratch keep;
     da.keep = &keep;
     const double bms = median_ms(3, [&] {
       linear::cuda::forward(da);
-      linear::cuda::backward(da, gr);
+      linear::cuda::backward(da, pb.gr);
     });
     da.keep = nullptr;
     const std::string bkey = std::string(var.name) + "_varlen_fwdbwd_H16";
