@@ -971,11 +971,18 @@ struct RowLanes {
   }
 };
 
-// Copies a chunk's [kC, KS] slab into shared memory rows `ld` floats apart (cp.async).
-__device__ __forceinline__ void async_rows(float* dst, int ld, const float* src, int KS, int threads) {
-  const RowLanes w(KS / 4, threads);
+// Copies a chunk's [kC, cols] slab into shared memory rows `ld` floats apart (cp.async), both
+// addresses stepped by whole rows (a shared address and a pointer add each) rather than recomputed.
+__device__ __forceinline__ void async_rows(float* dst, int ld, const float* src, int cols, int threads) {
+  const RowLanes w(cols / 4, threads);
   if (!w.on) return;
-  for (int r = w.first; r < kC; r += w.step) device::cp_async16(dst + r * ld + 4 * w.c, src + r * KS + 4 * w.c);
+  unsigned d = device::smem_u32(dst + w.first * ld + 4 * w.c);
+  const float* s = src + w.first * cols + 4 * w.c;
+  const unsigned dstep = unsigned(w.step * ld) * sizeof(float);
+  const int sstep = w.step * cols;
+#pragma unroll 4
+  for (int r = w.first; r < kC; r += w.step, d += dstep, s += sstep)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(s));
 }
 // A [rows, cols] tile (columns c0…, zeros past V) of a [·, V] array into rows `ld` floats apart:
 // 16-byte copies when V is a multiple of 4, else one float at a time.
@@ -1033,6 +1040,15 @@ struct WarpState {
     if (!rows) return;
     float* base = dst + off + c0 + 2 * t4;
     const bool pairs = V % 2 == 0 && reinterpret_cast<uintptr_t>(base) % 8 == 0;
+    if (pairs && c0 + 8 * NT <= V) {  // the whole tile inside the state: no per-column checks
+#pragma unroll
+      for (int h = 0; h < NT; ++h)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<float2*>(base + int64_t(db + g + 8 * half) * V + 8 * h) =
+              make_float2(st[h][2 * half], st[h][2 * half + 1]);
+      return;
+    }
 #pragma unroll
     for (int h = 0; h < NT; ++h)
 #pragma unroll
@@ -1050,16 +1066,80 @@ struct WarpState {
   }
 };
 
+// acc[u][h] += A B over the k-steps k0 ≡ 8u (mod 32) of [0, KS) (KS ≤ 128, a multiple of 8): A's
+// 16 rows by ldmatrix from `a` (the lane's lane_row address), B's 8-column tiles h from `b` (the
+// lane's row t4, column g of tile 0; rows `ldb` floats apart). Each group of four k-steps loads
+// its fragments before its MMAs, and the four accumulators keep the MMAs from waiting on each other.
+template <int NH>
+__device__ __forceinline__ void rows_by_columns(float (&acc)[4][NH][4], const float* a, const float* b, int ldb,
+                                                int KS) {
+#pragma unroll
+  for (int k0 = 0; k0 < 128; k0 += 32) {
+    if (k0 >= KS) break;
+    uint32_t fa[4][4], fb[4][NH][2];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int k = k0 + 8 * u;
+      if (k >= KS) break;
+      device::ldmatrix_x4(fa[u], a + k);
+#pragma unroll
+      for (int h = 0; h < NH; ++h)
+        fb[u][h][0] = device::bits(b[k * ldb + 8 * h]), fb[u][h][1] = device::bits(b[(k + 4) * ldb + 8 * h]);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (k0 + 8 * u < KS)
+#pragma unroll
+        for (int h = 0; h < NH; ++h) device::mma_tf32(acc[u][h], fa[u], fb[u][h][0], fb[u][h][1]);
+  }
+}
+
+// even / odd (the k-steps alternate) += sign · Xᵀ Y over a chunk's kC rows, for a warp's 16 state
+// rows: A[d][k] = X[k][d] read from `x` (the lane's row t4, column db + g; rows `ldx` apart), B's
+// 8-column tiles h from `y` (row t4, column g; rows `ldy` apart), loaded four k-steps at a time
+// before their MMAs. The sign goes on B (exact on a TF32 value).
+template <int NT>
+__device__ __forceinline__ void transposed_by_columns(float (&even)[NT][4], float (&odd)[NT][4], const float* x,
+                                                      int ldx, const float* y, int ldy, float sign) {
+#pragma unroll
+  for (int k0 = 0; k0 < kC; k0 += 32) {
+    uint32_t fa[4][4], fb[4][NT][2];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int k = k0 + 8 * u;
+      fa[u][0] = device::bits(x[k * ldx]), fa[u][1] = device::bits(x[k * ldx + 8]);
+      fa[u][2] = device::bits(x[(k + 4) * ldx]), fa[u][3] = device::bits(x[(k + 4) * ldx + 8]);
+#pragma unroll
+      for (int h = 0; h < NT; ++h) {
+        fb[u][h][0] = device::bits(sign * y[k * ldy + 8 * h]);
+        fb[u][h][1] = device::bits(sign * y[(k + 4) * ldy + 8 * h]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int h = 0; h < NT; ++h) device::mma_tf32(u % 2 ? odd[h] : even[h], fa[u], fb[u][h][0], fb[u][h][1]);
+  }
+}
+
+// The four accumulators' sum at entry e of tile h.
+template <int NH>
+__device__ __forceinline__ float sum4(const float (&acc)[4][NH][4], int h, int e) {
+  return (acc[0][h][e] + acc[1][h][e]) + (acc[2][h][e] + acc[3][h][e]);
+}
+
 // recur on the tensor cores, one block per (sequence, value head, VB value columns): VB = 16 when
 // that gives the SMs enough blocks, else 32. Each chunk's operands (W, Kd, U's columns, e^{G_C})
 // load by cp.async into one of two stages while the chunk before is computed. V_new = U − W S:
-// warp w → rows 16·(w / 2).., half the 8-column tiles (two accumulators over alternate k-steps);
-// S ← diag(e^{G_C}) S + Kdᵀ V_new: warp w → state rows 16w.., every column tile. The warp keeps
-// its rows of S in registers at full precision; shared memory holds them rounded to TF32 (what
-// the products read), V_new likewise; W and Kd arrive rounded from prepare.
+// warp w → rows 16·(w / 2).., half the 8-column tiles; S ← diag(e^{G_C}) S + Kdᵀ V_new: warp w →
+// state rows 16w.., every column tile. Both products load a group of fragments before their MMAs
+// and spread the k-steps over several accumulators (rows_by_columns, transposed_by_columns). The
+// warp keeps its rows of S in registers at full precision; shared memory holds them rounded to
+// TF32 (what the products read), V_new likewise; W and Kd arrive rounded from prepare. K ≤ 128
+// (KS a multiple of 16).
 template <int VB>
 __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
-  constexpr int NT = VB / 8;
+  constexpr int NT = VB / 8, NH = NT / 2;
   const int n = int(blockIdx.x) / p.HV, hv = int(blockIdx.x) % p.HV, c0 = int(blockIdx.y) * VB;
   const int K = p.K, KS = p.KS, V = p.V, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
@@ -1072,7 +1152,7 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
   auto sU = [&](int b) { return sKd(b) + kC * LK; };
   auto sgC = [&](int b) { return sU(b) + kC * LV; };
   const int64_t soff = (int64_t(n) * p.HV + hv) * K * V;
-  const int rb = warp >> 1, nt0 = (warp & 1) * (NT / 2), db = 16 * warp;
+  const int rb = warp >> 1, nt0 = (warp & 1) * NH, db = 16 * warp;
   WarpState<NT> S(warp, lane, c0, V, KS);
   S.load(p.s_in, soff, sS, LV);
   const auto [L, t_begin, t_end] = span_of(p, n);
@@ -1097,28 +1177,21 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
     if (p.Sc) S.store(p.Sc, state_slot(p, n, hv, cw));
     float* sVn = sU(b);
     if (p.delta_write) {  // V_new = U − W S (each lane rewrites only its own entries of U)
-      float acc[2][NT / 2][4] = {};
-      const float* w = sW(b) + lane_row(lane, 16 * rb, LW);
-      const float* s = sS + t4 * LV + 8 * nt0 + g;
-      for (int k0 = 0; k0 < KS; k0 += 16) {
+      float acc[4][NH][4] = {};
+      rows_by_columns(acc, sW(b) + lane_row(lane, 16 * rb, LW), sS + t4 * LV + 8 * nt0 + g, LV, KS);
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int k = k0 + 8 * u;
-          uint32_t a[4];
-          device::ldmatrix_x4(a, w + k);
+      for (int h = 0; h < NH; ++h)
 #pragma unroll
-          for (int h = 0; h < NT / 2; ++h)
-            device::mma_tf32(acc[u][h], a, device::bits(s[k * LV + 8 * h]), device::bits(s[(k + 4) * LV + 8 * h]));
-        }
-      }
+        for (int half = 0; half < 2; ++half) {
+          const int r = 16 * rb + g + 8 * half, jj = 8 * (nt0 + h) + 2 * t4;
+          float vn[2];
 #pragma unroll
-      for (int h = 0; h < NT / 2; ++h)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 16 * rb + g + 8 * (e >> 1), jj = 8 * (nt0 + h) + 2 * t4 + (e & 1);
-          const float vn = sVn[r * LV + jj] - (acc[0][h][e] + acc[1][h][e]);
-          sVn[r * LV + jj] = device::round_tf32(vn);
-          if (p.store_vn && c0 + jj < V) p.U[(base + r) * V + c0 + jj] = vn;
+          for (int e = 0; e < 2; ++e) {
+            vn[e] = sVn[r * LV + jj + e] - sum4(acc, h, 2 * half + e);
+            if (p.store_vn && c0 + jj + e < V) p.U[(base + r) * V + c0 + jj + e] = vn[e];
+          }
+          *reinterpret_cast<float2*>(sVn + r * LV + jj) =
+              make_float2(device::round_tf32(vn[0]), device::round_tf32(vn[1]));
         }
     } else {  // V_new = U, rounded where it is a product's operand
       for (int i = tid; i < kC * VB; i += kRecThreads) {
@@ -1131,19 +1204,15 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
     else
       cp_async_wait0();
     __syncthreads();  // V_new complete; every read of S done; Kd visible to all
-    if (S.rows) {     // S ← diag(e^{G_C}) S + Kdᵀ V_new on state rows db..db+15
+    if (S.rows) {     // S ← diag(e^{G_C}) S + Kdᵀ V_new on state rows db..db+15, odd k-steps into acc
       const float* gC = sgC(b);
       S.each([&](float& x, int d, int) { x *= gC[d]; });
-      const float* kd = sKd(b) + t4 * LK + db + g;
-      const float* vn = sVn + t4 * LV + g;
-#pragma unroll 4
-      for (int k0 = 0; k0 < kC; k0 += 8) {
-        const uint32_t a[4] = {device::bits(kd[k0 * LK]), device::bits(kd[k0 * LK + 8]),
-                               device::bits(kd[(k0 + 4) * LK]), device::bits(kd[(k0 + 4) * LK + 8])};
+      float acc[NT][4] = {};
+      transposed_by_columns(S.st, acc, sKd(b) + t4 * LK + db + g, LK, sVn + t4 * LV + g, LV, 1.0f);
 #pragma unroll
-        for (int h = 0; h < NT; ++h)
-          device::mma_tf32(S.st[h], a, device::bits(vn[k0 * LV + 8 * h]), device::bits(vn[(k0 + 4) * LV + 8 * h]));
-      }
+      for (int h = 0; h < NT; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S.st[h][e] += acc[h][e];
       S.share(sS, LV);  // only this lane reads these entries of sS until the next barrier
     }
   }
@@ -1333,7 +1402,7 @@ __global__ void __launch_bounds__(kRecThreads) reverse_kernel(ChunkDev p) {
 // Kd, Aqk, Qg, W arrive rounded from prepare.
 template <int VB>
 __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
-  constexpr int NT = VB / 8, kDoPer = kC * VB / kRecThreads;
+  constexpr int NT = VB / 8, NH = NT / 2, kDoPer = kC * VB / kRecThreads;
   const int n = int(blockIdx.x) / p.HV, hv = int(blockIdx.x) % p.HV, c0 = int(blockIdx.y) * VB;
   const int K = p.K, KS = p.KS, V = p.V, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
@@ -1348,7 +1417,7 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
   float* sdVn = sdO + kC * LV;    // [kC][LV]
   float* sgC = sdVn + kC * LV;    // [2][KS], chunk parity
   const int64_t soff = (int64_t(n) * p.HV + hv) * K * V;
-  const int rb = warp >> 1, nt0 = (warp & 1) * (NT / 2), db = 16 * warp;
+  const int rb = warp >> 1, nt0 = (warp & 1) * NH, db = 16 * warp;
   WarpState<NT> dS(warp, lane, c0, V, KS);
   dS.load(p.ds_in, soff, sdS, LV);
   const Span sp = span_of(p, n);
@@ -1394,37 +1463,46 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
     }
     cp_async_wait1();  // Kd, Aqk, e^{G_C} (Qg and W may still be loading)
     __syncthreads();
-    {  // dV_new = Kd dS + Aqkᵀ dO (Aqk[s][r] for s ≥ r)
-      float acc[NT / 2][4] = {};
+    {  // dV_new = Kd dS + Aqkᵀ dO (Aqk[s][r] for s ≥ r), k-steps spread over four accumulators
+      float acc[4][NH][4] = {};
       const int r_lo = 16 * rb + g;
-      const float* kd = sKd + lane_row(lane, 16 * rb, LA);
-      const float* ds = sdS + t4 * LV + 8 * nt0 + g;
-      for (int k0 = 0; k0 < KS; k0 += 8) {
-        uint32_t a[4];
-        device::ldmatrix_x4(a, kd + k0);
-#pragma unroll
-        for (int h = 0; h < NT / 2; ++h)
-          device::mma_tf32(acc[h], a, device::bits(ds[k0 * LV + 8 * h]), device::bits(ds[(k0 + 4) * LV + 8 * h]));
-      }
+      rows_by_columns(acc, sKd + lane_row(lane, 16 * rb, LA), sdS + t4 * LV + 8 * nt0 + g, LV, KS);
       const float* aq = sAqk + t4 * LQ + r_lo;  // Aqkᵀ[r][s] = Aqk[s][r]
       const float* dO = sdO + t4 * LV + 8 * nt0 + g;
-      for (int k0 = 16 * rb; k0 < kC; k0 += 8) {
-        const int s = k0 + t4;
-        const uint32_t a[4] = {device::bits(s >= r_lo ? aq[k0 * LQ] : 0.0f),
-                               device::bits(s >= r_lo + 8 ? aq[k0 * LQ + 8] : 0.0f),
-                               device::bits(s + 4 >= r_lo ? aq[(k0 + 4) * LQ] : 0.0f),
-                               device::bits(s + 4 >= r_lo + 8 ? aq[(k0 + 4) * LQ + 8] : 0.0f)};
 #pragma unroll
-        for (int h = 0; h < NT / 2; ++h)
-          device::mma_tf32(acc[h], a, device::bits(dO[k0 * LV + 8 * h]), device::bits(dO[(k0 + 4) * LV + 8 * h]));
+      for (int k0 = 0; k0 < kC; k0 += 32) {
+        uint32_t a[4][4], bb[4][NH][2];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int k = k0 + 8 * u, s = k + t4;
+          if (k < 16 * rb) continue;
+          a[u][0] = device::bits(s >= r_lo ? aq[k * LQ] : 0.0f);
+          a[u][1] = device::bits(s >= r_lo + 8 ? aq[k * LQ + 8] : 0.0f);
+          a[u][2] = device::bits(s + 4 >= r_lo ? aq[(k + 4) * LQ] : 0.0f);
+          a[u][3] = device::bits(s + 4 >= r_lo + 8 ? aq[(k + 4) * LQ + 8] : 0.0f);
+#pragma unroll
+          for (int h = 0; h < NH; ++h)
+            bb[u][h][0] = device::bits(dO[k * LV + 8 * h]), bb[u][h][1] = device::bits(dO[(k + 4) * LV + 8 * h]);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (k0 + 8 * u >= 16 * rb)
+#pragma unroll
+            for (int h = 0; h < NH; ++h) device::mma_tf32(acc[u][h], a[u], bb[u][h][0], bb[u][h][1]);
       }
 #pragma unroll
-      for (int h = 0; h < NT / 2; ++h)
+      for (int h = 0; h < NH; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = r_lo + 8 * (e >> 1), jj = 8 * (nt0 + h) + 2 * t4 + (e & 1);
-          sdVn[r * LV + jj] = device::round_tf32(acc[h][e]);
-          if (c0 + jj < V) p.dVn[(base + r) * V + c0 + jj] = acc[h][e];
+        for (int half = 0; half < 2; ++half) {
+          const int r = r_lo + 8 * half, jj = 8 * (nt0 + h) + 2 * t4;
+          float dv[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            dv[e] = sum4(acc, h, 2 * half + e);
+            if (c0 + jj + e < V) p.dVn[(base + r) * V + c0 + jj + e] = dv[e];
+          }
+          *reinterpret_cast<float2*>(sdVn + r * LV + jj) =
+              make_float2(device::round_tf32(dv[0]), device::round_tf32(dv[1]));
         }
     }
     __syncthreads();  // Kd and Aqk are free, dV_new is complete
@@ -1437,28 +1515,14 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
     __syncthreads();
     if (dS.rows) {  // dS ← diag(e^{G_C}) dS + Qgᵀ dO − Wᵀ dV_new on state rows db..db+15
       const float* gC = sgC + (cw & 1) * KS;
-      float (&acc)[NT][4] = dS.st;
       dS.each([&](float& x, int d, int) { x *= gC[d]; });
-      const float* qg = sQg + t4 * LT + db + g;
-      const float* dO = sdO + t4 * LV + g;
-      for (int k0 = 0; k0 < kC; k0 += 8) {
-        const uint32_t a[4] = {device::bits(qg[k0 * LT]), device::bits(qg[k0 * LT + 8]),
-                               device::bits(qg[(k0 + 4) * LT]), device::bits(qg[(k0 + 4) * LT + 8])};
+      float acc[NT][4] = {};  // the odd k-steps
+      transposed_by_columns(dS.st, acc, sQg + t4 * LT + db + g, LT, sdO + t4 * LV + g, LV, 1.0f);
+      if (p.delta_write) transposed_by_columns(dS.st, acc, sW + t4 * LT + db + g, LT, sdVn + t4 * LV + g, LV, -1.0f);
 #pragma unroll
-        for (int h = 0; h < NT; ++h)
-          device::mma_tf32(acc[h], a, device::bits(dO[k0 * LV + 8 * h]), device::bits(dO[(k0 + 4) * LV + 8 * h]));
-      }
-      if (p.delta_write) {
-        const float* w = sW + t4 * LT + db + g;
-        const float* dv = sdVn + t4 * LV + g;
-        for (int k0 = 0; k0 < kC; k0 += 8) {
-          const uint32_t a[4] = {device::bits(w[k0 * LT]), device::bits(w[k0 * LT + 8]),
-                                 device::bits(w[(k0 + 4) * LT]), device::bits(w[(k0 + 4) * LT + 8])};
+      for (int h = 0; h < NT; ++h)
 #pragma unroll
-          for (int h = 0; h < NT; ++h)  // − Wᵀ dV_new: the sign on B (exact on a TF32 value)
-            device::mma_tf32(acc[h], a, device::bits(-dv[k0 * LV + 8 * h]), device::bits(-dv[(k0 + 4) * LV + 8 * h]));
-        }
-      }
+        for (int e = 0; e < 4; ++e) dS.st[h][e] += acc[h][e];
       dS.share(sdS, LV);  // only this lane reads these entries of sdS until the next barrier
     }
   }
