@@ -529,14 +529,14 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
       }
     } else if constexpr (TC) {
       // Below the diagonal 16-row blocks (row block rb > column block cb), with G_ref = G at row
-      // 16·rb: A_rs = Σ_d (k_r 2^{G_r − G_ref}) (k_s 2^{G_ref − G_s}), both exponents ≤ 0. Task =
-      // (block pair, 8-column half): 12 tasks, one m16n8 accumulator each for Ā and Aqk; warps
-      // 0–3 take two, 4–7 one and then most of the diagonal tiles below.
+      // 16·rb: A_rs = Σ_d (k_r 2^{G_r − G_ref}) (k_s 2^{G_ref − G_s}), both exponents ≤ 0. Warp w < 6
+      // takes block pair w, both 8-column halves (the A side formed once for the two), one m16n8
+      // accumulator per half for Ā and Aqk; warps 6–7 start on the diagonal tiles below.
       const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-      for (int task = warp; task < 12; task += kPrepThreads / 32) {
-        const int pair = task >> 1, rb = pair < 1 ? 1 : pair < 3 ? 2 : 3, cb = pair - rb * (rb - 1) / 2;
-        const int ref = 16 * rb, s = 16 * cb + 8 * (task & 1) + g;
-        float kk[4] = {}, qk[4] = {};
+      if (warp < 6) {
+        const int pair = warp, rb = pair < 1 ? 1 : pair < 3 ? 2 : 3, cb = pair - rb * (rb - 1) / 2;
+        const int ref = 16 * rb;
+        float kk[2][4] = {}, qk[2][4] = {};
         for (int k0 = 0; k0 < K; k0 += 8) {
           uint32_t ak[4], aq[4];
 #pragma unroll
@@ -547,21 +547,29 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
             aq[e] = device::tf32(sq[r * LQ + d] * f);
           }
           const int d0 = k0 + t4, d1 = d0 + 4;
-          const uint32_t b0 = device::tf32(to_f32(sk[s * KP + d0]) * ex2(sG[ref * KG + d0] - sG[s * KG + d0]));
-          const uint32_t b1 = device::tf32(to_f32(sk[s * KP + d1]) * ex2(sG[ref * KG + d1] - sG[s * KG + d1]));
-          device::mma_tf32(kk, ak, b0, b1);
-          device::mma_tf32(qk, aq, b0, b1);
+          const float gr0 = sG[ref * KG + d0], gr1 = sG[ref * KG + d1];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int s = 16 * cb + 8 * half + g;
+            const uint32_t b0 = device::tf32(to_f32(sk[s * KP + d0]) * ex2(gr0 - sG[s * KG + d0]));
+            const uint32_t b1 = device::tf32(to_f32(sk[s * KP + d1]) * ex2(gr1 - sG[s * KG + d1]));
+            device::mma_tf32(kk[half], ak, b0, b1);
+            device::mma_tf32(qk[half], aq, b0, b1);
+          }
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = ref + g + 8 * (e >> 1), c = 16 * cb + 8 * (task & 1) + 2 * t4 + (e & 1);
-          put(r, c, kk[e], qk[e]);
-        }
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = ref + g + 8 * (e >> 1), c = 16 * cb + 8 * half + 2 * t4 + (e & 1);
+            put(r, c, kk[half][e], qk[half][e]);
+          }
       }
       // The diagonal blocks' ten 4 × 4 tiles each (every pair's own exponent, extreme decays
-      // stay finite), eight lanes per tile taking every eighth channel; groups of warps 4–5 take
-      // two tiles, the rest one (warps 0–3 have two of the tasks above, 4–7 one).
-      for (int item = ((tid >> 3) + 16) % 32; item < 40; item += kPrepThreads / 8) {
+      // stay finite), eight lanes per tile taking every eighth channel: 40 tiles on 32 groups of
+      // eight lanes, warps 6–7 (free of the pairs above) first, so that they take the second
+      // round.
+      for (int item = ((tid >> 3) + 8) % 32; item < 40; item += kPrepThreads / 8) {
         const int blk = item / 10, w = item % 10, ti = w < 1 ? 0 : w < 3 ? 1 : w < 6 ? 2 : 3;
         tile(4 * blk + ti, 4 * blk + w - ti * (ti + 1) / 2, 8);
       }
