@@ -140,9 +140,12 @@ __device__ __forceinline__ void axpy4(float4& acc, float t, float4 x) {
 // flight, so a memory-bound kernel can keep as many bytes in flight as shared memory holds.
 // `wait_group N` waits until at most N committed groups of this thread are in flight; copies not
 // yet committed to a group are not covered by it (`cp.async.wait_all` waits for every copy).
+// `dst` as a shared-memory address (a loop stepping it by adds avoids a conversion per copy).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+  cp_async16(unsigned(__cvta_generic_to_shared(dst)), src);
 }
 // The same, writing 16 zero bytes instead when !valid (src is not read then).
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {

@@ -989,8 +989,7 @@ __device__ __forceinline__ void async_rows(float* dst, int ld, const float* src,
   const unsigned dstep = unsigned(w.step * ld) * sizeof(float);
   const int sstep = w.step * cols;
 #pragma unroll 4
-  for (int r = w.first; r < kC; r += w.step, d += dstep, s += sstep)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(s));
+  for (int r = w.first; r < kC; r += w.step, d += dstep, s += sstep) device::cp_async16(d, s);
 }
 // A [rows, cols] tile (columns c0…, zeros past V) of a [·, V] array into rows `ld` floats apart:
 // 16-byte copies when V is a multiple of 4, else one float at a time.
@@ -1029,6 +1028,12 @@ struct WarpState {
     for (int h = 0; h < NT; ++h)
 #pragma unroll
       for (int e = 0; e < 4; ++e) f(st[h][e], db + g + 8 * (e >> 1), 8 * h + 2 * t4 + (e & 1));
+  }
+  __device__ __forceinline__ void add(const float (&acc)[NT][4]) {  // accumulators of the same tiles
+#pragma unroll
+    for (int h = 0; h < NT; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[h][e] += acc[h][e];
   }
   __device__ __forceinline__ void share(float* shared, int ld) {  // ld even: column pairs as float2
     if (!rows) return;
@@ -1217,10 +1222,7 @@ __global__ void __launch_bounds__(kRecThreads) recur_tc_kernel(ChunkDev p) {
       S.each([&](float& x, int d, int) { x *= gC[d]; });
       float acc[NT][4] = {};
       transposed_by_columns(S.st, acc, sKd(b) + t4 * LK + db + g, LK, sVn + t4 * LV + g, LV, 1.0f);
-#pragma unroll
-      for (int h = 0; h < NT; ++h)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) S.st[h][e] += acc[h][e];
+      S.add(acc);
       S.share(sS, LV);  // only this lane reads these entries of sS until the next barrier
     }
   }
@@ -1527,10 +1529,7 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
       float acc[NT][4] = {};  // the odd k-steps
       transposed_by_columns(dS.st, acc, sQg + t4 * LT + db + g, LT, sdO + t4 * LV + g, LV, 1.0f);
       if (p.delta_write) transposed_by_columns(dS.st, acc, sW + t4 * LT + db + g, LT, sdVn + t4 * LV + g, LV, -1.0f);
-#pragma unroll
-      for (int h = 0; h < NT; ++h)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dS.st[h][e] += acc[h][e];
+      dS.add(acc);
       dS.share(sdS, LV);  // only this lane reads these entries of sdS until the next barrier
     }
   }
