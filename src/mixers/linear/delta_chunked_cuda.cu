@@ -1433,17 +1433,21 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
   const Span sp = span_of(p, n);
   const int64_t L = sp.L, t_begin = sp.t_begin, t_end = sp.t_end;
   const int count = int((t_end - t_begin + kC - 1) / kC);
-  float dnext[kDoPer];
-  auto fetch_do = [&](int cw) {  // this thread's entries of the chunk's dO tile, into registers
+  // This thread's entries of the next chunk's dO tile wait in registers as the bits loaded (fp32,
+  // or bf16 in the low half), converted only when staged: a conversion right after its load would
+  // wait out each load's round trip in turn.
+  uint32_t dnext[kDoPer];
+  const int64_t row_n = p.row0[n];
+  const bool do32 = p.do_f32;
+  auto fetch_do = [&](int cw) {
     const int64_t t0 = t_begin + int64_t(cw) * kC;
 #pragma unroll
     for (int m = 0; m < kDoPer; ++m) {
       const int i = tid + m * kRecThreads, r = i / VB, jj = i % VB;
-      float v = 0.0f;
+      uint32_t v = 0;
       if (p.d_o && t0 + r < L && c0 + jj < V) {
-        const int64_t oi = ((p.row0[n] + t0 + r) * p.HV + hv) * V + c0 + jj;
-        v = p.do_f32 ? static_cast<const float*>(p.d_o)[oi]
-                     : __bfloat162float(static_cast<const __nv_bfloat16*>(p.d_o)[oi]);  // else bf16 io
+        const int64_t oi = ((row_n + t0 + r) * p.HV + hv) * V + c0 + jj;
+        v = do32 ? static_cast<const uint32_t*>(p.d_o)[oi] : static_cast<const uint16_t*>(p.d_o)[oi];  // else bf16 io
       }
       dnext[m] = v;
     }
@@ -1469,7 +1473,7 @@ __global__ void __launch_bounds__(kRecThreads) reverse_tc_kernel(ChunkDev p) {
 #pragma unroll
     for (int m = 0; m < kDoPer; ++m) {
       const int i = tid + m * kRecThreads;
-      sdO[(i / VB) * LV + i % VB] = device::round_tf32(dnext[m]);
+      sdO[(i / VB) * LV + i % VB] = device::round_tf32(__uint_as_float(do32 ? dnext[m] : dnext[m] << 16));
     }
     cp_async_wait1();  // Kd, Aqk, e^{G_C} (Qg and W may still be loading)
     __syncthreads();
