@@ -8,7 +8,9 @@
 //    4 × 4 register tiles, every exponent ≤ 0 so extreme decays stay finite: on a diagonal tile
 //    each pair's own G_r − G_s (r ≥ s), off it the two factors e^{G_r−G_ref} e^{G_ref−G_s} with
 //    G_ref the tile's last column; T = (I + diag(β) Ā)⁻¹ by blocked inversion (a warp per 16-row
-//    diagonal block, then the blocks below by their distance to the diagonal); then to global scratch
+//    diagonal block, then the blocks below by their distance to the diagonal; the tensor-core form:
+//    a thread per column of the diagonal blocks, then 32-row halves and the whole by 3xTF32
+//    products); then to global scratch
 //      W = T diag(β) (e^G ⊙ K), U = T diag(β) V (Additive: U = V), Aqk,
 //      Qg = e^G ⊙ (s Q), Kd = e^{G_C − G} ⊙ K, and e^{G_C}.
 // 2. `recur` — one block per (sequence, value head, tile of kVb = 16 value columns) walks the chunks in
@@ -370,6 +372,106 @@ __device__ __forceinline__ void invert_unit_lower(float* sT) {
   }
 }
 
+// 3xTF32: x = hi + lo with both parts TF32, so that a_hi b_hi + a_hi b_lo + a_lo b_hi on the tensor
+// cores keeps about fp32's precision (the dropped a_lo b_lo is below fp32's rounding).
+struct Split {
+  uint32_t hi, lo;
+  __device__ __forceinline__ explicit Split(float x) {
+    hi = device::tf32(x);
+    lo = device::tf32(x - __uint_as_float(hi));
+  }
+};
+
+// acc (an m16n8 tile) += Σ_k X(r0 + m, k) Y(k, c0 + n) over k-steps [k_lo, k_hi) of 8, in 3xTF32:
+// X(r, k) and Y(k, c) are element reads (zeros and signs included), a lane's as mma's fragments.
+template <class XF, class YF>
+__device__ __forceinline__ void product_3xtf32(float (&acc)[4], int r0, int c0, int k_lo, int k_hi, XF X, YF Y) {
+  const int lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
+  for (int k = k_lo; k < k_hi; k += 8) {
+    const Split a[4] = {Split(X(r0 + g, k + t4)), Split(X(r0 + g + 8, k + t4)), Split(X(r0 + g, k + t4 + 4)),
+                        Split(X(r0 + g + 8, k + t4 + 4))};
+    const Split b[2] = {Split(Y(k + t4, c0 + g)), Split(Y(k + t4 + 4, c0 + g))};
+    const uint32_t ahi[4] = {a[0].hi, a[1].hi, a[2].hi, a[3].hi}, alo[4] = {a[0].lo, a[1].lo, a[2].lo, a[3].lo};
+    device::mma_tf32(acc, alo, b[0].hi, b[1].hi);
+    device::mma_tf32(acc, ahi, b[0].lo, b[1].lo);
+    device::mma_tf32(acc, ahi, b[0].hi, b[1].hi);
+  }
+}
+
+// invert_unit_lower for the tensor-core prepare (same storage: A transposed above the diagonal of
+// sT, T with its unit diagonal below), `scratch` 2,048 floats of shared memory free after the first
+// barrier. The diagonal 16-row blocks by forward substitution, a thread per column held in
+// registers (64 threads; x ← e_j, then x_i −= A_is x_s for s < i, which leaves the columns before
+// j untouched); then the two 32-row halves from their 16-row blocks, then the whole from its
+// halves, each as T₂₁ = −T₂₂ (A₂₁ T₁₁): two products on the tensor cores in 3xTF32, a warp per
+// 16 × 8 tile. Five barriers, the last at the end.
+__device__ __forceinline__ void invert_unit_lower_tc(float* sT, float* scratch) {
+  constexpr int B = 16;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  auto A = [&](int r, int s) { return r > s ? sT[s * kC + r] : 0.0f; };
+  auto T = [&](int r, int s) { return r > s ? sT[r * kC + s] : r == s ? 1.0f : 0.0f; };
+  if (tid < 4 * B) {
+    const int o = (tid / B) * B, j = tid % B;
+    float x[B];
+#pragma unroll
+    for (int i = 0; i < B; ++i) x[i] = i == j ? 1.0f : 0.0f;
+#pragma unroll
+    for (int s = 0; s < B - 1; ++s)
+#pragma unroll
+      for (int i = s + 1; i < B; ++i) x[i] = fmaf(-sT[(o + s) * kC + o + i], x[s], x[i]);
+#pragma unroll
+    for (int i = 0; i < B; ++i)
+      if (i >= j) sT[(o + i) * kC + o + j] = x[i];
+  }
+  __syncthreads();
+  // Level 1 (warps 0–3: half h = w / 2, 8-column tile w % 2; o = 32h): P = A₂₁ T₁₁ into scratch
+  // [2][16][24], then T₂₁ = −T₂₂ P.
+  constexpr int LP1 = B + 8, LP2 = 2 * B + 8;
+  float* P1 = scratch;
+  float* P2 = scratch + 2 * B * LP1;
+  if (warp < 4) {
+    const int o = 32 * (warp >> 1), c = 8 * (warp & 1);
+    float acc[4] = {};
+    product_3xtf32(acc, 0, 0, 0, B, [&](int m, int k) { return A(o + B + m, o + k); },
+                   [&](int k, int n) { return T(o + k, o + c + n); });
+    float* P = P1 + (warp >> 1) * B * LP1;
+    P[g * LP1 + c + 2 * t4] = acc[0], P[g * LP1 + c + 2 * t4 + 1] = acc[1];
+    P[(g + 8) * LP1 + c + 2 * t4] = acc[2], P[(g + 8) * LP1 + c + 2 * t4 + 1] = acc[3];
+  }
+  __syncthreads();
+  if (warp < 4) {
+    const int o = 32 * (warp >> 1), c = 8 * (warp & 1);
+    const float* P = P1 + (warp >> 1) * B * LP1;
+    float acc[4] = {};
+    product_3xtf32(acc, 0, 0, 0, B, [&](int m, int k) { return T(o + B + m, o + B + k); },
+                   [&](int k, int n) { return P[k * LP1 + c + n]; });
+    float* t = sT + (o + B + g) * kC + o + c + 2 * t4;
+    t[0] = -acc[0], t[1] = -acc[1], t[8 * kC] = -acc[2], t[8 * kC + 1] = -acc[3];
+  }
+  __syncthreads();
+  // Level 2 (every warp: 16-row tile w / 4, 8-column tile w % 4 of the 32 × 32 blocks): P = A₂₁ T₁₁
+  // into scratch [32][40] (T₁₁'s zeros above the diagonal skip the k-steps before the columns), then
+  // T₂₁ = −T₂₂ P (T₂₂'s skip those past the rows).
+  {
+    const int m0 = 16 * (warp >> 2), c = 8 * (warp & 3);
+    float acc[4] = {};
+    product_3xtf32(acc, 0, 0, c, 2 * B, [&](int m, int k) { return A(2 * B + m0 + m, k); },
+                   [&](int k, int n) { return T(k, c + n); });
+    float* P = P2 + m0 * LP2 + c + 2 * t4;
+    P[g * LP2] = acc[0], P[g * LP2 + 1] = acc[1], P[(g + 8) * LP2] = acc[2], P[(g + 8) * LP2 + 1] = acc[3];
+  }
+  __syncthreads();
+  {
+    const int m0 = 16 * (warp >> 2), c = 8 * (warp & 3);
+    float acc[4] = {};
+    product_3xtf32(acc, 0, 0, 0, m0 + B, [&](int m, int k) { return T(2 * B + m0 + m, 2 * B + k); },
+                   [&](int k, int n) { return P2[k * LP2 + c + n]; });
+    float* t = sT + (2 * B + m0 + g) * kC + c + 2 * t4;
+    t[0] = -acc[0], t[1] = -acc[1], t[8 * kC] = -acc[2], t[8 * kC + 1] = -acc[3];
+  }
+  __syncthreads();
+}
+
 // G [kC] for a scalar gate (or none: zeros): the cumulative log-decays of the chunk's rows (0 past
 // nv) in `unit`s, a warp's inclusive scan in double, two rows per lane. Ends with __syncthreads.
 __device__ __forceinline__ void scalar_cumsum(float* G, const ChunkDev& p, int64_t r0, int nv, int hv, double unit) {
@@ -638,8 +740,12 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
     }
     return;
   }
-  // T from A (only sT is touched until its closing barrier, after which sq and G are complete).
-  invert_unit_lower(sT);
+  // T from A (only sT is touched until its first barrier, after which sq and G are complete; TC:
+  // sGA, G's or T's copy's area, is then free for the inversion's scratch).
+  if constexpr (TC)
+    invert_unit_lower_tc(sT, sGA);
+  else
+    invert_unit_lower(sT);
   if (p.TA)
     for (int i = tid; i < kC * kC; i += kPrepThreads)
       if (i % kC <= i / kC) p.TA[base * kC + i] = sT[i];
