@@ -1718,6 +1718,47 @@ __device__ __forceinline__ void stage_io(float* dst, const void* src, bool f32, 
   }
 }
 
+// stage_io for two inputs at once (dO and v): where both take the four-column path, each thread's
+// loads of both are issued before either is converted, so their round trips overlap.
+template <class T>
+__device__ __forceinline__ void stage_io_pair(float* dst0, const void* src0, bool f32_0, float* dst1, const void* src1,
+                                              bool f32_1, const ChunkDev& p, int64_t r0, int nv, int hv, int j0) {
+  const int V = p.V;
+  f32_0 = f32_0 || std::is_same_v<T, float>;
+  f32_1 = f32_1 || std::is_same_v<T, float>;
+  auto fast = [&](const void* src, bool f32) {
+    return src && reinterpret_cast<uintptr_t>(src) % (f32 ? 16 : 8) == 0;
+  };
+  if (V % 4 != 0 || !fast(src0, f32_0) || !fast(src1, f32_1)) {
+    stage_io<T>(dst0, src0, f32_0, p, r0, nv, hv, j0);
+    stage_io<T>(dst1, src1, f32_1, p, r0, nv, hv, j0);
+    return;
+  }
+  // Four values' bits: fp32 in x..w, or bf16 pairs in x and y.
+  auto load = [&](const void* src, bool f32, int64_t at) {
+    if (f32) return *reinterpret_cast<const uint4*>(static_cast<const float*>(src) + at);
+    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(src) + at);
+    return make_uint4(u.x, u.y, 0u, 0u);
+  };
+  auto value = [](uint4 u, bool f32) {
+    if (f32) return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xFFFF0000u));
+  };
+  constexpr int kPieces = kJt / 4;
+  for (int i = threadIdx.x; i < kC * kPieces; i += kGradThreads) {
+    const int r = i / kPieces, jj = 4 * (i % kPieces);
+    uint4 a = make_uint4(0u, 0u, 0u, 0u), b = a;
+    if (r < nv && j0 + jj < V) {
+      const int64_t at = ((r0 + r) * p.HV + hv) * V + j0 + jj;
+      a = load(src0, f32_0, at);
+      b = load(src1, f32_1, at);
+    }
+    *reinterpret_cast<float4*>(dst0 + r * kJs + jj) = value(a, f32_0);
+    *reinterpret_cast<float4*>(dst1 + r * kJs + jj) = value(b, f32_1);
+  }
+}
+
 // acc[j] += Σ_{k ∈ [kb, ke)} A[r0 + ·][k] B[k][n0 + 8j + ·] on the tensor cores (TF32, rounded
 // here; mma_tf32's fragment layout), the operands read through a(r, k) and b(k, n): one warp, NT
 // 8-column tiles sharing each A fragment. ke − kb is a multiple of 8.
@@ -1801,12 +1842,32 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   float* dG = p.Kd + base * KS;                        // [kC][KS] scratch (Kd is spent): dKd, then dG
   float* dQg = p.Qg + base * KS;                       // [kC][KS] scratch (Qg is spent)
 
-  for (int i = tid; i < kC * K; i += kGradThreads) {
-    const int r = i / K, d = i % K;
-    const bool ok = r < nv;
-    const int64_t off = ((r0 + r) * p.H + h) * K + d;
-    sq[r * KP + d] = ok ? p.scale * to_f32(q[off]) : 0.0f;
-    sk[r * KP + d] = ok ? to_f32(k[off]) : 0.0f;
+  if constexpr (TC) {  // 8 bf16 of q and of k per load (K % 16 == 0, rows 16-byte aligned)
+    const int k8 = K / 8;
+    for (int i = tid; i < kC * k8; i += kGradThreads) {
+      const int r = i / k8, d = 8 * (i % k8);
+      uint4 qv = make_uint4(0u, 0u, 0u, 0u), kv = qv;
+      if (r < nv) {
+        const int64_t off = ((r0 + r) * p.H + h) * K + d;
+        qv = *reinterpret_cast<const uint4*>(q + off);
+        kv = *reinterpret_cast<const uint4*>(k + off);
+      }
+      const T* qb = reinterpret_cast<const T*>(&qv);
+      const T* kb = reinterpret_cast<const T*>(&kv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        sq[r * KP + d + e] = p.scale * to_f32(qb[e]);
+        sk[r * KP + d + e] = to_f32(kb[e]);
+      }
+    }
+  } else {
+    for (int i = tid; i < kC * K; i += kGradThreads) {
+      const int r = i / K, d = i % K;
+      const bool ok = r < nv;
+      const int64_t off = ((r0 + r) * p.H + h) * K + d;
+      sq[r * KP + d] = ok ? p.scale * to_f32(q[off]) : 0.0f;
+      sk[r * KP + d] = ok ? to_f32(k[off]) : 0.0f;
+    }
   }
   for (int r = tid; r < kC; r += kGradThreads) {
     sb[r] = r < nv ? (p.delta_write ? p.beta[(r0 + r) * p.HV + hv] : 1.0f) : 0.0f;
@@ -1838,8 +1899,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
       stage_cols(tVn, Vn, kC, V, j0);
       stage_cols(tdVn, dVn, kC, V, j0);
       cp_async_commit();
-      stage_io<T>(tdO, p.d_o, p.do_f32, p, r0, nv, hv, j0);
-      stage_io<T>(tv, p.v, false, p, r0, nv, hv, j0);
+      stage_io_pair<T>(tdO, p.d_o, p.do_f32, tv, p.v, false, p, r0, nv, hv, j0);
       cp_async_wait0();
       __syncthreads();
       if constexpr (TC) {
