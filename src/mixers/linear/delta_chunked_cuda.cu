@@ -401,12 +401,13 @@ __device__ __forceinline__ void product_3xtf32(float (&acc)[4], int r0, int c0, 
 // invert_unit_lower for the tensor-core prepare (same storage: A transposed above the diagonal of
 // sT, T with its unit diagonal below), `scratch` 2,048 floats of shared memory free after the first
 // barrier. The diagonal 16-row blocks by forward substitution, a thread per column held in
-// registers (64 threads; x ← e_j, then x_i −= A_is x_s for s < i, which leaves the columns before
-// j untouched); then the two 32-row halves from their 16-row blocks, then the whole from its
+// registers (64 threads; x ← e_j, then x_i −= A_is x_s for s < i, which leaves x_i = 0 for i < j,
+// those x_s being 0); then the two 32-row halves from their 16-row blocks, then the whole from its
 // halves, each as T₂₁ = −T₂₂ (A₂₁ T₁₁): two products on the tensor cores in 3xTF32, a warp per
 // 16 × 8 tile. Five barriers, the last at the end.
 __device__ __forceinline__ void invert_unit_lower_tc(float* sT, float* scratch) {
   constexpr int B = 16;
+  static_assert(kC == 4 * B && kPrepThreads == 256, "four diagonal blocks; level 2's eight tiles, a warp each");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   auto A = [&](int r, int s) { return r > s ? sT[s * kC + r] : 0.0f; };
   auto T = [&](int r, int s) { return r > s ? sT[r * kC + s] : r == s ? 1.0f : 0.0f; };
@@ -519,7 +520,8 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(ChunkDev p) {
   extern __shared__ __align__(16) float smem[];
   float* sq = smem;                                        // [kC][LQ]  q·s, later β 2^G k, then β V
   KT* sk = reinterpret_cast<KT*>(sq + kC * LQ);            // [kC][KP]
-  float* sGA = reinterpret_cast<float*>(sk + kC * KP);     // [kC][GA]: G [kC][KG] (not SC), later T's copy
+  float* sGA = reinterpret_cast<float*>(sk + kC * KP);     // [kC][GA]: G [kC][KG] (not SC), the inversion's
+                                                           // scratch (TC), then T's copy
   float* sT = sGA + kC * GA;     // [kC][kC]  T (lower, unit diagonal); A = diag(β) Ā transposed above it
   float* sb = sT + kC * kC;      // [kC]
   // cumulative log-decays (log₂ units): [kC][KG], or SC [kC] after sb; SC: q's bf16 [kC][KP] after it.
@@ -1843,6 +1845,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   float* dQg = p.Qg + base * KS;                       // [kC][KS] scratch (Qg is spent)
 
   if constexpr (TC) {  // 8 bf16 of q and of k per load (K % 16 == 0, rows 16-byte aligned)
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "the tensor-core grads read bf16 storage");
     const int k8 = K / 8;
     for (int i = tid; i < kC * k8; i += kGradThreads) {
       const int r = i / k8, d = 8 * (i % k8);
