@@ -2399,7 +2399,7 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
   }
   __syncthreads();
   // dg = reverse cumulative sum of dG inside the chunk (G is the cumsum of g), dG_C at the end.
-  if (p.decay != 0 && p.dg)
+  if (p.decay == 2 && p.dg)
     for (int d = tid; d < K; d += kGradThreads) {
       // 8 rows at a time, their loads in flight together (one row after another, each load
       // waited for its round trip).
@@ -2411,20 +2411,45 @@ __global__ void __launch_bounds__(kGradThreads) grads_kernel(ChunkDev p) {
         for (int e = 0; e < kBatch; ++e) {
           const int r = top - e;
           x[e] = dG[r * KS + d];
-          old[e] = p.decay == 2 && r < nv ? p.dg[((r0 + r) * p.HV + hv) * K + d] : 0.0f;
+          old[e] = r < nv ? p.dg[((r0 + r) * p.HV + hv) * K + d] : 0.0f;
         }
 #pragma unroll
         for (int e = 0; e < kBatch; ++e) {
           const int r = top - e;
           carry += x[e];
-          if (r >= nv) continue;
-          if (p.decay == 2)
-            p.dg[((r0 + r) * p.HV + hv) * K + d] = old[e] + carry;
-          else
-            atomicAdd(&p.dg[(r0 + r) * p.HV + hv], carry);
+          if (r < nv) p.dg[((r0 + r) * p.HV + hv) * K + d] = old[e] + carry;
         }
       }
     }
+  if (p.decay == 1 && p.dg) {
+    // A scalar gate: dg of a row is the sum over the channels. Four lanes per channel, 16 rows
+    // each with their loads in flight at once, the segments' totals passed between the four lanes
+    // by shuffles, then the warp's eight channels summed by shuffles: one atomic per row and warp
+    // (rather than one per channel).
+    static_assert(kGradThreads == 4 * 128 && kC == 4 * 16, "four lanes of 16 rows per channel, 128 channels");
+    const int d = tid / 4, seg = tid % 4, rs = 16 * seg;
+    const bool on = d < K;
+    float x[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) x[e] = on ? dG[(rs + e) * KS + d] : 0.0f;
+    float total = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) total += x[e];
+    // The totals of this channel's later segments (lanes seg + 1.. of the same four).
+    const float t1 = __shfl_down_sync(0xFFFFFFFFu, total, 1), t2 = __shfl_down_sync(0xFFFFFFFFu, total, 2),
+                t3 = __shfl_down_sync(0xFFFFFFFFu, total, 3);
+    float carry = (on ? sdGl[d] : 0.0f) + (seg < 3 ? t1 : 0.0f) + (seg < 2 ? t2 : 0.0f) + (seg < 1 ? t3 : 0.0f);
+#pragma unroll
+    for (int e = 15; e >= 0; --e) {
+      const int r = rs + e;
+      carry += x[e];
+      float sum = on ? carry : 0.0f;  // lanes of the same segment: bits 2–4 of the lane
+      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 4);
+      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 8);
+      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 16);
+      if (tid % 32 < 4 && r < nv) atomicAdd(&p.dg[(r0 + r) * p.HV + hv], sum);
+    }
+  }
   if (p.delta_write && p.dbeta)
     for (int r = tid; r < nv; r += kGradThreads) p.dbeta[(r0 + r) * p.HV + hv] += sdb[r];
 }
