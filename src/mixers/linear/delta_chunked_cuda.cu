@@ -428,6 +428,10 @@ __device__ __forceinline__ void invert_unit_lower_tc(float* sT, float* scratch) 
   // Level 1 (warps 0–3: half h = w / 2, 8-column tile w % 2; o = 32h): P = A₂₁ T₁₁ into scratch
   // [2][16][24], then T₂₁ = −T₂₂ P.
   constexpr int LP1 = B + 8, LP2 = 2 * B + 8;
+  auto put = [&](float* tile, int ld, const float (&acc)[4], float sign) {  // an m16n8 accumulator at `tile`
+    float* x = tile + g * ld + 2 * t4;
+    x[0] = sign * acc[0], x[1] = sign * acc[1], x[8 * ld] = sign * acc[2], x[8 * ld + 1] = sign * acc[3];
+  };
   float* P1 = scratch;
   float* P2 = scratch + 2 * B * LP1;
   if (warp < 4) {
@@ -435,9 +439,7 @@ __device__ __forceinline__ void invert_unit_lower_tc(float* sT, float* scratch) 
     float acc[4] = {};
     product_3xtf32(acc, 0, 0, 0, B, [&](int m, int k) { return A(o + B + m, o + k); },
                    [&](int k, int n) { return T(o + k, o + c + n); });
-    float* P = P1 + (warp >> 1) * B * LP1;
-    P[g * LP1 + c + 2 * t4] = acc[0], P[g * LP1 + c + 2 * t4 + 1] = acc[1];
-    P[(g + 8) * LP1 + c + 2 * t4] = acc[2], P[(g + 8) * LP1 + c + 2 * t4 + 1] = acc[3];
+    put(P1 + (warp >> 1) * B * LP1 + c, LP1, acc, 1.0f);
   }
   __syncthreads();
   if (warp < 4) {
@@ -446,8 +448,7 @@ __device__ __forceinline__ void invert_unit_lower_tc(float* sT, float* scratch) 
     float acc[4] = {};
     product_3xtf32(acc, 0, 0, 0, B, [&](int m, int k) { return T(o + B + m, o + B + k); },
                    [&](int k, int n) { return P[k * LP1 + c + n]; });
-    float* t = sT + (o + B + g) * kC + o + c + 2 * t4;
-    t[0] = -acc[0], t[1] = -acc[1], t[8 * kC] = -acc[2], t[8 * kC + 1] = -acc[3];
+    put(sT + (o + B) * kC + o + c, kC, acc, -1.0f);
   }
   __syncthreads();
   // Level 2 (every warp: 16-row tile w / 4, 8-column tile w % 4 of the 32 × 32 blocks): P = A₂₁ T₁₁
@@ -458,8 +459,7 @@ __device__ __forceinline__ void invert_unit_lower_tc(float* sT, float* scratch) 
     float acc[4] = {};
     product_3xtf32(acc, 0, 0, c, 2 * B, [&](int m, int k) { return A(2 * B + m0 + m, k); },
                    [&](int k, int n) { return T(k, c + n); });
-    float* P = P2 + m0 * LP2 + c + 2 * t4;
-    P[g * LP2] = acc[0], P[g * LP2 + 1] = acc[1], P[(g + 8) * LP2] = acc[2], P[(g + 8) * LP2 + 1] = acc[3];
+    put(P2 + m0 * LP2 + c, LP2, acc, 1.0f);
   }
   __syncthreads();
   {
@@ -467,8 +467,7 @@ __device__ __forceinline__ void invert_unit_lower_tc(float* sT, float* scratch) 
     float acc[4] = {};
     product_3xtf32(acc, 0, 0, 0, m0 + B, [&](int m, int k) { return T(2 * B + m0 + m, 2 * B + k); },
                    [&](int k, int n) { return P2[k * LP2 + c + n]; });
-    float* t = sT + (2 * B + m0 + g) * kC + c + 2 * t4;
-    t[0] = -acc[0], t[1] = -acc[1], t[8 * kC] = -acc[2], t[8 * kC + 1] = -acc[3];
+    put(sT + (2 * B + m0) * kC + c, kC, acc, -1.0f);
   }
   __syncthreads();
 }
@@ -1684,62 +1683,37 @@ __device__ __forceinline__ void stage_cols(float* dst, const float* src, int row
   }
 }
 
-// Stages columns [j0, j0 + kJt) of a chunk's rows (nv real ones, zeros after) of a [rows, HV, V]
-// input (dO or v: fp32 when f32, else the io type T; null: zeros) into dst [kC][kJs], four
-// columns per load where V % 4 == 0 and the pointer allows.
-template <class T>
-__device__ __forceinline__ void stage_io(float* dst, const void* src, bool f32, const ChunkDev& p, int64_t r0, int nv,
-                                         int hv, int j0) {
-  const int V = p.V;
-  f32 = f32 || std::is_same_v<T, float>;
-  auto at = [&](int r, int jj) { return ((r0 + r) * p.HV + hv) * V + j0 + jj; };
-  if (V % 4 == 0 && src && reinterpret_cast<uintptr_t>(src) % (f32 ? 16 : 8) == 0) {
-    constexpr int kPieces = kJt / 4;
-    for (int i = threadIdx.x; i < kC * kPieces; i += kGradThreads) {
-      const int r = i / kPieces, jj = 4 * (i % kPieces);
-      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (r < nv && j0 + jj < V) {
-        if (f32) {
-          x = *reinterpret_cast<const float4*>(static_cast<const float*>(src) + at(r, jj));
-        } else if constexpr (!std::is_same_v<T, float>) {  // four bf16
-          const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const T*>(src) + at(r, jj));
-          const T* b = reinterpret_cast<const T*>(&u);
-          x = make_float4(to_f32(b[0]), to_f32(b[1]), to_f32(b[2]), to_f32(b[3]));
-        }
-      }
-      *reinterpret_cast<float4*>(dst + r * kJs + jj) = x;
-    }
-    return;
-  }
-  for (int i = threadIdx.x; i < kC * kJt; i += kGradThreads) {
-    const int r = i / kJt, jj = i % kJt;
-    float x = 0.0f;
-    if (src && r < nv && j0 + jj < V)
-      x = f32 ? static_cast<const float*>(src)[at(r, jj)] : to_f32(static_cast<const T*>(src)[at(r, jj)]);
-    dst[r * kJs + jj] = x;
-  }
-}
-
-// stage_io for two inputs at once (dO and v): where both take the four-column path, each thread's
-// loads of both are issued before either is converted, so their round trips overlap.
+// Stages columns [j0, j0 + kJt) of a chunk's rows (nv real ones, zeros after) of two [rows, HV, V]
+// inputs (dO and v: fp32 when f32, else the io type T; null: zeros) into dst [kC][kJs] each. Four
+// columns per load where V % 4 == 0 and both pointers allow, each thread's loads of both issued
+// before either is converted so that their round trips overlap; else one value at a time.
 template <class T>
 __device__ __forceinline__ void stage_io_pair(float* dst0, const void* src0, bool f32_0, float* dst1, const void* src1,
                                               bool f32_1, const ChunkDev& p, int64_t r0, int nv, int hv, int j0) {
   const int V = p.V;
   f32_0 = f32_0 || std::is_same_v<T, float>;
   f32_1 = f32_1 || std::is_same_v<T, float>;
+  auto at = [&](int r, int jj) { return ((r0 + r) * p.HV + hv) * V + j0 + jj; };
   auto fast = [&](const void* src, bool f32) {
     return src && reinterpret_cast<uintptr_t>(src) % (f32 ? 16 : 8) == 0;
   };
   if (V % 4 != 0 || !fast(src0, f32_0) || !fast(src1, f32_1)) {
-    stage_io<T>(dst0, src0, f32_0, p, r0, nv, hv, j0);
-    stage_io<T>(dst1, src1, f32_1, p, r0, nv, hv, j0);
+    for (int i = threadIdx.x; i < kC * kJt; i += kGradThreads) {
+      const int r = i / kJt, jj = i % kJt;
+      const bool ok = r < nv && j0 + jj < V;
+      auto one = [&](const void* src, bool f32) {
+        if (!src || !ok) return 0.0f;
+        return f32 ? static_cast<const float*>(src)[at(r, jj)] : to_f32(static_cast<const T*>(src)[at(r, jj)]);
+      };
+      dst0[r * kJs + jj] = one(src0, f32_0);
+      dst1[r * kJs + jj] = one(src1, f32_1);
+    }
     return;
   }
   // Four values' bits: fp32 in x..w, or bf16 pairs in x and y.
-  auto load = [&](const void* src, bool f32, int64_t at) {
-    if (f32) return *reinterpret_cast<const uint4*>(static_cast<const float*>(src) + at);
-    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(src) + at);
+  auto load = [&](const void* src, bool f32, int64_t i) {
+    if (f32) return *reinterpret_cast<const uint4*>(static_cast<const float*>(src) + i);
+    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(src) + i);
     return make_uint4(u.x, u.y, 0u, 0u);
   };
   auto value = [](uint4 u, bool f32) {
@@ -1752,9 +1726,8 @@ __device__ __forceinline__ void stage_io_pair(float* dst0, const void* src0, boo
     const int r = i / kPieces, jj = 4 * (i % kPieces);
     uint4 a = make_uint4(0u, 0u, 0u, 0u), b = a;
     if (r < nv && j0 + jj < V) {
-      const int64_t at = ((r0 + r) * p.HV + hv) * V + j0 + jj;
-      a = load(src0, f32_0, at);
-      b = load(src1, f32_1, at);
+      a = load(src0, f32_0, at(r, jj));
+      b = load(src1, f32_1, at(r, jj));
     }
     *reinterpret_cast<float4*>(dst0 + r * kJs + jj) = value(a, f32_0);
     *reinterpret_cast<float4*>(dst1 + r * kJs + jj) = value(b, f32_1);
