@@ -53,6 +53,7 @@ function(k3_test name)
     gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}")
   else()
     gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit")
+    add_dependencies(unit_tests ${name})
   endif()
 endfunction()
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what k3 needs from Debian's packages (only what is missing), then configures and
 # builds. Usage: scripts/setup.sh [BUILD_DIR] [extra cmake args...]
+# K3_BUILD_TARGET=NAME builds that target only (default: everything).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,4 +42,4 @@ if [[ " $* " != *" -DK3_CUDA="* ]] && { command -v nvcc >/dev/null || [ -x /usr/
   CUDA_ARGS=(-DK3_CUDA=ON)
 fi
 cmake -S . -B "$BUILD_DIR" -G Ninja -DK3_SHARED_DIR="$SHARED" "${CUDA_ARGS[@]}" "$@" >/dev/null
-cmake --build "$BUILD_DIR" -j"$(nproc)"
+cmake --build "$BUILD_DIR" -j"$(nproc)" ${K3_BUILD_TARGET:+--target "$K3_BUILD_TARGET"}
