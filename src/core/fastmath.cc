@@ -1,10 +1,34 @@
 #include "core/fastmath.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace k3 {
 
-K3_SIMD_CLONES void exp_array(const float* x, float* y, int64_t n) {
+namespace simd {
+Level level() {
+  static const Level best = [] {
+    Level l = Level::Base;
+#if defined(__GNUC__) && defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) l = Level::Avx2;
+    if (l == Level::Avx2 && __builtin_cpu_supports("avx512f")) l = Level::Avx512;
+#endif
+    if (const char* cap = std::getenv("K3_SIMD")) {
+      if (std::strcmp(cap, "base") == 0) l = Level::Base;
+      if (std::strcmp(cap, "avx2") == 0 && l == Level::Avx512) l = Level::Avx2;
+    }
+    return l;
+  }();
+  return best;
+}
+const char* name(Level l) { return l == Level::Avx512 ? "avx512" : l == Level::Avx2 ? "avx2+fma" : "base"; }
+}  // namespace simd
+
+K3_SIMD_BODY void exp_array_body(const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = exp_approx(x[i]);
 }
+K3_SIMD_DISPATCH(exp_array, (const float* x, float* y, int64_t n), (x, y, n))
 
 }  // namespace k3

@@ -5,13 +5,42 @@
 #include <bit>
 #include <cstdint>
 
-// One clone per ISA level (AVX-512 / AVX2+FMA / baseline SSE2), dispatched through an ifunc at load
-// time: the build targets baseline x86-64. GCC only: clang's target_clones differs, and sanitizer
-// / fuzz builds do not need the speed.
+namespace k3 {
+
+// The build targets baseline x86-64, so the kernels that want wide vectors are compiled once per
+// ISA level (AVX-512 / AVX2 + FMA / baseline SSE2) and one is picked by the CPU's features. (GCC
+// 12's target_clones resolver, used before, matched "arch=haswell" by CPU model and picked the
+// baseline clone on AMD EPYC, the machines k3 is built and tested on.)
+namespace simd {
+enum class Level : int { Base = 0, Avx2 = 1, Avx512 = 2 };
+// The best level the CPU has (detected once); the environment variable K3_SIMD=base or avx2 caps
+// it (to compare the forms).
+Level level();
+const char* name(Level l);
+}  // namespace simd
+
+}  // namespace k3
+
+// Usage, in a .cc: the kernel as `K3_SIMD_BODY void f_body(params) {...}` (inlined into each
+// form, so that each compiles for its ISA), then `K3_SIMD_DISPATCH(f, (params), (args))` defines
+// `void f(params)`, which calls the form for simd::level(). GCC on x86-64 only; elsewhere the body.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define K3_SIMD_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
+#define K3_SIMD_BODY [[gnu::always_inline]] inline
+#define K3_SIMD_DISPATCH(NAME, PARAMS, ARGS)                                                    \
+  __attribute__((target("avx2,fma"))) static void NAME##_avx2 PARAMS { NAME##_body ARGS; }        \
+  __attribute__((target("avx512f,avx2,fma"))) static void NAME##_avx512 PARAMS { NAME##_body ARGS; } \
+  void NAME PARAMS {                                                                             \
+    switch (::k3::simd::level()) {                                                               \
+      case ::k3::simd::Level::Avx512: NAME##_avx512 ARGS; return;                                \
+      case ::k3::simd::Level::Avx2: NAME##_avx2 ARGS; return;                                    \
+      case ::k3::simd::Level::Base: break;                                                       \
+    }                                                                                            \
+    NAME##_body ARGS;                                                                            \
+  }
 #else
-#define K3_SIMD_CLONES
+#define K3_SIMD_BODY inline
+#define K3_SIMD_DISPATCH(NAME, PARAMS, ARGS) \
+  void NAME PARAMS { NAME##_body ARGS; }
 #endif
 
 namespace k3 {

@@ -3,11 +3,12 @@
 
 #include <cstring>
 
-// K3_SIMD_CLONES (core/fastmath.h): one clone per ISA level, dispatched at load time.
+// K3_SIMD_BODY / K3_SIMD_DISPATCH (core/fastmath.h): one form per ISA level, picked by the CPU's
+// features.
 
 namespace k3::linear::detail {
 
-K3_SIMD_CLONES void exp_diff(const double* a, const double* b, float* y, int64_t n) {
+K3_SIMD_BODY void exp_diff_body(const double* a, const double* b, float* y, int64_t n) {
   if (!b) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] = exp_approx(float(a[i]));
@@ -16,11 +17,14 @@ K3_SIMD_CLONES void exp_diff(const double* a, const double* b, float* y, int64_t
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = exp_approx(float(a[i] - b[i]));
 }
+K3_SIMD_DISPATCH(exp_diff, (const double* a, const double* b, float* y, int64_t n), (a, b, y, n))
 
-K3_SIMD_CLONES void scale_exp_diff(const float* x, const double* a, const double* b, float* y, int64_t n) {
+K3_SIMD_BODY void scale_exp_diff_body(const float* x, const double* a, const double* b, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * exp_approx(float(a[i] - b[i]));
 }
+K3_SIMD_DISPATCH(scale_exp_diff, (const float* x, const double* a, const double* b, float* y, int64_t n),
+                 (x, a, b, y, n))
 
 // GCC/clang vector extensions for the diagonal-block kernel: one vf16 holds a row of the 16×16
 // block, so the sums over channels stay in registers (neither GCC's omp-simd reductions, which
@@ -57,8 +61,8 @@ typedef int32_t vi16 __attribute__((vector_size(kDiagLanes * sizeof(int32_t))));
 // Lanes run over the column s of the block, the loop over channels d accumulates. Kc and Gb of
 // the block are transposed into `scratch` first. Lanes s > r are masked to a very negative
 // exponent BEFORE exp (exp_vec gives exactly 0 there), so a positive exponent is never evaluated.
-K3_SIMD_CLONES void diag_gram(const float* Q, const float* Kc, const float* Gb, int64_t m, int64_t K, float* Aqk,
-                              float* Abar, int64_t ldm, float* scratch) {
+K3_SIMD_BODY void diag_gram_body(const float* Q, const float* Kc, const float* Gb, int64_t m, int64_t K,
+                                 float* Aqk, float* Abar, int64_t ldm, float* scratch) {
   constexpr int64_t L = kDiagLanes;
   float* KT = scratch;          // [K, L]
   float* GT = scratch + K * L;  // [K, L]
@@ -91,10 +95,14 @@ K3_SIMD_CLONES void diag_gram(const float* Q, const float* Kc, const float* Gb, 
       for (int64_t s = 0; s < r; ++s) Abar[r * ldm + s] = ak[s];
   }
 }
+K3_SIMD_DISPATCH(diag_gram,
+                 (const float* Q, const float* Kc, const float* Gb, int64_t m, int64_t K, float* Aqk, float* Abar,
+                  int64_t ldm, float* scratch),
+                 (Q, Kc, Gb, m, K, Aqk, Abar, ldm, scratch))
 
-K3_SIMD_CLONES void diag_gram_backward(const float* Q, const float* Kc, const float* Gb, int64_t m, int64_t K,
-                                       const float* dAqk, const float* dA, int64_t ldm, float* tXq, float* tXk,
-                                       float* tY) {
+K3_SIMD_BODY void diag_gram_backward_body(const float* Q, const float* Kc, const float* Gb, int64_t m,
+                                          int64_t K, const float* dAqk, const float* dA, int64_t ldm, float* tXq,
+                                          float* tXk, float* tY) {
   for (int64_t r = 0; r < m; ++r) {
     const float* q = Q + r * K;
     const float* kr = Kc + r * K;
@@ -119,5 +127,10 @@ K3_SIMD_CLONES void diag_gram_backward(const float* Q, const float* Kc, const fl
     }
   }
 }
+
+K3_SIMD_DISPATCH(diag_gram_backward,
+                 (const float* Q, const float* Kc, const float* Gb, int64_t m, int64_t K, const float* dAqk,
+                  const float* dA, int64_t ldm, float* tXq, float* tXk, float* tY),
+                 (Q, Kc, Gb, m, K, dAqk, dA, ldm, tXq, tXk, tY))
 
 }  // namespace k3::linear::detail

@@ -3,8 +3,9 @@
 //
 // Why: the per-channel gram needs exp(G_r[d] − G_s[d]) for every pair of a diagonal block and
 // every channel. glibc's scalar expf cannot be vectorised, and this build targets baseline
-// x86-64, so these kernels are compiled as `target_clones` (AVX-512 / AVX2+FMA / baseline SSE2,
-// picked once at load time) around `#pragma omp simd` loops that inline exp_approx.
+// x86-64, so these kernels are compiled once per ISA level (AVX-512 / AVX2+FMA / baseline SSE2,
+// picked by the CPU's features on first use: core/fastmath.h) around `#pragma omp simd` loops
+// that inline exp_approx.
 #pragma once
 
 #include <cstdint>
