@@ -22,7 +22,6 @@ Level level() {
   }();
   return best;
 }
-const char* name(Level l) { return l == Level::Avx512 ? "avx512" : l == Level::Avx2 ? "avx2+fma" : "base"; }
 }  // namespace simd
 
 K3_SIMD_BODY void exp_array_body(const float* x, float* y, int64_t n) {

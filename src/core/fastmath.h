@@ -16,7 +16,6 @@ enum class Level : int { Base = 0, Avx2 = 1, Avx512 = 2 };
 // The best level the CPU has (detected once); the environment variable K3_SIMD=base or avx2 caps
 // it (to compare the forms).
 Level level();
-const char* name(Level l);
 }  // namespace simd
 
 }  // namespace k3
