@@ -43,6 +43,9 @@ void register_train(CLI::App& app) {
                   "the fastest (false: its heuristic's first guess, the same algorithm run to run)")
       ->capture_default_str();
   cmd->add_flag("--quiet", c.quiet, "No progress bar, summary or sample");
+  cmd->add_flag("--profile", c.profile,
+                "Time each step scope by scope (the forward by layer and mixer, the backward by op, the optimizer) and "
+                "print where a step goes at the end");
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);

@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "core/device.h"
+#include "core/profile.h"
 
 namespace k3 {
 
@@ -93,7 +94,10 @@ void backward(const Var& out, const Tensor& seed) {
   }
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* n = *it;
-    if (n->backward && n->grad.defined()) n->backward(*n);
+    if (n->backward && n->grad.defined()) {
+      const profile::Scope scope(n->op);  // `k3 train --profile`: the backward, op by op
+      n->backward(*n);
+    }
   }
   // Free the graph: intermediate nodes drop parents, closures and grads.
   for (Node* n : order) {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/device.h"
+#include "core/profile.h"
 #include "infer/sampler.h"
 #include "ops/ag.h"
 #if defined(K3_HAS_CUDA)
@@ -321,6 +322,8 @@ TrainResult run_training(TrainConfig cfg) {
   const auto t_start = clock::now();
   int64_t step = start_step;
   double tokens_done = 0;
+  double profiled_seconds = 0;
+  if (cfg.profile) profile::reset();
   for (; step < cfg.steps; ++step) {
     if (g_interrupted) {
       res.interrupted = true;
@@ -328,30 +331,51 @@ TrainResult run_training(TrainConfig cfg) {
     }
     auto t0 = clock::now();
     double loss = 0;
-    zero_grad(*model);
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      data.batch(Split::Train, cfg.batch, cfg.seq_len, cfg.seed, step * cfg.grad_accum + micro, ids, targets);
-      Recording rec;
+    if (cfg.profile) profile::enable(cfg.device == "cuda");
+    double gnorm = 0;
+    float lr = 0;
+    {
+      const profile::Scope step_scope("step");
+      zero_grad(*model);
+      for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+        data.batch(Split::Train, cfg.batch, cfg.seq_len, cfg.seed, step * cfg.grad_accum + micro, ids, targets);
+        Recording rec;
 #if defined(K3_HAS_CUDA)
-      std::optional<ag::gpu::Bf16Gemms> bf16;
-      if (cfg.dtype == "bf16") bf16.emplace();
+        std::optional<ag::gpu::Bf16Gemms> bf16;
+        if (cfg.dtype == "bf16") bf16.emplace();
 #endif
-      Var l = model->loss(TokenBatch{ids.data(), cfg.batch, cfg.seq_len, nullptr}, targets, cfg.z_loss);
-      loss += l->value.f32()[0] / double(cfg.grad_accum);
-      if (cfg.aux_loss > 0)
-        if (Var aux = model->aux_loss(cfg.seq_len, cfg.aux_loss)) l = ag::add(l, aux);
-      Tensor seed = Tensor::full({1}, 1.0f / float(cfg.grad_accum));
-      backward(l, seed);
+        Var l;
+        {
+          const profile::Scope phase("forward");
+          l = model->loss(TokenBatch{ids.data(), cfg.batch, cfg.seq_len, nullptr}, targets, cfg.z_loss);
+          loss += l->value.f32()[0] / double(cfg.grad_accum);
+          if (cfg.aux_loss > 0)
+            if (Var aux = model->aux_loss(cfg.seq_len, cfg.aux_loss)) l = ag::add(l, aux);
+        }
+        const profile::Scope phase("backward");
+        Tensor seed = Tensor::full({1}, 1.0f / float(cfg.grad_accum));
+        backward(l, seed);
+      }
+      if (!std::isfinite(loss)) {
+        profile::disable();
+        std::fprintf(stderr, "\n");
+        throw error("train", "loss became ", loss, " at step ", step, " (try a lower --lr); last checkpoint is in ", cfg.out);
+      }
+      {
+        const profile::Scope phase("gradient clipping");
+        gnorm = clip_grad_norm(*model, cfg.clip);
+      }
+      {
+        const profile::Scope phase("optimizer");
+        lr = sched.at(step);
+        opt.step(*model, lr);
+      }
+      const profile::Scope phase("after step (router bias)");
+      model->after_step();
     }
-    if (!std::isfinite(loss)) {
-      std::fprintf(stderr, "\n");
-      throw error("train", "loss became ", loss, " at step ", step, " (try a lower --lr); last checkpoint is in ", cfg.out);
-    }
-    const double gnorm = clip_grad_norm(*model, cfg.clip);
-    const float lr = sched.at(step);
-    opt.step(*model, lr);
-    model->after_step();
+    profile::disable();
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    if (cfg.profile) profiled_seconds += dt;
     tokens_done += double(cfg.batch * cfg.seq_len * cfg.grad_accum);
     const double elapsed = std::chrono::duration<double>(clock::now() - t_start).count();
     const double tps = tokens_done / elapsed;
@@ -377,6 +401,13 @@ TrainResult run_training(TrainConfig cfg) {
   std::signal(SIGINT, old_handler);
   if (tty) std::fprintf(stderr, "\n");
   res.steps_done = step;
+  if (cfg.profile && step > start_step) {
+    const double n = double(step - start_step);
+    std::printf("where a training step goes (%lld steps, %.2f ms/step, %s; the backward by op, in reverse order of the forward):\n",
+                (long long)(step - start_step), 1e3 * profiled_seconds / n,
+                cfg.device == "cuda" ? "the device drained at every scope boundary" : "host wall clock");
+    std::printf("%s\n", profile::format_table(n, profiled_seconds).c_str());
+  }
   res.tokens_per_second = tokens_done / std::max(1e-9, std::chrono::duration<double>(clock::now() - t_start).count());
   save_checkpoint(step);
   if (res.interrupted) {

@@ -31,6 +31,7 @@ struct TrainConfig {
   std::string device = "cpu";          // cpu | cuda: where the parameters, activations, gradients and moments live
   std::string dtype = "f32";           // f32 | bf16: GEMM operands on CUDA (bf16: fp32 accumulation, fp32 master weights)
   bool gemm_tuning = true;             // CUDA: time cuBLASLt's candidates per GEMM shape, keep the fastest
+  bool profile = false;                // time each step scope by scope (forward by layer, backward by op) and print the table
 };
 
 struct TrainResult {
