@@ -29,4 +29,24 @@ TEST(FastMath, ExpMatchesTheLibrary) {
   EXPECT_LT(worst_array, 3e-7);
 }
 
+// tanh and σ built on it, against the C library in double, over every region their branches
+// split (the small-|x| series below 0.3, the exponential form above, saturation).
+TEST(FastMath, TanhAndSigmoidMatchTheLibrary) {
+  EXPECT_EQ(tanh_approx(0.0f), 0.0f);
+  EXPECT_EQ(tanh_approx(30.0f), 1.0f);
+  EXPECT_EQ(tanh_approx(-1e6f), -1.0f);
+  EXPECT_EQ(sigmoid_approx(0.0f), 0.5f);
+  EXPECT_EQ(sigmoid_approx(200.0f), 1.0f);
+  EXPECT_LT(sigmoid_approx(-200.0f), 1e-37f);
+  double worst_tanh = 0, worst_sigmoid = 0;
+  for (float v = 1e-6f; v < 40.0f; v *= 1.0001f)
+    for (float x : {v, -v}) {
+      const double t = std::tanh(double(x)), s = 1.0 / (1.0 + std::exp(-double(x)));
+      worst_tanh = std::max(worst_tanh, std::fabs(double(tanh_approx(x)) - t) / std::fabs(t));
+      worst_sigmoid = std::max(worst_sigmoid, std::fabs(double(sigmoid_approx(x)) - s) / s);
+    }
+  EXPECT_LT(worst_tanh, 4e-7);
+  EXPECT_LT(worst_sigmoid, 4e-7);
+}
+
 }  // namespace k3

@@ -94,35 +94,25 @@ Var scale(const Var& a, float s) {
 }
 
 namespace {
-// Elementwise unary op from f(x) and f'(x).
-template <class F, class DF>
-Var unary(const Var& a, F f, DF df, const char* op) {
+// Elementwise op from an array kernel pair (ops/activation.h): forward(x, y, n), backward(x, dy, dx, n).
+Var unary_arrays(const Var& a, void (*forward)(const float*, float*, int64_t),
+                 void (*backward)(const float*, const float*, float*, int64_t), const char* op) {
   Tensor y = like(a->value);
-  const float* pa = a->value.f32();
-  float* py = y.f32();
-  const int64_t n = y.numel();
-  parallel_for(n, 1 << 14, [&](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; ++i) py[i] = f(pa[i]);
-  });
-  return make_node(std::move(y), {a}, [a, df](Node& self) {
-    const float* g = self.grad.f32();
-    const float* x = a->value.f32();
-    float* d = a->grad_f32();
-    for (int64_t i = 0; i < self.value.numel(); ++i) d[i] += g[i] * df(x[i]);
+  forward(a->value.f32(), y.f32(), y.numel());
+  return make_node(std::move(y), {a}, [a, backward](Node& self) {
+    backward(a->value.f32(), self.grad.f32(), a->grad_f32(), self.value.numel());
   }, op);
 }
-inline float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 }  // namespace
 
 Var sigmoid(const Var& a) {
   K3_AG_CUDA(a, sigmoid(a));
-  return unary(a, sigm, [](float x) { float s = sigm(x); return s * (1 - s); }, "sigmoid");
+  return unary_arrays(a, sigmoid_forward, sigmoid_backward, "sigmoid");
 }
 
 Var silu(const Var& a) {
   K3_AG_CUDA(a, silu(a));
-  return unary(a, [](float x) { return x * sigm(x); },
-               [](float x) { float s = sigm(x); return s * (1 + x * (1 - s)); }, "silu");
+  return unary_arrays(a, silu_forward, silu_backward, "silu");
 }
 
 Var gelu_tanh(const Var& a) {

@@ -3,8 +3,9 @@
 #include "ops/ag_cuda.h"
 
 #include <cmath>
+#include <vector>
 
-#include "core/parallel.h"
+#include "ops/activation.h"
 
 namespace k3 {
 
@@ -40,25 +41,22 @@ Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts) {
   if (gate->value.shape() != up->value.shape())
     throw error("situ", "gate ", gate->value.describe(), " and up ", up->value.describe(), " differ in shape");
   Tensor y = Tensor::empty(gate->value.shape());
-  const float *pg = gate->value.f32(), *pu = up->value.f32();
-  float* py = y.f32();
-  const int64_t n = y.numel();
-  const auto beta = opts.beta, beta_lin = opts.beta_lin;
-  parallel_for(n, 1 << 14, [&](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; ++i) py[i] = situ_gate(pg[i], beta) * situ_up(pu[i], beta_lin);
-  });
+  // The array kernels take a cap ≤ 0 as "absent".
+  const float beta = opts.beta ? *opts.beta : 0.0f, beta_lin = opts.beta_lin ? *opts.beta_lin : 0.0f;
+  if ((opts.beta && !(beta > 0)) || (opts.beta_lin && !(beta_lin > 0)))
+    throw error("situ", "the caps must be positive: beta ", beta, ", beta_lin ", beta_lin);
+  situ_glu_forward(gate->value.f32(), up->value.f32(), y.f32(), y.numel(), beta, beta_lin);
   return make_node(std::move(y), {gate, up}, [gate, up, beta, beta_lin](Node& self) {
-    const float* g = self.grad.f32();
-    const float *xg = gate->value.f32(), *xu = up->value.f32();
+    const int64_t n = self.value.numel();
+    // Both gradients are computed together; the one not wanted (if any) goes to a scratch buffer.
     float* dg = needs_grad(gate) ? gate->grad_f32() : nullptr;
     float* du = needs_grad(up) ? up->grad_f32() : nullptr;
-    const int64_t m = self.value.numel();
-    parallel_for(m, 1 << 14, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) {
-        if (dg) dg[i] += g[i] * situ_gate_grad(xg[i], beta) * situ_up(xu[i], beta_lin);
-        if (du) du[i] += g[i] * situ_gate(xg[i], beta) * situ_up_grad(xu[i], beta_lin);
-      }
-    });
+    std::vector<float> unused;
+    if (!dg || !du) {
+      unused.assign(size_t(n), 0.0f);
+      (dg ? du : dg) = unused.data();
+    }
+    situ_glu_backward(gate->value.f32(), up->value.f32(), self.grad.f32(), dg, du, n, beta, beta_lin);
   }, opts.beta || opts.beta_lin ? "situ_glu" : "silu_glu");
 }
 

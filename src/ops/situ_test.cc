@@ -67,8 +67,11 @@ TEST(Situ, FusedOpValuesAndGradients) {
   // Gates around the soft cap and ups around the linear cap, so both tanh regions matter.
   auto g = random_var({6, 9}, rng, 3.0f), u = random_var({6, 9}, rng, 20.0f);
   Var y = ag::situ_glu(g, u, SituOptions{});
-  for (int64_t i = 0; i < y->value.numel(); ++i)
-    EXPECT_FLOAT_EQ(y->value.f32()[i], situ_gate(g->value.f32()[i], 4.0f) * situ_up(u->value.f32()[i], 25.0f));
+  for (int64_t i = 0; i < y->value.numel(); ++i) {
+    const double gd = g->value.f32()[i], ud = u->value.f32()[i];
+    const double want = 4.0 * std::tanh(gd / 4.0) / (1.0 + std::exp(-gd)) * 25.0 * std::tanh(ud / 25.0);
+    EXPECT_NEAR(y->value.f32()[i], want, 2e-6 * std::fabs(want) + 1e-30) << i;
+  }
   Var z = ag::silu_glu(g, u);
   for (int64_t i = 0; i < z->value.numel(); ++i)
     EXPECT_NEAR(z->value.f32()[i], silu_d(g->value.f32()[i]) * u->value.f32()[i], 1e-4);
@@ -79,6 +82,12 @@ TEST(Situ, FusedOpValuesAndGradients) {
             2e-3);
   EXPECT_LT(gradcheck([](auto& v) { return ag::situ_glu(v[0], v[1], SituOptions{std::nullopt, 25.0f}); }, {g, u}),
             2e-3);
+  // One input without a gradient (its gradient goes nowhere; the other's must be unchanged).
+  Var uc = constant(u->value), gc = constant(g->value);
+  EXPECT_LT(gradcheck([&](auto& v) { return ag::situ_glu(v[0], uc, SituOptions{}); }, {g}), 2e-3);
+  EXPECT_LT(gradcheck([&](auto& v) { return ag::situ_glu(gc, v[0], SituOptions{}); }, {u}), 2e-3);
+  EXPECT_THROW(ag::situ_glu(g, u, SituOptions{0.0f, 25.0f}), Error);
+  EXPECT_THROW(ag::situ_glu(g, u, SituOptions{4.0f, -1.0f}), Error);
   auto bad = random_var({6, 8}, rng);
   EXPECT_THROW(ag::situ_glu(g, bad, SituOptions{}), Error);
 }
