@@ -1,6 +1,7 @@
 // Vectorised kernels of the chunked delta-rule form; see delta_simd.h for why they exist.
 #include "mixers/linear/delta_simd.h"
 
+#include <algorithm>
 #include <cstring>
 
 // K3_SIMD_BODY / K3_SIMD_DISPATCH (core/fastmath.h): one form per ISA level, picked by the CPU's
@@ -26,44 +27,49 @@ K3_SIMD_BODY void scale_exp_diff_body(const float* x, const double* a, const dou
 K3_SIMD_DISPATCH(scale_exp_diff, (const float* x, const double* a, const double* b, float* y, int64_t n),
                  (x, a, b, y, n))
 
-// GCC/clang vector extensions for the diagonal-block kernel: one vf16 holds a row of the 16×16
-// block, so the sums over channels stay in registers (neither GCC's omp-simd reductions, which
-// are summed lane by lane in order, nor its outer-loop vectoriser handled this loop well).
-typedef float vf16 __attribute__((vector_size(kDiagLanes * sizeof(float))));
-typedef int32_t vi16 __attribute__((vector_size(kDiagLanes * sizeof(int32_t))));
+// GCC/clang vector extensions for the diagonal-block kernel: a vf8 holds 8 columns of a row of
+// the 16×16 block, so the sums over channels stay in registers (neither GCC's omp-simd
+// reductions, which are summed lane by lane in order, nor its outer-loop vectoriser handled this
+// loop well). 8 lanes, not 16: wider than the ISA's vectors (AVX2), GCC lowered the selects of a
+// 16-lane vector to scalar compares and spilled the halves to the stack.
+constexpr int64_t kVecLanes = 8;
+typedef float vf8 __attribute__((vector_size(kVecLanes * sizeof(float))));
+typedef int32_t vi8 __attribute__((vector_size(kVecLanes * sizeof(int32_t))));
 
-// exp_approx on 16 lanes (same constants, same clamps; see delta_simd.h). Vectors are passed by
-// reference: by value, the baseline clone would warn (-Wpsabi) about the 64-byte vector ABI.
-[[gnu::always_inline]] inline void exp_vec(const vf16& x, vf16& out) {
+// exp_approx on 8 lanes (same constants, same clamps; see delta_simd.h). Vectors are passed by
+// reference: by value, the baseline form would warn (-Wpsabi) about the 32-byte vector ABI.
+[[gnu::always_inline]] inline void exp_vec(const vf8& x, vf8& out) {
   constexpr float kLo = -87.33654f, kHi = 88.0f;
-  const vf16 lo = vf16{} + kLo, hi = vf16{} + kHi;
-  vf16 xc = x < lo ? lo : x;
+  const vf8 lo = vf8{} + kLo, hi = vf8{} + kHi;
+  vf8 xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  const vf16 n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
-  vf16 r = xc - n * 0.693359375f;
+  const vf8 n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
+  vf8 r = xc - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
-  vf16 p = vf16{} + 1.9875691500e-4f;
+  vf8 p = vf8{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
-  vf16 scale;  // 2^n from the exponent bits (memcpy: std::bit_cast would return a vector by value)
+  const vi8 bits = (__builtin_convertvector(n, vi8) + 127) << 23;
+  vf8 scale;  // 2^n from the exponent bits (memcpy: std::bit_cast would return a vector by value)
   std::memcpy(&scale, &bits, sizeof scale);
-  const vf16 y = p * scale;
-  out = x < lo ? vf16{} : y;
+  const vf8 y = p * scale;
+  out = x < lo ? vf8{} : y;
 }
 
-[[gnu::always_inline]] inline void load16(const float* p, vf16& v) { std::memcpy(&v, p, sizeof v); }
+[[gnu::always_inline]] inline void load8(const float* p, vf8& v) { std::memcpy(&v, p, sizeof v); }
 
-// Lanes run over the column s of the block, the loop over channels d accumulates. Kc and Gb of
-// the block are transposed into `scratch` first. Lanes s > r are masked to a very negative
-// exponent BEFORE exp (exp_vec gives exactly 0 there), so a positive exponent is never evaluated.
+// Lanes run over 8 columns s of the block at a time, the loop over channels d accumulates. Kc and
+// Gb of the block are transposed into `scratch` first. Lanes s > r are masked to a very negative
+// exponent BEFORE exp (exp_vec gives exactly 0 there), so a positive exponent is never evaluated;
+// a half whose columns all lie above row r is skipped.
 K3_SIMD_BODY void diag_gram_body(const float* Q, const float* Kc, const float* Gb, int64_t m, int64_t K,
                                  float* Aqk, float* Abar, int64_t ldm, float* scratch) {
-  constexpr int64_t L = kDiagLanes;
+  constexpr int64_t L = kDiagLanes, W = kVecLanes;
+  static_assert(L % W == 0);
   float* KT = scratch;          // [K, L]
   float* GT = scratch + K * L;  // [K, L]
   for (int64_t d = 0; d < K; ++d)
@@ -71,28 +77,31 @@ K3_SIMD_BODY void diag_gram_body(const float* Q, const float* Kc, const float* G
       KT[d * L + s] = s < m ? Kc[s * K + d] : 0.0f;
       GT[d * L + s] = s < m ? Gb[s * K + d] : 0.0f;
     }
-  vi16 lane;
-  for (int32_t s = 0; s < int32_t(L); ++s) lane[s] = s;
-  const vf16 masked = vf16{} - 1000.0f;
-  for (int64_t r = 0; r < m; ++r) {
-    const vi16 keep = lane <= int32_t(r);
-    const float* q = Q + r * K;
-    const float* kr = Kc + r * K;
-    const float* gr = Gb + r * K;
-    vf16 aq = {}, ak = {};
-    for (int64_t d = 0; d < K; ++d) {
-      vf16 gt, kt, e;
-      load16(GT + d * L, gt);
-      load16(KT + d * L, kt);
-      const vf16 x = keep ? gr[d] - gt : masked;  // mask, then exponentiate
-      exp_vec(x, e);
-      e *= kt;
-      aq += q[d] * e;
-      ak += kr[d] * e;
+  vi8 lane;
+  for (int32_t s = 0; s < int32_t(W); ++s) lane[s] = s;
+  const vf8 masked = vf8{} - 1000.0f;
+  for (int64_t s0 = 0; s0 < m; s0 += W) {
+    for (int64_t r = s0; r < m; ++r) {
+      const vi8 keep = lane <= int32_t(r - s0);
+      const float* q = Q + r * K;
+      const float* kr = Kc + r * K;
+      const float* gr = Gb + r * K;
+      vf8 aq = {}, ak = {};
+      for (int64_t d = 0; d < K; ++d) {
+        vf8 gt, kt, e;
+        load8(GT + d * L + s0, gt);
+        load8(KT + d * L + s0, kt);
+        const vf8 x = keep ? gr[d] - gt : masked;  // mask, then exponentiate
+        exp_vec(x, e);
+        e *= kt;
+        aq += q[d] * e;
+        ak += kr[d] * e;
+      }
+      const int64_t end = std::min(r, s0 + W - 1);
+      for (int64_t s = s0; s <= end; ++s) Aqk[r * ldm + s] = aq[s - s0];
+      if (Abar)
+        for (int64_t s = s0; s <= end && s < r; ++s) Abar[r * ldm + s] = ak[s - s0];
     }
-    for (int64_t s = 0; s <= r; ++s) Aqk[r * ldm + s] = aq[s];
-    if (Abar)
-      for (int64_t s = 0; s < r; ++s) Abar[r * ldm + s] = ak[s];
   }
 }
 K3_SIMD_DISPATCH(diag_gram,
