@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/parallel.h"
+#include "core/fastmath.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/embedding.h"
@@ -291,17 +292,21 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
   for (int64_t v0 = 0; v0 < V; v0 += vc) {
     const int64_t n = std::min(vc, V - v0);
     gemm(Trans::No, Trans::Yes, N, n, D, 1.0f, h->value.f32(), D, w->value.f32() + v0 * D, D, 0.0f, chunk.data(), n);
-    for (int64_t r = 0; r < N; ++r) {
-      const float* row = chunk.data() + r * n;
-      float m = mx[size_t(r)];
-      for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
-      float s = se[size_t(r)] * std::exp(mx[size_t(r)] - m);
-      for (int64_t j = 0; j < n; ++j) s += std::exp(row[j] - m);
-      mx[size_t(r)] = m;
-      se[size_t(r)] = s;
-      int64_t t = targets[size_t(r)];
-      if (t >= v0 && t < v0 + n) tgt[size_t(r)] = row[t - v0];
-    }
+    parallel_for(N, 8, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* row = chunk.data() + r * n;
+        const int64_t t = targets[size_t(r)];
+        if (t >= v0 && t < v0 + n) tgt[size_t(r)] = row[t - v0];
+        float m = mx[size_t(r)];
+        for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+        for (int64_t j = 0; j < n; ++j) row[j] -= m;
+        exp_array(row, row, n);  // the row is scratch from here on
+        float s = se[size_t(r)] * std::exp(mx[size_t(r)] - m);
+        for (int64_t j = 0; j < n; ++j) s += row[j];
+        mx[size_t(r)] = m;
+        se[size_t(r)] = s;
+      }
+    });
   }
   double loss = 0;
   for (int64_t r = 0; r < N; ++r) {
@@ -316,18 +321,22 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
     for (int64_t v0 = 0; v0 < V; v0 += vc) {
       const int64_t n = std::min(vc, V - v0);
       gemm(Trans::No, Trans::Yes, N, n, D, 1.0f, h->value.f32(), D, w->value.f32() + v0 * D, D, 0.0f, c.data(), n);
-      for (int64_t r = 0; r < N; ++r) {  // dlogits = g (softmax - onehot), zero for ignored rows
-        float* row = c.data() + r * n;
-        const int64_t t = targets[size_t(r)];
-        if (t < 0) {
-          std::fill(row, row + n, 0.0f);
-          continue;
+      parallel_for(N, 8, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {  // dlogits = g (softmax - onehot), zero for ignored rows
+          float* row = c.data() + r * n;
+          const int64_t t = targets[size_t(r)];
+          if (t < 0) {
+            std::fill(row, row + n, 0.0f);
+            continue;
+          }
+          // d/dz of lse - z_t + c·lse² is softmax·(1 + 2c·lse) - onehot.
+          const float l = (*lse)[size_t(r)], scale = g * (1.0f + 2.0f * z_loss * l);
+          for (int64_t j = 0; j < n; ++j) row[j] -= l;
+          exp_array(row, row, n);
+          for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+          if (t >= v0 && t < v0 + n) row[t - v0] -= g;
         }
-        // d/dz of lse - z_t + c·lse² is softmax·(1 + 2c·lse) - onehot.
-        const float zs = 1.0f + 2.0f * z_loss * (*lse)[size_t(r)];
-        for (int64_t j = 0; j < n; ++j) row[j] = g * zs * std::exp(row[j] - (*lse)[size_t(r)]);
-        if (t >= v0 && t < v0 + n) row[t - v0] -= g;
-      }
+      });
       if (needs_grad(h)) gemm(Trans::No, Trans::No, N, D, n, 1.0f, c.data(), n, w->value.f32() + v0 * D, D, 1.0f, h->grad_f32(), D);
       if (needs_grad(w)) gemm(Trans::Yes, Trans::No, n, D, N, 1.0f, c.data(), n, h->value.f32(), D, 1.0f, w->grad_f32() + v0 * D, D);
     }

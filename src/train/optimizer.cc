@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/device.h"
+#include "core/parallel.h"
 #include "io/safetensors.h"
 #if defined(K3_HAS_CUDA)
 #include "ops/ops_cuda.h"
@@ -36,12 +37,14 @@ void AdamW::step(const Model& model, float lr) {
     const float* g = p.grad.f32();
     float* pm = m.f32();
     float* pv = v.f32();
-    for (int64_t i = 0; i < p.value.numel(); ++i) {
-      pm[i] = b1 * pm[i] + (1 - b1) * g[i];
-      pv[i] = b2 * pv[i] + (1 - b2) * g[i] * g[i];
-      double mhat = pm[i] / c1, vhat = pv[i] / c2;
-      w[i] -= lr * float(mhat / (std::sqrt(vhat) + o_.eps) + wd * w[i]);
-    }
+    parallel_for(p.value.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {  // elementwise: any split, same values
+      for (int64_t i = i0; i < i1; ++i) {
+        pm[i] = b1 * pm[i] + (1 - b1) * g[i];
+        pv[i] = b2 * pv[i] + (1 - b2) * g[i] * g[i];
+        double mhat = pm[i] / c1, vhat = pv[i] / c2;
+        w[i] -= lr * float(mhat / (std::sqrt(vhat) + o_.eps) + wd * w[i]);
+      }
+    });
   });
 }
 
@@ -88,7 +91,8 @@ double clip_grad_norm(const Model& model, double max_norm) {
 #endif
       return;
     }
-    for (int64_t i = 0; i < p.grad.numel(); ++i) sq += double(p.grad.f32()[i]) * p.grad.f32()[i];
+    const float* g = p.grad.f32();
+    for (int64_t i = 0, n = p.grad.numel(); i < n; ++i) sq += double(g[i]) * g[i];  // in order: reproducible
   });
 #if defined(K3_HAS_CUDA)
   if (dev_sq.get()) {
@@ -108,7 +112,8 @@ double clip_grad_norm(const Model& model, double max_norm) {
 #endif
         return;
       }
-      for (int64_t i = 0; i < p.grad.numel(); ++i) p.grad.f32()[i] *= s;
+      float* g = p.grad.f32();
+      for (int64_t i = 0, n = p.grad.numel(); i < n; ++i) g[i] *= s;
     });
   }
   return norm;
