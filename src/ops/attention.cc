@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/fastmath.h"
 #include "core/parallel.h"
 #include "ops/gemm.h"
 
@@ -15,11 +16,10 @@ namespace {
 void causal_softmax_row(float* row, int64_t n, int64_t total) {
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+  for (int64_t j = 0; j < n; ++j) row[j] -= mx;
+  exp_array(row, row, n);
   double sum = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    row[j] = std::exp(row[j] - mx);
-    sum += row[j];
-  }
+  for (int64_t j = 0; j < n; ++j) sum += row[j];
   float inv = float(1.0 / sum);
   for (int64_t j = 0; j < n; ++j) row[j] *= inv;
   for (int64_t j = n; j < total; ++j) row[j] = 0.0f;
