@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "core/fastmath.h"
 
 namespace k3 {
 
@@ -46,35 +49,44 @@ void gate_softplus_backward(const float* x, const float* A_log, const float* dt_
     }
 }
 
+// The lower-bound gate's loops over k (one head's channels, contiguous) use fastmath's σ so that
+// they vectorise; the sums over rows (ddt_bias, dA_log) stay in row order.
 void gate_lowerbound_forward(const float* x, const float* A_log, const float* dt_bias, float lower_bound, float* g,
                              GateShape s) {
   for (int64_t r = 0; r < s.rows; ++r)
     for (int64_t h = 0; h < s.H; ++h) {
       const float a = std::exp(A_log[h]);
-      for (int64_t k = 0; k < s.K; ++k) {
-        const int64_t i = (r * s.H + h) * s.K + k;
-        g[i] = lower_bound * gate_sigmoid(a * (x[i] + dt_bias[h * s.K + k]));
-      }
+      const int64_t i0 = (r * s.H + h) * s.K;
+      const float* bias = dt_bias + h * s.K;
+#pragma omp simd
+      for (int64_t k = 0; k < s.K; ++k) g[i0 + k] = lower_bound * sigmoid_approx(a * (x[i0 + k] + bias[k]));
     }
 }
 
 // g = lb·σ(a u): ∂g/∂u = lb·σ(1−σ)·a, ∂g/∂A_log = lb·σ(1−σ)·a·u.
 void gate_lowerbound_backward(const float* x, const float* A_log, const float* dt_bias, float lower_bound,
                               const float* dg, float* dx, float* dA_log, float* ddt_bias, GateShape s) {
+  std::vector<float> dz(size_t(s.K)), u(size_t(s.K));
   for (int64_t r = 0; r < s.rows; ++r)
     for (int64_t h = 0; h < s.H; ++h) {
       const float a = std::exp(A_log[h]);
-      double da = 0.0;
+      const int64_t i0 = (r * s.H + h) * s.K;
+      const float* bias = dt_bias + h * s.K;
+#pragma omp simd
       for (int64_t k = 0; k < s.K; ++k) {
-        const int64_t i = (r * s.H + h) * s.K + k;
-        const float u = x[i] + dt_bias[h * s.K + k];
-        const float sg = gate_sigmoid(a * u);
-        const float dz = dg[i] * lower_bound * sg * (1.0f - sg);  // adjoint of z = a·u
-        if (dx) dx[i] += dz * a;
-        if (ddt_bias) ddt_bias[h * s.K + k] += dz * a;
-        da += double(dz) * a * u;
+        u[size_t(k)] = x[i0 + k] + bias[k];
+        const float sg = sigmoid_approx(a * u[size_t(k)]);
+        dz[size_t(k)] = dg[i0 + k] * lower_bound * sg * (1.0f - sg);  // adjoint of z = a·u
       }
-      if (dA_log) dA_log[h] += float(da);
+      if (dx)
+        for (int64_t k = 0; k < s.K; ++k) dx[i0 + k] += dz[size_t(k)] * a;
+      if (ddt_bias)
+        for (int64_t k = 0; k < s.K; ++k) ddt_bias[h * s.K + k] += dz[size_t(k)] * a;
+      if (dA_log) {
+        double da = 0.0;
+        for (int64_t k = 0; k < s.K; ++k) da += double(dz[size_t(k)]) * a * u[size_t(k)];
+        dA_log[h] += float(da);
+      }
     }
 }
 
