@@ -27,6 +27,11 @@ void short_conv_forward(const float* x, const float* w, const float* tail, int64
 void short_conv_backward(const float* x, const float* w, const float* dy, int64_t T, int64_t C, int64_t W, float* dx,
                          float* dw) {
   const int64_t P = W - 1;
+  // Tap-major copies of w and of dw's increments ([W, C]): the loops over channels then read and
+  // write contiguously, and vectorise.
+  std::vector<float> wt(size_t(W * C)), dwt(dw ? size_t(W * C) : 0, 0.0f);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t i = 0; i < W; ++i) wt[size_t(i * C + c)] = w[c * W + i];
   for (int64_t t = 0; t < T; ++t) {
     const float* g = dy + t * C;
     for (int64_t i = 0; i < W; ++i) {
@@ -34,14 +39,19 @@ void short_conv_backward(const float* x, const float* w, const float* dy, int64_
       if (s < 0) continue;
       if (dx) {
         float* d = dx + s * C;
-        for (int64_t c = 0; c < C; ++c) d[c] += w[c * W + i] * g[c];
+        const float* wi = wt.data() + i * C;
+        for (int64_t c = 0; c < C; ++c) d[c] += wi[c] * g[c];
       }
       if (dw) {
         const float* xr = x + s * C;
-        for (int64_t c = 0; c < C; ++c) dw[c * W + i] += xr[c] * g[c];
+        float* di = dwt.data() + i * C;
+        for (int64_t c = 0; c < C; ++c) di[c] += xr[c] * g[c];
       }
     }
   }
+  if (dw)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < W; ++i) dw[c * W + i] += dwt[size_t(i * C + c)];
 }
 
 void short_conv_update_tail(const float* x, int64_t T, int64_t C, int64_t W, float* tail) {
@@ -72,9 +82,16 @@ Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T) {
     const float* dy = self.grad.f32();
     float* dx = needs_grad(x) ? x->grad_f32() : nullptr;
     float* dw = needs_grad(w) ? w->grad_f32() : nullptr;
-    for (int64_t b = 0; b < B; ++b)
-      short_conv_backward(x->value.f32() + b * T * C, w->value.f32(), dy + b * T * C, T, C, W,
-                          dx ? dx + b * T * C : nullptr, dw);
+    // Sequences in parallel, each with its own dw, added up afterwards in sequence order.
+    std::vector<float> dws(dw ? size_t(B * C * W) : 0, 0.0f);
+    parallel_for(B, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        short_conv_backward(x->value.f32() + b * T * C, w->value.f32(), dy + b * T * C, T, C, W,
+                            dx ? dx + b * T * C : nullptr, dw ? dws.data() + b * C * W : nullptr);
+    });
+    if (dw)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < C * W; ++i) dw[i] += dws[size_t(b * C * W + i)];
   }, "short_conv");
 }
 
