@@ -48,18 +48,30 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
   }, "linear");
 }
 
+namespace {
+// f(i) for i in [0, n), split over the thread pool (elementwise: the same values whatever the split).
+template <class F>
+void elementwise(int64_t n, F f) {
+  parallel_for(n, 1 << 15, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) f(i);
+  });
+}
+}  // namespace
+
 Var add(const Var& a, const Var& b) {
   K3_AG_CUDA(a, add(a, b));
   same_shape(a, b, "add");
   Tensor y = like(a->value);
   const float *pa = a->value.f32(), *pb = b->value.f32();
   float* py = y.f32();
-  for (int64_t i = 0; i < y.numel(); ++i) py[i] = pa[i] + pb[i];
+  elementwise(y.numel(), [&](int64_t i) { py[i] = pa[i] + pb[i]; });
   return make_node(std::move(y), {a, b}, [a, b](Node& self) {
     const float* g = self.grad.f32();
     const int64_t n = self.value.numel();
-    if (needs_grad(a)) { float* d = a->grad_f32(); for (int64_t i = 0; i < n; ++i) d[i] += g[i]; }
-    if (needs_grad(b)) { float* d = b->grad_f32(); for (int64_t i = 0; i < n; ++i) d[i] += g[i]; }
+    float* da = needs_grad(a) ? a->grad_f32() : nullptr;
+    float* db = needs_grad(b) ? b->grad_f32() : nullptr;
+    if (da) elementwise(n, [&](int64_t i) { da[i] += g[i]; });
+    if (db) elementwise(n, [&](int64_t i) { db[i] += g[i]; });
   }, "add");
 }
 
@@ -71,13 +83,15 @@ Var mul(const Var& a, const Var& b) {
   Tensor y = like(a->value);
   const float *pa = a->value.f32(), *pb = b->value.f32();
   float* py = y.f32();
-  for (int64_t i = 0; i < y.numel(); ++i) py[i] = pa[i] * pb[i];
+  elementwise(y.numel(), [&](int64_t i) { py[i] = pa[i] * pb[i]; });
   return make_node(std::move(y), {a, b}, [a, b](Node& self) {
     const float* g = self.grad.f32();
     const int64_t n = self.value.numel();
     const float *pa2 = a->value.f32(), *pb2 = b->value.f32();
-    if (needs_grad(a)) { float* d = a->grad_f32(); for (int64_t i = 0; i < n; ++i) d[i] += g[i] * pb2[i]; }
-    if (needs_grad(b)) { float* d = b->grad_f32(); for (int64_t i = 0; i < n; ++i) d[i] += g[i] * pa2[i]; }
+    float* da = needs_grad(a) ? a->grad_f32() : nullptr;
+    float* db = needs_grad(b) ? b->grad_f32() : nullptr;
+    if (da) elementwise(n, [&](int64_t i) { da[i] += g[i] * pb2[i]; });
+    if (db) elementwise(n, [&](int64_t i) { db[i] += g[i] * pa2[i]; });
   }, "mul");
 }
 
@@ -86,11 +100,11 @@ Var scale(const Var& a, float s) {
   Tensor y = like(a->value);
   const float* pa = a->value.f32();
   float* py = y.f32();
-  for (int64_t i = 0; i < y.numel(); ++i) py[i] = pa[i] * s;
+  elementwise(y.numel(), [&](int64_t i) { py[i] = pa[i] * s; });
   return make_node(std::move(y), {a}, [a, s](Node& self) {
     const float* g = self.grad.f32();
     float* d = a->grad_f32();
-    for (int64_t i = 0; i < self.value.numel(); ++i) d[i] += g[i] * s;
+    elementwise(self.value.numel(), [&](int64_t i) { d[i] += g[i] * s; });
   }, "scale");
 }
 
