@@ -3,7 +3,6 @@
 #include "ops/ag_cuda.h"
 
 #include <algorithm>
-
 #include <cmath>
 #include <memory>
 #include <vector>
