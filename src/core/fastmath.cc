@@ -24,10 +24,10 @@ Level level() {
 }
 }  // namespace simd
 
-K3_SIMD_BODY void exp_array_body(const float* x, float* y, int64_t n) {
+K3_SIMD_BODY void exp_array_body(const float* x, float* y, int64_t n, float shift) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = exp_approx(x[i]);
+  for (int64_t i = 0; i < n; ++i) y[i] = exp_approx(x[i] - shift);
 }
-K3_SIMD_DISPATCH(exp_array, (const float* x, float* y, int64_t n), (x, y, n))
+K3_SIMD_DISPATCH(exp_array, (const float* x, float* y, int64_t n, float shift), (x, y, n, shift))
 
 }  // namespace k3

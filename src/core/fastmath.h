@@ -88,7 +88,8 @@ inline float tanh_approx(float x) {
 // σ(x) = 1/(1 + e^{−x}) from exp_approx (relative error a few ulps; 0 … 1 at the extremes).
 inline float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
 
-// y[i] = exp_approx(x[i]) (x == y allowed), in the widest vectors the machine has.
-void exp_array(const float* x, float* y, int64_t n);
+// y[i] = exp_approx(x[i] − shift) (x == y allowed), in the widest vectors the machine has. The
+// shift is a softmax's row maximum: one pass instead of a subtraction and then the exponentials.
+void exp_array(const float* x, float* y, int64_t n, float shift = 0.0f);
 
 }  // namespace k3

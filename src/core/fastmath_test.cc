@@ -29,6 +29,18 @@ TEST(FastMath, ExpMatchesTheLibrary) {
   EXPECT_LT(worst_array, 3e-7);
 }
 
+// The shifted form (a softmax row's maximum subtracted in the same pass).
+TEST(FastMath, ExpArrayWithShift) {
+  std::vector<float> x, y;
+  for (float v = -60.0f; v <= 20.0f; v += 0.37f) x.push_back(v);
+  y.resize(x.size());
+  exp_array(x.data(), y.data(), int64_t(x.size()), 20.0f);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(double(x[i] - 20.0f));  // the difference is taken in fp32
+    EXPECT_NEAR(y[i], want, 3e-7 * want) << x[i];
+  }
+}
+
 // tanh and σ built on it, against the C library in double, over every region their branches
 // split (the small-|x| series below 0.3, the exponential form above, saturation).
 TEST(FastMath, TanhAndSigmoidMatchTheLibrary) {

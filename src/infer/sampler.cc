@@ -43,8 +43,7 @@ int64_t Sampler::sample(float* logits, int64_t V, const std::vector<int64_t>& hi
     for (float x : top) mx = x > mx ? x : mx;
     weights_.resize(size_t(V));
     float* w = weights_.data();
-    for (int64_t i = 0; i < V; ++i) w[i] = logits[i] - mx;
-    exp_array(w, w, V);
+    exp_array(logits, w, V, mx);
     double lanes[8] = {}, sum = 0;
     for (int64_t i = 0; i < V8; i += 8)
       for (int l = 0; l < 8; ++l) lanes[l] += w[i + l];

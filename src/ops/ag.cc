@@ -313,8 +313,7 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
         if (t >= v0 && t < v0 + n) tgt[size_t(r)] = row[t - v0];
         float m = mx[size_t(r)];
         for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
-        for (int64_t j = 0; j < n; ++j) row[j] -= m;
-        exp_array(row, row, n);  // the row is scratch from here on
+        exp_array(row, row, n, m);  // the row is scratch from here on
         float s = se[size_t(r)] * std::exp(mx[size_t(r)] - m);
         for (int64_t j = 0; j < n; ++j) s += row[j];
         mx[size_t(r)] = m;
@@ -345,8 +344,7 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
           }
           // d/dz of lse - z_t + c·lse² is softmax·(1 + 2c·lse) - onehot.
           const float l = (*lse)[size_t(r)], scale = g * (1.0f + 2.0f * z_loss * l);
-          for (int64_t j = 0; j < n; ++j) row[j] -= l;
-          exp_array(row, row, n);
+          exp_array(row, row, n, l);
           for (int64_t j = 0; j < n; ++j) row[j] *= scale;
           if (t >= v0 && t < v0 + n) row[t - v0] -= g;
         }

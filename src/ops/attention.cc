@@ -16,8 +16,7 @@ namespace {
 void causal_softmax_row(float* row, int64_t n, int64_t total) {
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
-  for (int64_t j = 0; j < n; ++j) row[j] -= mx;
-  exp_array(row, row, n);
+  exp_array(row, row, n, mx);
   double sum = 0;
   for (int64_t j = 0; j < n; ++j) sum += row[j];
   float inv = float(1.0 / sum);

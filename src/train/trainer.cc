@@ -357,7 +357,7 @@ TrainResult run_training(TrainConfig cfg) {
         backward(l, seed);
       }
       if (!std::isfinite(loss)) {
-        profile::disable();
+        if (cfg.profile) profile::disable();
         std::fprintf(stderr, "\n");
         throw error("train", "loss became ", loss, " at step ", step, " (try a lower --lr); last checkpoint is in ", cfg.out);
       }
@@ -373,7 +373,7 @@ TrainResult run_training(TrainConfig cfg) {
       const profile::Scope phase("after step (router bias)");
       model->after_step();
     }
-    profile::disable();
+    if (cfg.profile) profile::disable();
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     if (cfg.profile) profiled_seconds += dt;
     tokens_done += double(cfg.batch * cfg.seq_len * cfg.grad_accum);
