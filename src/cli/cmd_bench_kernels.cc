@@ -331,7 +331,9 @@ void run_kernels(const KernelArgs& args) {
       device::Buffer o(size_t(N * H * V) * 2);
       linear::cuda::DeviceArgs da;
       da.N = N, da.H = H, da.HV = H, da.K = K, da.V = V, da.write = var.w, da.decay = var.d, da.io = DType::BF16;
-      da.row0 = row0.as<int64_t>(), da.len = len.as<int64_t>();
+      // The model's decode passes no row table (sequence n's token is row n); the any-T kernel
+      // below needs one.
+      da.len = len.as<int64_t>();
       da.q = q.get(), da.k = k.get(), da.v = v.get(), da.beta = beta.as<float>(), da.g = g.as<float>();
       da.h0 = S.as<float>(), da.o = o.get(), da.ht = S.as<float>(), da.max_len = 1;
       const double ms = median_ms(args.reps, [&] { linear::cuda::forward(da); });
@@ -350,8 +352,9 @@ void run_kernels(const KernelArgs& args) {
                fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw), anchor},
               ms);
       if (var.d == linear::Decay::PerChannel) {  // the general (any-T) kernel on the same step
-        da.max_len = 0;
+        da.max_len = 0, da.row0 = row0.as<int64_t>();
         const double gms = median_ms(args.reps, [&] { linear::cuda::forward(da); });
+        da.row0 = nullptr;
         rep.add(key + "_general_ms",
                 {"kda step N" + std::to_string(N) + " through the any-T kernel", fmt2("%.3f ms %.0f GB/s", gms, bytes / (gms * 1e-3) / 1e9),
                  fmt("%.0f%% of copy", 100.0 * bytes / (gms * 1e-3) / copy_bw), "-"},
@@ -366,6 +369,18 @@ void run_kernels(const KernelArgs& args) {
                  fmt("%.0f%% of copy", 100.0 * bytes / (oms * 1e-3) / copy_bw), "-"},
                 oms);
         da.ht = S.as<float>();
+        // Each sequence's state where it lives, through a table of pointers (the model's decode).
+        std::vector<float*> ptrs(static_cast<size_t>(N));
+        for (int64_t i = 0; i < N; ++i) ptrs[size_t(i)] = S.as<float>() + i * H * K * V;
+        device::Buffer table = device::upload_new(ptrs.data(), ptrs.size() * sizeof(float*));
+        linear::cuda::DeviceArgs ta = da;
+        ta.states = table.as<float* const>(), ta.h0 = nullptr, ta.ht = nullptr;
+        const double tms = median_ms(args.reps, [&] { linear::cuda::forward(ta); });
+        rep.add(key + "_states_ms",
+                {"kda step N" + std::to_string(N) + " through per-sequence state pointers",
+                 fmt2("%.3f ms %.0f GB/s", tms, bytes / (tms * 1e-3) / 1e9),
+                 fmt("%.0f%% of copy", 100.0 * bytes / (tms * 1e-3) / copy_bw), "-"},
+                tms);
         // The step from the layer's raw activations (what a KDA layer's decode hands the kernel):
         // q and k normalised, β from its logits and the decays from K3's lower-bound gate inside.
         device::Buffer A_log = random_values(rng, H, -1, 1, device::Storage::F32);
