@@ -12,6 +12,7 @@
 #   K3_GPU_EXTRA="k3-branch=../wt/build/k3 mixers_cuda_test-branch=../wt/build/src/mixers/mixers_cuda_test"
 #                                more binaries, under their own names (another build of another
 #                                commit, say, to time both in one call)
+#   K3_GPU_NOBUILD=1             pack the build as it is (a patched build's binaries, say), without ninja
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build-cuda}"
@@ -19,7 +20,9 @@ cd "$root"
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DK3_CUDA=ON -DK3_WERROR=ON -DK3_BENCH=OFF
 fi
-ninja -C "$build" -j2 k3 $(cd "$build" && ninja -t targets all | grep -o '^src/[a-z_]*/[a-z_]*_cuda_test:' | tr -d ':')
+if [ -z "${K3_GPU_NOBUILD:-}" ]; then
+  ninja -C "$build" -j2 k3 $(cd "$build" && ninja -t targets all | grep -o '^src/[a-z_]*/[a-z_]*_cuda_test:' | tr -d ':')
+fi
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
 cp "$build/k3" .gpu/bin/
 if [ -n "${K3_GPU_TESTS:-}" ]; then
