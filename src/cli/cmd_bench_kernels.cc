@@ -351,36 +351,30 @@ void run_kernels(const KernelArgs& args) {
               {std::string(var.name) + " decode step N" + std::to_string(N) + " H16 (fp32 state)",
                fmt2("%.3f ms %.0f GB/s", ms, bw / 1e9), fmt("%.0f%% of copy", 100.0 * bw / copy_bw), anchor},
               ms);
-      if (var.d == linear::Decay::PerChannel) {  // the general (any-T) kernel on the same step
-        da.max_len = 0, da.row0 = row0.as<int64_t>();
-        const double gms = median_ms(args.reps, [&] { linear::cuda::forward(da); });
-        da.row0 = nullptr;
-        rep.add(key + "_general_ms",
-                {"kda step N" + std::to_string(N) + " through the any-T kernel", fmt2("%.3f ms %.0f GB/s", gms, bytes / (gms * 1e-3) / 1e9),
-                 fmt("%.0f%% of copy", 100.0 * bytes / (gms * 1e-3) / copy_bw), "-"},
-                gms);
-        da.max_len = 1;
-        // The same step writing the new state to another buffer, as fla's figure does.
+      if (var.d == linear::Decay::PerChannel) {
+        // Variants of the same step, each a copy of its arguments, timed and reported alike.
+        auto variant = [&](const linear::cuda::DeviceArgs& va, const std::string& suffix, const std::string& what) {
+          const double vms = median_ms(args.reps, [&] { linear::cuda::forward(va); });
+          rep.add(key + suffix,
+                  {"kda step N" + std::to_string(N) + " " + what, fmt2("%.3f ms %.0f GB/s", vms, bytes / (vms * 1e-3) / 1e9),
+                   fmt("%.0f%% of copy", 100.0 * bytes / (vms * 1e-3) / copy_bw), "-"},
+                  vms);
+        };
+        linear::cuda::DeviceArgs ga = da;  // the general (any-T) kernel, which needs the row table
+        ga.max_len = 0, ga.row0 = row0.as<int64_t>();
+        variant(ga, "_general_ms", "through the any-T kernel");
+        // The new state written to another buffer, as fla's figure does.
         device::Buffer S2(size_t(N * H * K * V) * 4);
-        da.ht = S2.as<float>();
-        const double oms = median_ms(args.reps, [&] { linear::cuda::forward(da); });
-        rep.add(key + "_out_of_place_ms",
-                {"kda step N" + std::to_string(N) + " into a new state buffer", fmt2("%.3f ms %.0f GB/s", oms, bytes / (oms * 1e-3) / 1e9),
-                 fmt("%.0f%% of copy", 100.0 * bytes / (oms * 1e-3) / copy_bw), "-"},
-                oms);
-        da.ht = S.as<float>();
+        linear::cuda::DeviceArgs oa = da;
+        oa.ht = S2.as<float>();
+        variant(oa, "_out_of_place_ms", "into a new state buffer");
         // Each sequence's state where it lives, through a table of pointers (the model's decode).
         std::vector<float*> ptrs(static_cast<size_t>(N));
         for (int64_t i = 0; i < N; ++i) ptrs[size_t(i)] = S.as<float>() + i * H * K * V;
         device::Buffer table = device::upload_new(ptrs.data(), ptrs.size() * sizeof(float*));
         linear::cuda::DeviceArgs ta = da;
         ta.states = table.as<float* const>(), ta.h0 = nullptr, ta.ht = nullptr;
-        const double tms = median_ms(args.reps, [&] { linear::cuda::forward(ta); });
-        rep.add(key + "_states_ms",
-                {"kda step N" + std::to_string(N) + " through per-sequence state pointers",
-                 fmt2("%.3f ms %.0f GB/s", tms, bytes / (tms * 1e-3) / 1e9),
-                 fmt("%.0f%% of copy", 100.0 * bytes / (tms * 1e-3) / copy_bw), "-"},
-                tms);
+        variant(ta, "_states_ms", "through per-sequence state pointers");
         // The step from the layer's raw activations (what a KDA layer's decode hands the kernel):
         // q and k normalised, β from its logits and the decays from K3's lower-bound gate inside.
         device::Buffer A_log = random_values(rng, H, -1, 1, device::Storage::F32);
@@ -389,12 +383,7 @@ void run_kernels(const KernelArgs& args) {
         fa.prologue.l2norm = fa.prologue.beta_logit = true;
         fa.prologue.gate = linear::cuda::GateInput::LowerBound;
         fa.prologue.A_log = A_log.as<float>(), fa.prologue.dt_bias = dt_bias.as<float>();
-        const double fms = median_ms(args.reps, [&] { linear::cuda::forward(fa); });
-        rep.add(key + "_fused_ms",
-                {"kda step N" + std::to_string(N) + " from raw activations (norms, gates fused)",
-                 fmt2("%.3f ms %.0f GB/s", fms, bytes / (fms * 1e-3) / 1e9),
-                 fmt("%.0f%% of copy", 100.0 * bytes / (fms * 1e-3) / copy_bw), "-"},
-                fms);
+        variant(fa, "_fused_ms", "from raw activations (norms, gates fused)");
       }
       // The same step as a decode loop: 32 steps captured in one CUDA graph, per-step time.
       constexpr int kSteps = 32;
