@@ -29,8 +29,12 @@ void register_train(CLI::App& app) {
   cmd->add_option("--seed", c.seed, "Seed for init and batches")->capture_default_str();
   cmd->add_option("--z-loss", c.z_loss, "z-loss coefficient (e.g. 1e-4; 0 = off)")->capture_default_str();
   cmd->add_option("--aux-loss", c.aux_loss, "MoE sequence-level balance loss weight (e.g. 1e-3; 0 = off)")->capture_default_str();
-  cmd->add_option("--out", c.out, "Output folder (default: runs/PRESET, or the --resume folder)");
-  cmd->add_option("--resume", c.resume, "Continue from the checkpoint in this folder");
+  cmd->add_option("--out", c.out, "Run folder (default: runs/PRESET, or runs/PRESET-2, ... if that holds a run; with --resume, the run resumed)");
+  cmd->add_option("--resume", c.resume, "Continue a run: its folder (the latest checkpoint) or one checkpoint-STEP folder in it");
+  cmd->add_flag("--overwrite", c.overwrite, "Start over in an --out folder that holds an earlier run (its checkpoints are deleted)");
+  cmd->add_option("--keep-checkpoints", c.keep_checkpoints, "Checkpoints kept in the run folder, newest first (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--eval-every", c.eval_every, "Report validation loss every N steps (0 = only at the end)")->capture_default_str();
   cmd->add_option("--eval-batches", c.eval_batches, "Batches per validation estimate")->capture_default_str();
   cmd->add_option("--save-every", c.save_every, "Write a checkpoint every N steps (always at the end and on Ctrl-C)")->capture_default_str();

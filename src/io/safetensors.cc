@@ -276,7 +276,12 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     for (const auto& [name, t] : sorted)
       if (t.nbytes()) out.write(static_cast<const char*>(t.raw()), std::streamsize(t.nbytes()));
     out.flush();
-    if (!out) throw error("safetensors", "write failed for ", tmp, " (disk full?)");
+    if (!out) {
+      out.close();
+      std::error_code rm;
+      fs::remove(tmp, rm);  // leave nothing half-written behind
+      throw error("safetensors", "write failed for ", tmp, " (disk full?)");
+    }
   }
   int fd = ::open(tmp.c_str(), O_RDONLY);
   if (fd >= 0) {

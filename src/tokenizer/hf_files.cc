@@ -1,6 +1,10 @@
 // Tokenizer files: OpenAI's encoder.json + vocab.bpe, Hugging Face's vocab.json + merges.txt and
 // tokenizer.json (read and write), and the folder lookup. Everything here turns files into a
 // BpeVocab (raw bytes) and hands it to Tokenizer::from_vocab.
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -335,10 +339,24 @@ void Tokenizer::save_hf_tokenizer_json(const std::string& path) const {
   } catch (const json::exception& e) {
     throw error("tokenizer", "cannot save ", path, ": a special token is not valid UTF-8 (", e.what(), ")");
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw error("tokenizer", "cannot write ", path, ": ", std::strerror(errno));
-  out << os.str();
-  if (!out.flush()) throw error("tokenizer", "writing ", path, " failed: ", std::strerror(errno));
+  // Written beside and renamed into place: a reader (or a run killed mid-write) never sees half a file.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw error("tokenizer", "cannot write ", tmp, ": ", std::strerror(errno));
+    out << os.str();
+    if (!out.flush()) {
+      const int err = errno;
+      out.close();
+      std::remove(tmp.c_str());
+      throw error("tokenizer", "writing ", path, " failed: ", std::strerror(err));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw error("tokenizer", "cannot move ", tmp, " to ", path, ": ", std::strerror(err));
+  }
 }
 
 }  // namespace k3

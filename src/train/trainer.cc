@@ -22,6 +22,7 @@
 #include "models/presets.h"
 #include "models/registry.h"
 #include "tokenizer/bpe_train.h"
+#include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/plot.h"
 
@@ -32,7 +33,45 @@ namespace fs = std::filesystem;
 namespace {
 
 std::atomic<bool> g_interrupted{false};
-void on_sigint(int) { g_interrupted = true; }
+// SIGINT and SIGTERM ask for a checkpoint and a clean stop. The handler stays installed until the
+// final checkpoint is on disk, so a second Ctrl-C cannot cut the save short; it is acknowledged.
+void on_stop_signal(int) {
+  if (g_interrupted.exchange(true)) {
+    static const char msg[] = "\nk3 train: stopping after the checkpoint being written (a kill now leaves the previous one intact)\n";
+    ssize_t rc = ::write(2, msg, sizeof msg - 1);
+    (void)rc;
+  }
+}
+
+// Restores the previous SIGINT/SIGTERM handlers when the final checkpoint is on disk, or when
+// training stops with an error.
+class StopSignals {
+ public:
+  StopSignals() : int_(std::signal(SIGINT, on_stop_signal)), term_(std::signal(SIGTERM, on_stop_signal)) {}
+  ~StopSignals() { restore(); }
+  void restore() {
+    if (done_) return;
+    std::signal(SIGINT, int_);
+    std::signal(SIGTERM, term_);
+    done_ = true;
+  }
+
+ private:
+  using Handler = void (*)(int);
+  Handler int_, term_;
+  bool done_ = false;
+};
+
+// A run folder that holds a checkpoint, or metrics, from an earlier run.
+bool holds_a_run(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n == "latest" || n == "trainer_state.json" || n == "model.safetensors" || n.rfind("checkpoint-", 0) == 0) return true;
+  }
+  return false;
+}
 
 std::string shared_dir() {
   if (const char* e = std::getenv("K3_SHARED_DIR")) return e;
@@ -46,16 +85,6 @@ std::string shared_dir() {
 std::string cache_dir() {
   if (const char* e = std::getenv("K3_CACHE_DIR")) return e;
   return ".k3cache";
-}
-
-void write_text_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out) throw error("train", "cannot write ", tmp);
-  }
-  fs::rename(tmp, path);
 }
 
 void set_vocab(Json& config, int64_t vocab, std::optional<int32_t> eos) {
@@ -181,11 +210,13 @@ TrainResult run_training(TrainConfig cfg) {
   using clock = std::chrono::steady_clock;
   int64_t start_step = 0;
   Json resume_state;
+  OpenedCheckpoint ckpt;
   if (!cfg.resume.empty()) {
-    std::string sp = cfg.resume + "/trainer_state.json";
-    resume_state = read_json_file(sp);
+    ckpt = open_checkpoint(cfg.resume);  // verified: model, optimizer, tokenizer and state of one step
+    resume_state = ckpt.state;
+    const std::string sp = ckpt.dir + "/trainer_state.json";
     try {
-      start_step = resume_state.at("step").get<int64_t>();
+      start_step = ckpt.step;
       const std::string saved = resume_state.at("preset").get<std::string>();
       if (!cfg.preset.empty() && cfg.preset != saved && cfg.preset != TrainConfig{}.preset)
         throw error("train", "--preset ", cfg.preset, " differs from the checkpoint's preset ", saved);
@@ -207,7 +238,7 @@ TrainResult run_training(TrainConfig cfg) {
     } catch (const Json::exception& e) {
       throw error("train", sp, ": incomplete trainer state (", e.what(), ")");
     }
-    if (cfg.out.empty()) cfg.out = cfg.resume;
+    if (cfg.out.empty()) cfg.out = ckpt.run_dir;
   }
   const Preset& preset = find_preset(cfg.preset);
   if (!preset.train) throw error("train", "preset '", cfg.preset, "' is not a trainable preset (try k3-tiny, gpt2-tiny, ...)");
@@ -223,18 +254,36 @@ TrainResult run_training(TrainConfig cfg) {
   if (cfg.dtype != "f32" && cfg.dtype != "bf16") throw error("train", "--dtype ", cfg.dtype, ": f32 or bf16");
   if (cfg.dtype == "bf16" && cfg.device != "cuda")
     throw error("train", "--dtype bf16 (bf16 GEMM operands) applies to --device cuda; the CPU trains in fp32");
-  if (cfg.out.empty()) cfg.out = "runs/" + cfg.preset;
+  if (cfg.out.empty()) {
+    // The default folder is never an earlier run's: runs/PRESET, else runs/PRESET-2, -3, ...
+    cfg.out = "runs/" + cfg.preset;
+    for (int i = 2; cfg.resume.empty() && holds_a_run(cfg.out); ++i) cfg.out = "runs/" + cfg.preset + "-" + std::to_string(i);
+  } else if (cfg.resume.empty() && holds_a_run(cfg.out) && !cfg.overwrite) {
+    throw error("train", "--out ", cfg.out, " holds an earlier run's checkpoint; continue it with --resume ", cfg.out,
+                ", or pass --overwrite to start over there");
+  }
+  if (cfg.keep_checkpoints < 0) throw error("train", "--keep-checkpoints must be >= 0 (0 keeps all)");
   if (cfg.data.empty()) cfg.data = {default_corpus_path()};
   if (start_step >= cfg.steps)
     throw error("train", "the checkpoint is already at step ", start_step, "; ask for more with --steps N (N > ", start_step, ")");
   fs::create_directories(cfg.out);
+  const RunDirLock lock(cfg.out);
+  remove_stale_temporaries(cfg.out);  // what killed saves left
+  if (cfg.resume.empty() && cfg.overwrite) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(cfg.out)) {
+      const std::string n = e.path().filename().string();
+      if (n == ".lock") continue;
+      fs::remove_all(e.path(), ec);
+    }
+  }
 
   // Tokenizer and data.
   Json config = preset.config();
   const int64_t preset_vocab = config.contains("text_config") ? config["text_config"]["vocab_size"].get<int64_t>()
                                                                : config["vocab_size"].get<int64_t>();
   std::vector<std::string> files = list_text_files(cfg.data);
-  Tokenizer tok = !cfg.resume.empty() ? Tokenizer::from_hf_tokenizer_json(cfg.resume + "/tokenizer.json")
+  Tokenizer tok = !cfg.resume.empty() ? Tokenizer::from_hf_tokenizer_json(ckpt.dir + "/tokenizer.json")
                                       : make_tokenizer(cfg.tokenizer, files, preset_vocab, cfg.quiet);
   TokenData data = TokenData::build(files, tok, cache_dir());
   set_vocab(config, tok.vocab_size(), tok.eos_id());
@@ -242,7 +291,7 @@ TrainResult run_training(TrainConfig cfg) {
   // Model and optimizer.
   std::unique_ptr<Model> model;
   if (!cfg.resume.empty()) {
-    model = load_model(cfg.resume);
+    model = load_model(ckpt.dir);
   } else {
     model = build_model(config, cfg.preset);
     model->init_random(cfg.seed);
@@ -258,15 +307,15 @@ TrainResult run_training(TrainConfig cfg) {
   ao.weight_decay = cfg.weight_decay;
   ao.beta2 = cfg.beta2;
   AdamW opt(ao);
-  if (!cfg.resume.empty()) opt.load(cfg.resume + "/optimizer.safetensors", *model);
+  if (!cfg.resume.empty()) opt.load(ckpt.dir + "/optimizer.safetensors", *model);
   LrSchedule sched{cfg.lr, cfg.min_lr_ratio, cfg.warmup, cfg.decay_steps};
 
   // Metrics: keep the lines of the steps already done (resume), drop any later ones.
   const std::string metrics_path = cfg.out + "/metrics.jsonl";
   std::vector<std::string> kept;
   std::vector<double> plot_x, plot_y, val_x, val_y;
-  if (!cfg.resume.empty() && fs::exists(cfg.resume + "/metrics.jsonl")) {
-    std::ifstream in(cfg.resume + "/metrics.jsonl");
+  if (!cfg.resume.empty() && fs::exists(ckpt.run_dir + "/metrics.jsonl")) {
+    std::ifstream in(ckpt.run_dir + "/metrics.jsonl");
     for (std::string line; std::getline(in, line);) {
       try {
         Json j = Json::parse(line);
@@ -300,21 +349,25 @@ TrainResult run_training(TrainConfig cfg) {
                  cfg.out.c_str());
   }
 
+  int64_t saved_step = cfg.resume.empty() ? -1 : start_step;
   auto save_checkpoint = [&](int64_t step) {
-    save_model(*model, cfg.out);
-    tok.save_hf_tokenizer_json(cfg.out + "/tokenizer.json");
-    opt.save(cfg.out + "/optimizer.safetensors");
-    Json st = {{"step", step},         {"preset", cfg.preset},   {"data", cfg.data},
+    if (step == saved_step) return;
+    const std::string tmp = begin_checkpoint(cfg.out, step);
+    save_model(*model, tmp);
+    tok.save_hf_tokenizer_json(tmp + "/tokenizer.json");
+    opt.save(tmp + "/optimizer.safetensors");
+    Json st = {{"preset", cfg.preset},   {"data", cfg.data},
                {"batch", cfg.batch},   {"seq_len", cfg.seq_len}, {"lr", cfg.lr},
                {"warmup", cfg.warmup}, {"decay_steps", cfg.decay_steps}, {"grad_accum", cfg.grad_accum},
                {"seed", cfg.seed},     {"weight_decay", cfg.weight_decay}, {"clip", cfg.clip},
                {"beta2", cfg.beta2},   {"min_lr_ratio", cfg.min_lr_ratio}, {"z_loss", cfg.z_loss},
                {"aux_loss", cfg.aux_loss}, {"device", cfg.device},     {"dtype", cfg.dtype}};
-    write_text_atomic(cfg.out + "/trainer_state.json", st.dump(2) + "\n");  // last: marks the checkpoint complete
+    publish_checkpoint(cfg.out, tmp, step, st, CheckpointWriteOptions{int(cfg.keep_checkpoints)});
+    saved_step = step;
   };
 
   g_interrupted = false;
-  auto old_handler = std::signal(SIGINT, on_sigint);
+  StopSignals stop_signals;
   TrainResult res;
   res.out_dir = cfg.out;
   res.unigram_loss = unigram;
@@ -398,7 +451,6 @@ TrainResult run_training(TrainConfig cfg) {
       progress(step + 1, cfg.steps, loss, tps, double(cfg.steps - step - 1) * elapsed / double(step + 1 - start_step), tty);
     if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) save_checkpoint(step + 1);
   }
-  std::signal(SIGINT, old_handler);
   if (tty) std::fprintf(stderr, "\n");
   res.steps_done = step;
   if (cfg.profile && step > start_step) {
@@ -410,6 +462,7 @@ TrainResult run_training(TrainConfig cfg) {
   }
   res.tokens_per_second = tokens_done / std::max(1e-9, std::chrono::duration<double>(clock::now() - t_start).count());
   save_checkpoint(step);
+  stop_signals.restore();  // the final checkpoint is on disk
   if (res.interrupted) {
     std::fprintf(stderr, "interrupted at step %lld: checkpoint saved in %s (continue with: k3 train --resume %s --steps %lld)\n",
                  (long long)step, cfg.out.c_str(), cfg.out.c_str(), (long long)cfg.steps);

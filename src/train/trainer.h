@@ -24,7 +24,9 @@ struct TrainConfig {
   int64_t warmup = -1;                 // -1: preset default
   uint64_t seed = 1;
   std::string out;                     // output folder (default runs/<preset>)
-  std::string resume;                  // checkpoint folder to continue from
+  std::string resume;                  // run folder (its latest checkpoint) or checkpoint folder to continue from
+  bool overwrite = false;              // start over in an --out folder that holds an earlier run
+  int64_t keep_checkpoints = 1;        // checkpoints kept in the run folder, newest first (0: all)
   int64_t eval_every = 100, eval_batches = 8, save_every = 0;
   int64_t sample_tokens = 120;
   bool quiet = false;                  // no progress bar (tests)
