@@ -57,6 +57,8 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
+  static bool check_weights = false;
+  add_check_weights_option(cmd, check_weights);
   add_cache_dtype_option(cmd, cache_dtype);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
@@ -67,6 +69,7 @@ void register_generate(CLI::App& app) {
     g.sampling.validate();
     g.stop_at_eos = ignore_eos ? StopAtEos::No : StopAtEos::Yes;
     auto model = load_model(model_dir);
+    if (check_weights) check_weights_finite(*model);
     // On CUDA the weights move to the device (fp32) and the context's memories are made there.
     if (rt.device == "cuda") move_to(*model, Device::CUDA, dtype == "bf16" ? DType::BF16 : DType::F32);
     std::vector<int64_t> ids;

@@ -19,6 +19,8 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation; embeddings, norms and routers stay fp32)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
+  static bool check_weights = false;
+  add_check_weights_option(cmd, check_weights);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
@@ -36,6 +38,7 @@ void register_logits(CLI::App& app) {
       ids = c;
     }
     auto model = load_model(model_dir);
+    if (check_weights) check_weights_finite(*model);
     const int64_t B = ids.dim(0), T = ids.dim(1), V = model->vocab_size();
     Tensor logits = Tensor::empty({B, T, V});  // [B, T, V]
     // Every architecture runs on CUDA through the ops' device forms (models/model.h).

@@ -668,19 +668,24 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--cache-mb", o.cache_mb, "Prefix-cache budget (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--cache-block", o.cache_block, "Snapshot the context every this many prompt tokens (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-queue", o.max_queue, "Requests allowed to wait; more get 503")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--timeout", o.timeout_s, "Default and maximum per-request time limit, seconds")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--timeout", o.timeout_s, "Default and maximum per-request time limit, seconds (at most a week)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 7 * 86400.0));
   cmd->add_option("--http-threads", o.http_threads, "HTTP worker threads (0: 2 x max-batch + 64)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--served-model-name", o.served_name, "Model id in the API (default: the folder's name)");
   cmd->add_option("--chat-template", o.chat_template_file,
                   "Jinja chat template file for /v1/chat/completions (default: tokenizer_config.json's "
                   "chat_template; without one, plain \"role: content\" lines)")
       ->type_name("FILE");
+  static bool check_weights = true;
+  add_check_weights_option(cmd, check_weights);
   add_cache_dtype_option(cmd, cache_dtype);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     apply_cache_dtype(cache_dtype, rt, "serve");
     auto model = load_model(o.model_dir);
+    if (check_weights) check_weights_finite(*model);
     // On CUDA the weights and every sequence's memories live on the device (mixers_cuda.h); the
     // KV and latent caches are allocated whole for the context there, so the page budget counts
     // less than the device holds.

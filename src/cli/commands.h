@@ -24,6 +24,8 @@ struct RuntimeOptions {
   std::string device = "cpu";  // cpu | cuda
 };
 void add_runtime_options(CLI::App* cmd, RuntimeOptions& opts);
+// --check-weights / --no-check-weights: scan the loaded weights for NaN and Inf (a corrupt checkpoint).
+void add_check_weights_option(CLI::App* cmd, bool& check);
 // Whether a command has a CUDA path: CpuOnly commands refuse --device cuda with a clear error;
 // CpuAndCuda ones check that a usable GPU exists.
 enum class DeviceSupport : uint8_t { CpuOnly, CpuAndCuda };

@@ -22,6 +22,12 @@ void add_runtime_options(CLI::App* cmd, RuntimeOptions& opts) {
   cmd->add_option("--device", opts.device, "Where to run: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
+void add_check_weights_option(CLI::App* cmd, bool& check) {
+  cmd->add_flag("--check-weights,!--no-check-weights", check,
+                "Refuse weights holding NaN or Inf values (a scan of every tensor at load)")
+      ->capture_default_str();
+}
+
 void apply_runtime_options(const RuntimeOptions& opts, DeviceSupport support) {
   if (opts.device == "cuda") {
     if (support == DeviceSupport::CpuOnly)

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -57,10 +58,21 @@ class FieldCheck {
   FieldCheck(const std::string* where, const char* name, const T* value) : where_(where), name_(name), value_(value) {}
   FieldCheck& positive() { return test([](double x) { return x > 0; }, "must be > 0"); }
   FieldCheck& non_negative() { return test([](double x) { return x >= 0; }, "must be >= 0"); }
-  FieldCheck& at_most(double hi) { return test([hi](double x) { return x <= hi; }, "must be <= " + std::to_string(hi)); }
+  FieldCheck& at_most(double hi) { return test([hi](double x) { return x <= hi; }, "must be <= " + number(hi)); }
   FieldCheck& in_range(double lo, double hi) {
-    return test([lo, hi](double x) { return x >= lo && x <= hi; },
-                "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return test([lo, hi](double x) { return x >= lo && x <= hi; }, "must be in [" + number(lo) + ", " + number(hi) + "]");
+  }
+  // A special token's id (bos, eos, pad): a negative one is refused; one at or past the vocabulary
+  // is reported, not refused (transformers accepts it and some published test configs have it),
+  // since no sampled token can ever equal it.
+  FieldCheck& token_id(int64_t vocab) {
+    test([](double x) { return x >= 0; }, "must be >= 0");
+    if constexpr (detail::is_optional<T>::value) {
+      if (where_ && *value_ && **value_ >= vocab)
+        std::cerr << "k3: warning: " << *where_ << ": " << name_ << " " << **value_
+                  << " is not a token id of the vocabulary (vocab_size " << vocab << "); nothing will match it\n";
+    }
+    return *this;
   }
   FieldCheck& one_of(std::initializer_list<const char*> options) {
     if constexpr (std::is_same_v<T, std::string>) {
@@ -87,6 +99,12 @@ class FieldCheck {
         if (!pred(double(x))) throw error("config", *where_, ": field '", name_, "' has entry ", x, " that ", rule);
     }
     return *this;
+  }
+  static std::string number(double x) {
+    std::ostringstream os;
+    os.precision(15);
+    os << x;
+    return os.str();
   }
   const std::string* where_;  // null: writing, no checks
   const char* name_;

@@ -9,24 +9,51 @@
 namespace k3 {
 
 namespace {
-// YaRN from rope_parameters (transformers 5) or rope_scaling (older configs).
-std::optional<YarnScaling> read_yarn(const Json& j, double* theta) {
-  const Json* rp = nullptr;
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rp = &j["rope_parameters"];
-  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rp = &j["rope_scaling"];
-  if (!rp) return std::nullopt;
-  if (rp->contains("rope_theta") && (*rp)["rope_theta"].is_number()) *theta = (*rp)["rope_theta"].get<double>();
-  std::string type = rp->value("rope_type", rp->value("type", std::string("default")));
+// rope_parameters (transformers 5) or rope_scaling (older configs), every field typed and checked.
+struct RopeParameters {
+  std::optional<double> rope_theta, attention_factor;
+  std::string rope_type, type;
+  double factor = 1.0, beta_fast = 32.0, beta_slow = 1.0, mscale = 1.0, mscale_all_dim = 0.0;
+  int64_t original_max_position_embeddings = 4096;
+  template <class V>
+  void fields(V& v) {
+    v("rope_theta", rope_theta).positive();
+    v("rope_type", rope_type);
+    v("type", type);
+    v("factor", factor).positive();
+    v("original_max_position_embeddings", original_max_position_embeddings).positive();
+    v("beta_fast", beta_fast).positive();
+    v("beta_slow", beta_slow).positive();
+    v("mscale", mscale).non_negative();
+    v("mscale_all_dim", mscale_all_dim).non_negative();
+    v("attention_factor", attention_factor).positive();
+  }
+};
+
+// YaRN from rope_parameters or rope_scaling; *theta takes their rope_theta where present.
+std::optional<YarnScaling> read_yarn(const Json& j, double* theta, const std::string& where) {
+  const char* key = nullptr;
+  for (const char* k : {"rope_parameters", "rope_scaling"})
+    if (j.contains(k) && !j[k].is_null()) {
+      key = k;
+      break;
+    }
+  if (!key) return std::nullopt;
+  const auto rp = read_config<RopeParameters>(j[key], where + " (" + key + ")");
+  if (rp.rope_theta) *theta = *rp.rope_theta;
+  const std::string type = !rp.rope_type.empty() ? rp.rope_type : !rp.type.empty() ? rp.type : "default";
   if (type == "default") return std::nullopt;
-  if (type != "yarn") throw error("config", "deepseek_v3: rope type '", type, "' is not supported (default or yarn)");
+  if (type != "yarn") throw error("config", where, ": ", key, ".rope_type '", type, "' is not supported (default or yarn)");
+  if (rp.beta_fast <= rp.beta_slow)
+    throw error("config", where, ": ", key, ".beta_fast ", rp.beta_fast, " must exceed beta_slow ", rp.beta_slow);
   YarnScaling y;
-  y.factor = rp->value("factor", 1.0);
-  y.original_max_position_embeddings = rp->value("original_max_position_embeddings", int64_t(4096));
-  y.beta_fast = rp->value("beta_fast", 32.0);
-  y.beta_slow = rp->value("beta_slow", 1.0);
-  y.mscale = rp->value("mscale", 1.0);
-  y.mscale_all_dim = rp->value("mscale_all_dim", 0.0);
-  if (rp->contains("attention_factor") && (*rp)["attention_factor"].is_number()) y.attention_factor = (*rp)["attention_factor"].get<double>();
+  y.factor = rp.factor;
+  y.original_max_position_embeddings = rp.original_max_position_embeddings;
+  y.beta_fast = rp.beta_fast;
+  y.beta_slow = rp.beta_slow;
+  y.mscale = rp.mscale;
+  y.mscale_all_dim = rp.mscale_all_dim;
+  if (rp.attention_factor) y.attention_factor = *rp.attention_factor;
   return y;
 }
 }  // namespace
@@ -35,7 +62,7 @@ DeepseekV3Model::DeepseekV3Model(const DeepseekV3Config& c, const Json& raw) : c
   const int64_t D = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
   double theta = c.rope_theta;
-  auto yarn = read_yarn(raw, &theta);
+  auto yarn = read_yarn(raw, &theta, "deepseek_v3 config");
   embed_ = parameter({c.vocab_size, D});
   lm_head_ = c.tie_word_embeddings ? embed_ : parameter({c.vocab_size, D});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {

@@ -41,9 +41,9 @@ struct DeepseekV3Config {
     v("v_head_dim", v_head_dim).positive().at_most(4096);
     v("n_routed_experts", n_routed_experts).positive().at_most(1 << 16);
     v("n_shared_experts", n_shared_experts).non_negative().at_most(64);
-    v("num_experts_per_tok", num_experts_per_tok).positive();
+    v("num_experts_per_tok", num_experts_per_tok).positive().at_most(double(n_routed_experts));
     v("n_group", n_group).positive();
-    v("topk_group", topk_group).positive();
+    v("topk_group", topk_group).positive().at_most(double(n_group));
     v("first_k_dense_replace", first_k_dense_replace).non_negative();
     v("routed_scaling_factor", routed_scaling_factor).positive();
     v("norm_topk_prob", norm_topk_prob);
@@ -52,9 +52,9 @@ struct DeepseekV3Config {
     v("rope_theta", rope_theta).positive();
     v("hidden_act", hidden_act).one_of({"silu"});
     v("tie_word_embeddings", tie_word_embeddings);
-    v("bos_token_id", bos_token_id);
-    v("eos_token_id", eos_token_id);
-    v("pad_token_id", pad_token_id);
+    v("bos_token_id", bos_token_id).token_id(vocab_size);
+    v("eos_token_id", eos_token_id).token_id(vocab_size);
+    v("pad_token_id", pad_token_id).token_id(vocab_size);
   }
 };
 

@@ -45,8 +45,8 @@ struct FlaConfig {
     v("lower_bound", lower_bound);
     v("norm_eps", norm_eps).positive();
     v("max_position_embeddings", max_position_embeddings).positive();
-    v("bos_token_id", bos_token_id);
-    v("eos_token_id", eos_token_id);
+    v("bos_token_id", bos_token_id).token_id(vocab_size);
+    v("eos_token_id", eos_token_id).token_id(vocab_size);
   }
 };
 

@@ -44,8 +44,8 @@ struct Gpt2Config {
     v("tie_word_embeddings", tie_word_embeddings);
     v("scale_attn_weights", scale_attn_weights);
     v("scale_attn_by_inverse_layer_idx", scale_attn_by_inverse_layer_idx);
-    v("bos_token_id", bos_token_id);
-    v("eos_token_id", eos_token_id);
+    v("bos_token_id", bos_token_id).token_id(vocab_size);
+    v("eos_token_id", eos_token_id).token_id(vocab_size);
     v("k3_short_conv", k3_short_conv).non_negative().at_most(64);
   }
   void validate(const std::string& where) const;

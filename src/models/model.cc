@@ -1,3 +1,4 @@
+#include <cmath>
 #include "models/model.h"
 
 #include <algorithm>
@@ -298,6 +299,13 @@ void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& 
       if (e.shape != p.value.shape())
         throw error("load", ckpt.path(), ": tensor '", c, "' has shape ", shape_str(e.shape), " but the config implies ",
                     shape_str(p.value.shape()), " (config.json and weights disagree?)");
+      if (e.dtype == DType::F8E4M3)
+        throw error("load", ckpt.path(), ": tensor '", c, "' is stored as FP8 (F8_E4M3); block-scaled FP8 weights "
+                    "(weight_scale_inv) are not supported yet: convert the checkpoint to bf16 first");
+      if (e.dtype != DType::F32 && e.dtype != DType::BF16 && e.dtype != DType::F16 && e.dtype != DType::F64)
+        throw error("load", ckpt.path(), ": tensor '", c, "' is stored as ", dtype_name(e.dtype),
+                    "; a weight is F32, BF16, F16 or F64 (integer dtypes belong only to packed formats such as "
+                    "MXFP4's '_packed' and '_scale' tensors)");
       p.value = ckpt.get_f32(c);
       used.insert(c);
       return;
@@ -339,6 +347,26 @@ void save_model(const Model& model, const std::string& dir) {
     if (!out) throw error("save", "cannot write ", tmp);
   }
   std::filesystem::rename(tmp, dir + "/config.json");
+}
+
+void check_weights_finite(const Model& model) {
+  std::string first;
+  int64_t bad_tensors = 0, bad_values = 0, first_count = 0;
+  model.visit([&](const std::string& name, Node& p, ParamKind) {
+    if (!p.value.has_storage() || p.value.numel() == 0) return;
+    const Tensor host = p.value.device() == Device::CPU ? p.value : p.value.to_device(Device::CPU);
+    const Tensor f = host.dtype() == DType::F32 ? host : host.to(DType::F32);
+    const float* x = f.f32();
+    int64_t n = 0;
+    for (int64_t i = 0; i < f.numel(); ++i) n += !std::isfinite(x[i]);
+    if (!n) return;
+    if (first.empty()) first = model.checkpoint_name(name), first_count = n;
+    ++bad_tensors;
+    bad_values += n;
+  });
+  if (bad_tensors)
+    throw error("load", "the weights hold ", bad_values, " NaN or infinite value(s) in ", bad_tensors, " tensor(s), first '",
+                first, "' (", first_count, " of them): the checkpoint is corrupt");
 }
 
 void materialize_params(const Model& model) {

@@ -141,6 +141,9 @@ Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& 
 // Writes config.json + model.safetensors (HF names) into dir, each file atomically.
 void save_model(const Model& model, const std::string& dir);
 
+// Refuses weights holding NaN or infinite values (a corrupt checkpoint), naming the first tensor.
+void check_weights_finite(const Model& model);
+
 // Moves every parameter to `device`, so the model's forward runs there (ops/ag_cuda.h) and its
 // new contexts hold device memories; logits come back to the host. Inference only on CUDA for
 // now. gemm_weights BF16 (CUDA only) stores the matrices that feed GEMMs as bf16 (products

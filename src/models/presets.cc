@@ -1,5 +1,7 @@
 #include "models/presets.h"
 
+#include <algorithm>
+
 namespace k3 {
 
 namespace {
@@ -10,8 +12,8 @@ Json gpt2_config(int64_t vocab, int64_t positions, int64_t d, int64_t layers, in
               {"n_embd", d},            {"n_layer", layers},
               {"n_head", heads},        {"n_inner", nullptr},
               {"layer_norm_epsilon", 1e-5}, {"activation_function", "gelu_new"},
-              {"tie_word_embeddings", true}, {"bos_token_id", 50256},
-              {"eos_token_id", 50256}};
+              {"tie_word_embeddings", true}, {"bos_token_id", std::min<int64_t>(50256, vocab - 1)},
+              {"eos_token_id", std::min<int64_t>(50256, vocab - 1)}};  // <|endoftext|>, the last id
 }
 
 // Kimi K3's published text_config (spec §11). `layers` = 93 (published) or 92 (the article's

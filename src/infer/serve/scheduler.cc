@@ -115,7 +115,9 @@ std::shared_ptr<Job> Scheduler::submit(GenParams p) {
   auto j = std::make_shared<Job>();
   const size_t need = estimate_bytes(int64_t(p.prompt.size()) + p.max_tokens);
   j->submitted_ = clock::now();
-  j->deadline_ = j->submitted_ + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(p.timeout_s));
+  // At most a year: a longer limit would overflow the clock's range and expire at once.
+  const double limit_s = std::clamp(p.timeout_s, 0.0, 365.0 * 86400.0);
+  j->deadline_ = j->submitted_ + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(limit_s));
   j->params_ = std::move(p);
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) throw error("serve", "the server is shutting down");
