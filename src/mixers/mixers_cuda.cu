@@ -1349,9 +1349,8 @@ void latent_attention(const float* qt, const void* const* lats, device::Storage 
   const int narrow = bf16 ? (upto128 ? 4 : 0)
                           : W <= kNarrow && R <= kNarrow ? (G0 <= 8 ? 1 : 2) : upto128 ? 3 : 0;
   // bf16 latents of DeepSeek/K3's shape (512 + 64): the warpgroup kernel (unless
-  // set_latent_kernel says otherwise). At 16, 64 and 256 sequences of 4,096 rows (16 heads) it
-  // takes 0.042, 0.097 and 0.307 ms against the mma.sync kernel's 0.103, 0.174 and 0.534
-  // (tools/gpu/NOTES.md, twentieth session).
+  // set_latent_kernel says otherwise), about 1.7–2.5x the mma.sync kernel's speed at 16–256
+  // sequences of 4,096 rows (16 heads).
   const int64_t rows = B * T, groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock;
   const bool wg = bf16 && !narrow && W == kWgLatWidth && R == kMaxRank && g_latent_kernel != LatentKernel::MmaSync;
   const int warps = narrow == 3 ? 4 : narrow == 4 ? kNarrow16Warps : wg ? kWgLatThreads / 32 : kLatWarps;

@@ -290,14 +290,12 @@ namespace {
 // operands loaded into registers while this step's products run.
 // - bf16 operands: on the tensor cores (mma m16n8k16: exact products, fp32 sums), each warp 16
 //   rows × 32 columns of the tile.
-// - fp32 operands: fp32 FMAs, each thread 4 × 4 outputs (3xTF32 on the tensor cores was tried:
-//   relative errors of 3e-5 at K = 4096, against 1e-6 here; fp32 weights are the exact mode).
+// - fp32 operands: fp32 FMAs, each thread 4 × 4 outputs (fp32 weights are the exact mode: 3xTF32
+//   products would give relative errors of ~3e-5 at K = 4096, against ~1e-6 here).
 // The problems travel in the launch's parameters (64 per launch), not as an upload per call:
-// blockIdx.y picks the problem, blockIdx.x its tile. Tried and dropped (tools/gpu/NOTES.md): K
-// split over more blocks with the last block of a tile summing the partials (k3-small's decode
-// step at 128K went from 2.83 to 3.2 ms), and a 4-stage cp.async ring (no faster).
-// cuBLAS's grouped GEMM ran these shapes as a SIMT kernel of 128 × 128 tiles with unaligned loads,
-// 67 µs per call.
+// blockIdx.y picks the problem, blockIdx.x its tile. K is not split across blocks: summing the
+// partials costs more than the extra parallelism gives at these sizes. cuBLAS's grouped GEMM runs
+// these shapes as a SIMT kernel of 128 × 128 tiles with unaligned loads (~67 µs per call).
 constexpr int kGT = 64, kGK = 32, kGThreads = 256, kGPerLaunch = 64;
 constexpr int64_t kGroupedMaxM = 256;  // larger M: one library GEMM per problem
 struct GroupedTile {

@@ -400,10 +400,9 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dev p) {
 // K ≤ 128, 32 registers, 4 blocks of 256 threads per SM. The state loads are issued before q, k
 // and the decays are staged (one barrier). The column sums (u = Sᵀk after the decay, o = Sᵀq after
 // the write) are a shuffle across the warp's two row groups and an exchange across warps in shared
-// memory, a barrier each. On the H200 the KDA step in a CUDA graph went from 82–83 % of the copy
-// rate at N 64 with 32-column tiles (128-byte pieces of each 512-byte row) to 86 %, and from
-// 88–89 % to 92–93 % at N 256; 128 columns (one 512-thread block per head) and 4 or 16 rows per
-// thread were slower (tools/gpu/NOTES.md, "Twenty-sixth session"). The kernel waits on the
+// memory, a barrier each. Whole 256-byte stretches read faster than 128-byte pieces of each
+// 512-byte row (docs/performance.md has the step's fraction of the copy rate); 128 columns (one
+// 512-thread block per head) and 4 or 16 rows per thread are slower. The kernel waits on the
 // previous grid (griddepcontrol.wait, a no-op unless launched as a programmatic dependent) before
 // it reads anything, so a replayed decode loop overlaps each step's launch with the last one's
 // tail.
