@@ -43,6 +43,28 @@ ApiError parse_error(Endpoint ep, const std::string& body, const Tokenizer* tok 
   return {};
 }
 
+TEST(ServeRequest, HugeTextPromptIsRefusedBeforeTokenising) {
+  const Tokenizer tok = byte_tokenizer();
+  ParseLimits l = limits();  // 64 tokens
+  l.longest_token_bytes = longest_token_bytes(tok);
+  EXPECT_EQ(l.longest_token_bytes, 13);  // "<|endoftext|>"
+  // 13 × 64 bytes can hold no fewer than 64 tokens: refused by the bound.
+  const std::string body = R"({"prompt":")" + std::string(13 * 64, 'a') + R"("})";
+  try {
+    parse_request(Endpoint::Completions, body, l, &tok);
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.code, "context_length_exceeded");
+    EXPECT_NE(e.message.find("at least 64 tokens"), std::string::npos) << e.message;
+  }
+  // Below the bound the prompt is tokenised and counted exactly (63 bytes: 63 tokens).
+  EXPECT_EQ(parse_request(Endpoint::Completions, R"({"prompt":")" + std::string(63, 'a') + R"(","max_tokens":1})", l, &tok)
+                .prompt_ids.size(),
+            63u);
+  EXPECT_EQ(parse_error(Endpoint::Completions, R"({"prompt":")" + std::string(64, 'a') + R"("})", &tok).code,
+            "context_length_exceeded");
+}
+
 TEST(ServeRequest, ParsesCompletionWithIdsAndSampling) {
   auto r = parse_request(Endpoint::Completions,
                          R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":4,

@@ -1,5 +1,6 @@
 #include "infer/serve/request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -93,9 +94,19 @@ bool get_bool(const Json& o, const char* name, bool dflt) {
   return it->get<bool>();
 }
 
-void tokenize_into(const std::string& text, const Tokenizer* tok, const char* param, std::vector<int64_t>& out) {
+void tokenize_into(const std::string& text, const Tokenizer* tok, const char* param, std::vector<int64_t>& out,
+                   const ParseLimits& lim) {
   if (!tok)
     fail(param, "this model has no tokenizer files: give the prompt as an array of token ids", "tokenizer_missing");
+  // No token is longer than the vocabulary's longest, so a text that long has at least this many
+  // tokens: a prompt that cannot fit is refused before it is tokenised (and held as ids).
+  if (lim.longest_token_bytes > 0 && lim.max_context > 0) {
+    const size_t least = (text.size() + size_t(lim.longest_token_bytes) - 1) / size_t(lim.longest_token_bytes);
+    if (least >= size_t(lim.max_context))
+      fail(param, "the prompt has at least " + std::to_string(least) + " tokens (" + std::to_string(text.size()) +
+                      " bytes); this server's context is " + std::to_string(lim.max_context) + " tokens",
+           "context_length_exceeded");
+  }
   for (int32_t t : tok->encode(text)) out.push_back(t);
 }
 
@@ -242,7 +253,7 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
     const Json& p = *it;
     if (p.is_string()) {
       r.prompt_text = p.get<std::string>();
-      tokenize_into(r.prompt_text, tok, "prompt", r.prompt_ids);
+      tokenize_into(r.prompt_text, tok, "prompt", r.prompt_ids, lim);
       r.prompt_was_text = true;
     } else if (p.is_array()) {
       if (p.empty()) fail("prompt", "'prompt' is an empty array", "invalid_value");
@@ -250,7 +261,7 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
         if (p.size() != 1) fail("prompt", "only one prompt per request is supported", "unsupported");
         if (p[0].is_string()) {
           r.prompt_text = p[0].get<std::string>();
-          tokenize_into(r.prompt_text, tok, "prompt", r.prompt_ids);
+          tokenize_into(r.prompt_text, tok, "prompt", r.prompt_ids, lim);
           r.prompt_was_text = true;
         } else {
           r.prompt_ids = token_array(p[0], "prompt", lim.vocab_size);
@@ -297,7 +308,7 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
     } else {
       prompt = plain_chat_template(msgs);
     }
-    tokenize_into(prompt, tok, "messages", r.prompt_ids);
+    tokenize_into(prompt, tok, "messages", r.prompt_ids, lim);
     r.prompt_was_text = true;
   }
   const int64_t n = int64_t(r.prompt_ids.size());
@@ -332,6 +343,18 @@ ParsedRequest parse_request(Endpoint ep, const std::string& body, const ParseLim
     a.code = "invalid_request";
     throw a;
   }
+}
+
+int64_t longest_token_bytes(const Tokenizer& tok) {
+  size_t longest = 1;
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    try {
+      longest = std::max(longest, tok.token_bytes(id).size());
+    } catch (const Error&) {  // a hole in the ids
+    }
+  }
+  for (const auto& sp : tok.specials()) longest = std::max(longest, sp.text.size());
+  return int64_t(longest);
 }
 
 }  // namespace k3::serve

@@ -42,9 +42,15 @@ struct ParseLimits {
   int max_json_depth = 64;
   double max_timeout_s = 3600;
   double default_timeout_s = 600;
+  // The tokenizer's longest token in bytes (0: unknown): text prompts longer than the context
+  // allows at that many bytes a token are refused without being tokenised.
+  int64_t longest_token_bytes = 0;
   // How chat messages become the prompt: the model's chat template, or (null) plain_chat_template.
   std::shared_ptr<const ChatFormat> chat_format;
 };
+
+// The longest token of TOK, in bytes (the specials' text included).
+int64_t longest_token_bytes(const Tokenizer& tok);
 
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::Completions;
