@@ -1,0 +1,619 @@
+// The OpenAI-compatible HTTP server (cpp-httplib) over the continuous-batching scheduler and the
+// state-aware prefix cache of src/infer/serve/: routes, server-sent events, error bodies,
+// /metrics text, and the process's signal handling while it listens.
+#include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+#include "infer/serve/chat_template.h"
+#include "infer/serve/request.h"
+#include "infer/serve/response.h"
+#include "infer/serve/scheduler.h"
+#include "models/registry.h"
+#include "server/http_server.h"
+#include "server/text_stream.h"
+#include "tokenizer/bpe.h"
+
+namespace k3::serve {
+
+namespace {
+
+using serve::ApiError;
+using serve::Endpoint;
+using serve::Finish;
+
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+const char* finish_reason(Finish f) {
+  switch (f) {
+    case Finish::Eos:
+    case Finish::Stop:
+    case Finish::Cancelled: return "stop";
+    default: return "length";  // Length, Timeout
+  }
+}
+
+struct HttpStats {
+  std::mutex mu;
+  std::map<std::string, int64_t> requests;  // by endpoint
+  std::map<int, int64_t> errors;            // by HTTP status
+  void request(const std::string& ep) {
+    std::lock_guard<std::mutex> l(mu);
+    requests[ep]++;
+  }
+  void error(int status) {
+    std::lock_guard<std::mutex> l(mu);
+    errors[status]++;
+  }
+};
+
+size_t resident_bytes() {
+  std::ifstream f("/proc/self/statm");
+  size_t pages = 0, rss = 0;
+  f >> pages >> rss;
+  return rss * size_t(sysconf(_SC_PAGESIZE));
+}
+
+// The socket a request arrived on, so that a non-streaming handler can notice its client leave.
+// cpp-httplib 0.11 has no is_connection_closed and hands the handler no socket, but the request
+// carries the peer's address, and the connection's socket stays open until the handler returns:
+// the one socket of this process connected to that peer is it. -1 if none is found.
+int connection_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(e.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    sockaddr_storage a{};
+    socklen_t n = sizeof(a);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) continue;
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&a), n, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+      continue;
+    if (req.remote_addr == host && std::to_string(req.remote_port) == port) return fd;
+  }
+  return -1;
+}
+
+// True once the peer has closed or reset the connection (an HTTP/1.1 client never half-closes
+// while it waits for the response). Reads nothing: a pipelined next request stays queued.
+bool peer_closed(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+// cpp-httplib 0.11 listens with a backlog of 5, so bursts of new connections from many clients
+// get reset; listen() again on the bound socket raises it.
+class HttpServer : public httplib::Server {
+ public:
+  void raise_backlog() { ::listen(svr_sock_, SOMAXCONN); }
+};
+
+
+// The chat template: --chat-template FILE, else tokenizer_config.json's chat_template; null for the
+// plain "role: content" template. A template that does not parse is reported and replaced by the
+// plain one instead of stopping the server: completions keep working, and the message says what
+// to fix. A --chat-template file that cannot be read stops the server (a typo should not pass).
+std::shared_ptr<const serve::ChatFormat> load_chat_format(const ServeOptions& o) {
+  const std::string cfg_path = o.model_dir + "/tokenizer_config.json";
+  Json cfg = Json::object();
+  if (std::filesystem::exists(cfg_path)) {
+    try {
+      cfg = read_json_file(cfg_path);
+    } catch (const std::exception& e) {
+      std::cerr << "k3 serve: warning: cannot read " << cfg_path << " (" << e.what() << "); no chat template from it\n";
+    }
+  }
+  std::optional<std::string> source;
+  std::string origin;
+  if (!o.chat_template_file.empty()) {
+    std::ifstream f(o.chat_template_file, std::ios::binary);
+    if (!f) throw error("serve", "cannot read the chat template file ", o.chat_template_file);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    source = ss.str();
+    origin = o.chat_template_file;
+  } else {
+    try {
+      source = serve::chat_template_source(cfg);
+      origin = "tokenizer_config.json";
+    } catch (const std::exception& e) {
+      std::cerr << "k3 serve: warning: " << e.what() << "; chat prompts use the plain \"role: content\" template\n";
+      return nullptr;
+    }
+  }
+  if (!source) {
+    std::cerr << "k3 serve: no chat template in the model folder; chat prompts use the plain \"role: content\" "
+                 "template (--chat-template FILE gives one)\n";
+    return nullptr;
+  }
+  try {
+    auto fmt = std::make_shared<serve::ChatFormat>(serve::ChatFormat{serve::ChatTemplate(*source),
+                                                                     serve::special_tokens_of(cfg), origin});
+    // A trial render, so that a template needing something k3 lacks shows up now, not per request.
+    try {
+      fmt->render(serve::TemplateJson::array({{{"role", "user"}, {"content", "Hello"}}}));
+    } catch (const serve::TemplateError& e) {
+      if (e.kind() != serve::TemplateError::Kind::Raised)
+        std::cerr << "k3 serve: warning: the chat template from " << origin
+                  << " fails on a one-message conversation: " << e.what()
+                  << "\n  chat requests it fails on get a 400 error; --chat-template FILE replaces it\n";
+    }
+    std::cerr << "k3 serve: chat prompts use the Jinja chat template from " << origin << "\n";
+    return fmt;
+  } catch (const serve::TemplateError& e) {
+    std::cerr << "k3 serve: warning: the chat template from " << origin << " cannot be used: " << e.what()
+              << "\n  chat prompts use the plain \"role: content\" template instead; "
+                 "--chat-template FILE replaces it\n";
+    return nullptr;
+  }
+}
+
+class Server {
+ public:
+  Server(const ServeOptions& o, std::unique_ptr<Model> model, std::optional<Tokenizer> tok,
+         std::shared_ptr<const serve::ChatFormat> chat)
+      : o_(o), model_(std::move(model)), tok_(std::move(tok)) {
+    name_ = o.served_name.empty() ? std::filesystem::path(o.model_dir).lexically_normal().filename().string()
+                                  : o.served_name;
+    if (name_.empty()) name_ = std::filesystem::path(o.model_dir).parent_path().filename().string();
+    if (name_.empty()) name_ = "k3";
+    lim_.vocab_size = model_->vocab_size();
+    lim_.max_context = o.ctx > 0 ? std::min<int64_t>(o.ctx, model_->max_positions()) : std::min<int64_t>(model_->max_positions(), 2048);
+    lim_.default_timeout_s = o.timeout_s;
+    lim_.max_timeout_s = std::max(o.timeout_s, 1.0);
+    if (tok_) lim_.longest_token_bytes = serve::longest_token_bytes(*tok_);
+    lim_.chat_format = std::move(chat);
+    serve::SchedulerOptions so;
+    so.max_batch = o.max_batch;
+    so.context = lim_.max_context;
+    so.memory_budget = size_t(o.memory_mb * 1048576.0);
+    so.page_tokens = o.page_tokens;
+    so.max_queue = o.max_queue;
+    so.cache_block = o.cache_block;
+    so.cache_budget = size_t(o.cache_mb * 1048576.0);
+    sched_ = std::make_unique<serve::Scheduler>(*model_, so);
+  }
+
+  void routes(httplib::Server& svr) {
+    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      stats_.request("health");
+      res.set_content(dump({{"status", "ok"}, {"model", name_}}), "application/json");
+    });
+    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      stats_.request("models");
+      Json m = {{"id", name_}, {"object", "model"}, {"created", started_}, {"owned_by", "k3"},
+                {"max_model_len", lim_.max_context}};
+      res.set_content(dump({{"object", "list"}, {"data", Json::array({m})}}), "application/json");
+    });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      stats_.request("metrics");
+      res.set_content(metrics_text(), "text/plain; version=0.0.4");
+    });
+    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      generate(Endpoint::Completions, req, res);
+    });
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      generate(Endpoint::ChatCompletions, req, res);
+    });
+    svr.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
+      stats_.error(res.status);
+      if (!res.body.empty()) return;
+      ApiError e;
+      e.status = res.status;
+      e.message = res.status == 404 ? "no such endpoint" : res.status == 413 ? "request body too large" : "request failed";
+      e.code = res.status == 404 ? "not_found" : res.status == 413 ? "body_too_large" : "";
+      res.set_content(dump(e.body()), "application/json");
+    });
+    svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      ApiError e;
+      e.status = 500;
+      e.type = "server_error";
+      e.message = "internal error";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& x) {
+        e.message = std::string("internal error: ") + x.what();
+      } catch (...) {
+      }
+      res.status = 500;
+      res.set_content(dump(e.body()), "application/json");
+    });
+  }
+
+  void stop() { sched_->stop(); }
+
+ private:
+  static void send_error(httplib::Response& res, const ApiError& e) {
+    res.status = e.status;
+    res.set_content(dump(e.body()), "application/json");
+  }
+
+  // One choice of a response: its job and what has come of it so far.
+  struct Choice {
+    Choice(std::shared_ptr<serve::Job> j, TextAssembler t) : job(std::move(j)), text(std::move(t)) {}
+    std::shared_ptr<serve::Job> job;
+    TextAssembler text;
+    std::vector<int64_t> ids;              // tokens so far
+    std::vector<serve::TokenLogprob> lps;  // their logprobs (requests that asked)
+    std::string out;                       // text not sent yet
+    bool done = false;                     // the job has ended
+    bool started = false, finished = false;  // streaming: the first / the last chunk went out
+    bool prompt_scores = false;            // the echoed prompt's logprobs are still to be sent
+    size_t text_offset = 0;                // completions logprobs: bytes of text before the next token
+    int64_t sent = 0;                      // streaming: tokens already sent
+  };
+
+  // Polls every unfinished choice (the first waits up to `wait`); feeds new tokens to the text.
+  // True once all are done.
+  static bool poll_choices(std::vector<Choice>& cs, std::chrono::milliseconds wait) {
+    bool all = true;
+    for (auto& c : cs) {
+      if (c.done) continue;
+      std::vector<int64_t> fresh;
+      c.done = c.job->poll(fresh, std::exchange(wait, std::chrono::milliseconds(0)), &c.lps);
+      for (int64_t t : fresh) {
+        c.ids.push_back(t);
+        c.out += c.text.push(t);
+        if (c.text.stop_hit) c.job->cancel(Finish::Stop);
+      }
+      all = all && c.done;
+    }
+    return all;
+  }
+
+  void generate(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+    stats_.request(ep == Endpoint::Completions ? "completions" : "chat_completions");
+    serve::ParsedRequest pr;
+    try {
+      pr = serve::parse_request(ep, req.body, lim_, tok_ ? &*tok_ : nullptr);
+      if (!pr.model.empty() && pr.model != name_) {
+        ApiError e;
+        e.status = 404;
+        e.message = "the model '" + pr.model + "' does not exist; this server serves '" + name_ + "'";
+        e.param = "model";
+        e.code = "model_not_found";
+        throw e;
+      }
+      if (sched_->estimate_bytes(int64_t(pr.prompt_ids.size()) + pr.max_tokens) > sched_->options().memory_budget) {
+        ApiError e;
+        e.message = "prompt + max_tokens need more context memory than this server's budget; lower max_tokens";
+        e.param = "max_tokens";
+        e.code = "context_length_exceeded";
+        throw e;
+      }
+    } catch (const ApiError& e) {
+      send_error(res, e);
+      return;
+    }
+    // One job per choice; choice i samples with seed + i (choice 0 is what n = 1 gives).
+    auto cs = std::make_shared<std::vector<Choice>>();
+    try {
+      for (int64_t i = 0; i < pr.n; ++i) {
+        serve::GenParams g;
+        g.prompt = pr.prompt_ids;
+        g.max_tokens = pr.max_tokens;
+        g.sampling = pr.sampling;
+        g.sampling.seed = pr.sampling.seed + uint64_t(i);
+        g.stop_at_eos = !pr.ignore_eos;
+        g.timeout_s = pr.timeout_s;
+        g.logprobs = pr.logprobs;
+        g.prompt_logprobs = pr.echo && pr.logprobs >= 0;
+        const bool scored = g.prompt_logprobs;
+        cs->emplace_back(sched_->submit(std::move(g)),
+                         TextAssembler(tok_ ? &*tok_ : nullptr, model_->eos_token_id, pr.ignore_eos, pr.stop));
+        cs->back().prompt_scores = scored;
+      }
+    } catch (const std::exception& e) {
+      for (auto& c : *cs) c.job->cancel();
+      ApiError a;
+      a.status = 503;
+      a.type = "server_error";
+      a.message = e.what();
+      a.code = "overloaded";
+      send_error(res, a);
+      return;
+    }
+    const bool chat = ep == Endpoint::ChatCompletions;
+    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(++next_id_);
+    const int64_t created = int64_t(std::time(nullptr));
+    const Tokenizer* tok = tok_ ? &*tok_ : nullptr;
+    std::string echo;
+    if (pr.echo) {
+      echo = pr.prompt_text;
+      if (!pr.prompt_was_text && tok) {
+        try {
+          echo = tok->decode(std::vector<int32_t>(pr.prompt_ids.begin(), pr.prompt_ids.end()));
+        } catch (const std::exception&) {  // ids the tokenizer has no bytes for: no echo text
+        }
+      }
+    }
+    const int64_t n_prompt = int64_t(pr.prompt_ids.size());
+    const std::vector<int64_t> prompt_ids = pr.prompt_ids;
+    const int64_t want_lp = pr.logprobs;
+    // The logprobs of choice c's tokens from `from` on, after the echoed prompt's if not sent yet.
+    auto logprobs = [=](Choice& c, size_t from) -> Json {
+      if (want_lp < 0) return nullptr;
+      std::vector<serve::TokenLogprob> lps(c.lps.begin() + int64_t(from), c.lps.end());
+      if (chat) return {{"content", serve::chat_logprobs(lps, tok)}};
+      serve::CompletionLogprobs out(tok, c.text_offset);
+      if (std::exchange(c.prompt_scores, false)) {
+        out.add_unscored(prompt_ids[0]);
+        for (const auto& lp : c.job->prompt_logprobs()) out.add(lp);
+      }
+      for (const auto& lp : lps) out.add(lp);
+      c.text_offset = out.text_offset();
+      return out.json();
+    };
+    auto usage = [cs, n_prompt] {
+      int64_t completion = 0, cached = 0;
+      for (const auto& c : *cs) {
+        completion += int64_t(c.ids.size());
+        cached = std::max(cached, c.job->cached_tokens());
+      }
+      return Json{{"prompt_tokens", n_prompt},
+                  {"completion_tokens", completion},
+                  {"total_tokens", n_prompt + completion},
+                  {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+    };
+    auto failed = [](const Choice& c) { return !c.text.stop_hit && c.job->finish() == Finish::Error; };
+    auto generation_error = [](const Choice& c) {
+      ApiError e;
+      e.status = 500;
+      e.type = "server_error";
+      e.message = "generation failed: " + c.job->error();
+      return e;
+    };
+
+    if (!pr.stream) {
+      // The answer is one plain JSON body (a late error keeps its 500); meanwhile the connection
+      // is watched so that a client that leaves cancels its request (streams notice it on write).
+      const int sock = connection_socket(req);
+      while (!poll_choices(*cs, std::chrono::milliseconds(50)))
+        if (sock >= 0 && peer_closed(sock))
+          for (auto& c : *cs) c.job->cancel();
+      Json choices = Json::array();
+      for (size_t i = 0; i < cs->size(); ++i) {
+        Choice& c = (*cs)[i];
+        if (failed(c)) return send_error(res, generation_error(c));
+        std::string out = c.out + c.text.finish();
+        Finish f = c.text.stop_hit ? Finish::Stop : c.job->finish();
+        Json choice = {{"index", i}, {"finish_reason", finish_reason(f)}, {"token_ids", c.ids}};
+        choice["logprobs"] = logprobs(c, 0);
+        if (chat) choice["message"] = {{"role", "assistant"}, {"content", out}};
+        else choice["text"] = echo + out;
+        if (f == Finish::Timeout) choice["k3_finish"] = "timeout";
+        choices.push_back(std::move(choice));
+      }
+      Json body = {{"id", id},
+                   {"object", chat ? "chat.completion" : "text_completion"},
+                   {"created", created},
+                   {"model", name_},
+                   {"choices", choices},
+                   {"usage", usage()}};
+      res.set_content(dump(body), "application/json");
+      return;
+    }
+
+    // Streaming: server-sent events, one chunk per choice per token batch, then [DONE].
+    struct StreamState {
+      std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+    };
+    auto st = std::make_shared<StreamState>();
+    const bool include_usage = pr.include_usage;
+    const std::string model_name = name_;
+    auto event = [=](Json choices, Json usage_json) {
+      Json body = {{"id", id},
+                   {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                   {"created", created},
+                   {"model", model_name},
+                   {"choices", std::move(choices)}};
+      if (!usage_json.is_null()) body["usage"] = std::move(usage_json);
+      return "data: " + dump(body) + "\n\n";
+    };
+    // The chunk of choice i with its tokens since the last one; finish: null or the reason.
+    auto chunk = [=](size_t i, const std::string& piece, const char* finish) {
+      Choice& c = (*cs)[i];
+      const bool first = !std::exchange(c.started, true);
+      const size_t from = size_t(c.sent);
+      c.sent = int64_t(c.ids.size());
+      Json ch = {{"index", i}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
+      ch["logprobs"] = logprobs(c, from);
+      ch["token_ids"] = std::vector<int64_t>(c.ids.begin() + int64_t(from), c.ids.end());
+      if (chat) {
+        Json delta = Json::object();
+        if (first) delta["role"] = "assistant";
+        if (!piece.empty() || !finish) delta["content"] = piece;
+        ch["delta"] = delta;
+      } else {
+        ch["text"] = (first ? echo : std::string()) + piece;
+      }
+      return event(Json::array({ch}), nullptr);
+    };
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [=](size_t, httplib::DataSink& sink) {
+          auto write = [&](const std::string& s) {
+            st->last_write = std::chrono::steady_clock::now();
+            if (sink.write(s.data(), s.size())) return true;
+            for (auto& c : *cs) c.job->cancel();  // the client went away
+            return false;
+          };
+          const bool all_done = poll_choices(*cs, std::chrono::milliseconds(100));
+          bool wrote = false;
+          for (size_t i = 0; i < cs->size(); ++i) {
+            Choice& c = (*cs)[i];
+            if (size_t(c.sent) < c.ids.size()) {
+              if (!write(chunk(i, std::exchange(c.out, std::string()), nullptr))) return false;
+              wrote = true;
+            }
+            if (!c.done || std::exchange(c.finished, true)) continue;
+            if (failed(c)) {
+              if (!write("data: " + dump(generation_error(c).body()) + "\n\n")) return false;
+            } else {
+              const std::string tail = std::exchange(c.out, std::string()) + c.text.finish();
+              Finish f = c.text.stop_hit ? Finish::Stop : c.job->finish();
+              if (!write(chunk(i, tail, finish_reason(f)))) return false;
+            }
+            wrote = true;
+          }
+          if (!all_done) {
+            if (!wrote && std::chrono::steady_clock::now() - st->last_write > std::chrono::seconds(1))
+              if (!write(": keep-alive\n\n")) return false;  // also notices a client that left while queued
+            return true;
+          }
+          if (include_usage && !write(event(Json::array(), usage()))) return false;
+          if (!write("data: [DONE]\n\n")) return false;
+          sink.done();
+          return true;
+        },
+        [cs](bool success) {
+          if (!success)
+            for (auto& c : *cs) c.job->cancel();
+        });
+  }
+
+  std::string metrics_text() {
+    auto m = sched_->metrics();
+    std::ostringstream o;
+    auto metric = [&](const char* name, const char* type, const char* help) {
+      o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+    };
+    auto value = [&](const char* name, const char* type, const char* help, auto v) {  // one unlabelled sample
+      metric(name, type, help);
+      o << name << " " << v << "\n";
+    };
+    {
+      std::lock_guard<std::mutex> l(stats_.mu);
+      metric("k3_http_requests_total", "counter", "HTTP requests by endpoint");
+      for (auto& [k, v] : stats_.requests) o << "k3_http_requests_total{endpoint=\"" << k << "\"} " << v << "\n";
+      metric("k3_http_errors_total", "counter", "HTTP error responses by status");
+      for (auto& [k, v] : stats_.errors) o << "k3_http_errors_total{status=\"" << k << "\"} " << v << "\n";
+    }
+    value("k3_requests_submitted_total", "counter", "Generation requests accepted into the queue", m.submitted);
+    value("k3_requests_rejected_total", "counter", "Generation requests refused (queue full, over budget)", m.rejected);
+    metric("k3_requests_finished_total", "counter", "Generation requests finished, by reason");
+    for (int f = 1; f < 7; ++f)
+      o << "k3_requests_finished_total{reason=\"" << serve::finish_name(Finish(f)) << "\"} " << m.finished[f] << "\n";
+    value("k3_prompt_tokens_total", "counter", "Prompt tokens received", m.prompt_tokens);
+    value("k3_prefill_tokens_total", "counter", "Prompt tokens computed (not served from the prefix cache)",
+          m.prefill_tokens);
+    value("k3_generation_tokens_total", "counter", "Tokens generated", m.generated_tokens);
+    value("k3_generation_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s",
+          m.tokens_per_second);
+    value("k3_queue_depth", "gauge", "Requests waiting for admission", m.queue_depth);
+    value("k3_active_sequences", "gauge", "Sequences in the running batch", m.active);
+    value("k3_decode_steps_total", "counter", "Batched decode steps", m.decode_steps);
+    value("k3_decode_batch_rows_total", "counter", "Sequences summed over decode steps (rows / steps = mean batch)",
+          m.decode_rows);
+    value("k3_decode_steps_replayed_total", "counter",
+          "Decode steps replayed as one CUDA graph (batches that stay the same sequences)", m.replayed_steps);
+    metric("k3_time_to_first_token_seconds", "summary", "Submit to first token");
+    o << "k3_time_to_first_token_seconds_sum " << m.ttft_sum_s << "\nk3_time_to_first_token_seconds_count "
+      << m.ttft_count << "\n";
+    value("k3_preemptions_total", "counter", "Sequences sent back to the queue when pages ran out", m.preemptions);
+    value("k3_recomputed_tokens_total", "counter", "Tokens run again to rebuild preempted sequences", m.recomputed_tokens);
+    value("k3_memory_budget_bytes", "gauge", "Context memory budget for admission", m.memory.budget);
+    value("k3_memory_reserved_bytes", "gauge", "Context memory held by admitted sequences (pages + fixed memories)",
+          m.memory.used);
+    metric("k3_memory_kind_reserved_bytes", "gauge", "Context memory held by admitted sequences, by memory kind");
+    for (size_t k = 0; k < 4; ++k)
+      o << "k3_memory_kind_reserved_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.memory.bytes_used[k]
+        << "\n";
+    value("k3_memory_page_tokens", "gauge", "Tokens per page of a growing memory (KV cache, latent cache)",
+          m.memory.page_tokens);
+    metric("k3_memory_pages", "gauge", "Pages of each growing memory kind: held by admitted sequences, and free");
+    for (size_t k = 0; k < 4; ++k) {
+      if (m.memory.page_bytes[k] == 0) continue;
+      const std::string kind(memory_kind_name(MemoryKind(k)));
+      o << "k3_memory_pages{kind=\"" << kind << "\",state=\"used\"} " << m.memory.pages_used[k] << "\n";
+      o << "k3_memory_pages{kind=\"" << kind << "\",state=\"free\"} " << m.memory.pages_free[k] << "\n";
+    }
+    metric("k3_context_memory_bytes", "gauge", "Memory of the running sequences' contexts, by memory kind");
+    for (size_t k = 0; k < 4; ++k)
+      o << "k3_context_memory_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.active_bytes_by_kind[k] << "\n";
+    metric("k3_prefix_cache_bytes", "gauge", "Prefix-cache snapshot memory, by memory kind");
+    for (size_t k = 0; k < 4; ++k)
+      o << "k3_prefix_cache_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.cache.bytes_by_kind[k] << "\n";
+    value("k3_prefix_cache_lookups_total", "counter", "Prefix-cache lookups (prompts longer than one block)",
+          m.cache.lookups);
+    value("k3_prefix_cache_hits_total", "counter", "Prefix-cache lookups that resumed from a snapshot", m.cache.hits);
+    value("k3_prefix_cache_hit_rate", "gauge", "hits / lookups", m.cache.hit_rate());
+    value("k3_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from snapshots", m.cache.hit_tokens);
+    value("k3_prefix_cache_entries", "gauge", "Snapshots held", m.cache.entries);
+    value("k3_prefix_cache_evictions_total", "counter", "Snapshots evicted (LRU, byte budget)", m.cache.evictions);
+    value("k3_process_resident_bytes", "gauge", "Resident set size of the server process", resident_bytes());
+    return o.str();
+  }
+
+  ServeOptions o_;
+  std::unique_ptr<Model> model_;
+  std::optional<Tokenizer> tok_;
+  std::string name_;
+  serve::ParseLimits lim_;
+  std::unique_ptr<serve::Scheduler> sched_;
+  HttpStats stats_;
+  std::atomic<int64_t> next_id_{0};
+  int64_t started_ = int64_t(std::time(nullptr));
+};
+
+}  // namespace
+
+void serve_http(const ServeOptions& o, std::unique_ptr<Model> model, std::optional<Tokenizer> tok) {
+  auto chat = load_chat_format(o);
+  // Signals are taken by one thread (sigwait), which stops the server cleanly.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  Server server(o, std::move(model), std::move(tok), std::move(chat));
+  HttpServer svr;
+  const size_t threads = o.http_threads > 0 ? size_t(o.http_threads) : size_t(2 * o.max_batch + 64);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  svr.set_payload_max_length(8u << 20);
+  svr.set_keep_alive_max_count(10000);
+  svr.set_read_timeout(30, 0);
+  svr.set_write_timeout(30, 0);
+  server.routes(svr);
+  int port = o.port;
+  if (port == 0) port = svr.bind_to_any_port(o.host);
+  else if (!svr.bind_to_port(o.host, port)) port = -1;
+  if (port < 0) throw error("serve", "cannot listen on ", o.host, ":", o.port);
+  svr.raise_backlog();
+  std::atomic<bool> stopping{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (!stopping) std::cerr << "k3 serve: signal " << sig << ", stopping\n";
+    svr.stop();
+  });
+  std::cout << "k3 serve: listening on http://" << o.host << ":" << port << std::endl;
+  svr.listen_after_bind();
+  stopping = true;
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  server.stop();
+}
+
+}  // namespace k3::serve

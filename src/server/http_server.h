@@ -1,0 +1,26 @@
+// `k3 serve` as a library: an OpenAI-compatible HTTP server over a loaded model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "models/model.h"
+#include "tokenizer/bpe.h"
+
+namespace k3::serve {
+
+struct ServeOptions {
+  std::string model_dir, host = "127.0.0.1", served_name, chat_template_file;
+  int port = 8080;
+  int64_t max_batch = 8, ctx = 0, max_queue = 256, cache_block = 64, page_tokens = 16;
+  double memory_mb = 1024, cache_mb = 256, timeout_s = 600;
+  int http_threads = 0;
+};
+
+// Serves MODEL (and TOK, if any: without one, prompts are token-id arrays) on o.host:o.port until
+// SIGINT or SIGTERM, then drains and returns. Prints the address it listens on to stdout.
+void serve_http(const ServeOptions& o, std::unique_ptr<Model> model, std::optional<Tokenizer> tok);
+
+}  // namespace k3::serve
