@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "cli/commands.h"
+#include "infer/generate.h"
 #include "tokenizer/bpe_train.h"
 #include "train/data.h"
 #include "train/trainer.h"
@@ -55,6 +56,16 @@ void register_train(CLI::App& app) {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     c.device = rt.device;
     TrainResult r = run_training(c);
+    if (!r.interrupted && !c.quiet && c.sample_tokens > 0 && r.model && r.tokenizer && !r.sample_prompt.empty()) {
+      GenerateOptions g;
+      g.max_new_tokens = std::min<int64_t>(c.sample_tokens, r.model->max_positions() - int64_t(r.sample_prompt.size()));
+      g.sampling.temperature = 0.8f;
+      g.sampling.top_k = 40;
+      g.sampling.seed = r.seed;
+      g.stop_at_eos = StopAtEos::No;
+      const std::vector<int64_t> ids = generate(*r.model, r.sample_prompt, g);
+      std::printf("sample:\n%s\n", r.tokenizer->decode(std::vector<int32_t>(ids.begin(), ids.end())).c_str());
+    }
     if (!r.interrupted && !c.quiet && r.val_loss >= r.unigram_loss)
       std::printf("note: validation loss is not below the unigram baseline yet; train longer (--steps)\n");
   });

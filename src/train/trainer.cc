@@ -13,7 +13,6 @@
 
 #include "core/device.h"
 #include "core/profile.h"
-#include "infer/sampler.h"
 #include "ops/ag.h"
 #if defined(K3_HAS_CUDA)
 #include "ops/ag_cuda.h"
@@ -162,29 +161,6 @@ double eval_loss(const Model& model, const TokenData& data, int64_t B, int64_t T
     sum += l->value.f32()[0];
   }
   return sum / double(batches);
-}
-
-std::string sample_text(const Model& model, const Tokenizer& tok, const TokenData& data, int64_t n, uint64_t seed) {
-  const int32_t* val = data.tokens(Split::Val);
-  const int64_t P = std::min<int64_t>(16, data.size(Split::Val));
-  std::vector<int64_t> ids(val, val + P);
-  SamplingOptions so;
-  so.temperature = 0.8f;
-  so.top_k = 40;
-  so.seed = seed;
-  Sampler sampler(so);
-  n = std::min(n, model.max_positions() - P);
-  Context ctx = model.new_context(P + n);
-  std::vector<float> logits(static_cast<size_t>(model.vocab_size()));
-  model.forward(ids.data(), P, &ctx, logits.data(), Logits::Last);
-  std::vector<int32_t> out(ids.begin(), ids.end());
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t next = sampler.sample(logits.data(), model.vocab_size(), ids);
-    ids.push_back(next);
-    out.push_back(int32_t(next));
-    if (i + 1 < n) model.forward(&next, 1, &ctx, logits.data(), Logits::Last);
-  }
-  return tok.decode(out);
 }
 
 }  // namespace
@@ -370,6 +346,7 @@ TrainResult run_training(TrainConfig cfg) {
   StopSignals stop_signals;
   TrainResult res;
   res.out_dir = cfg.out;
+  res.seed = cfg.seed;
   res.unigram_loss = unigram;
   std::vector<int64_t> ids, targets;
   const auto t_start = clock::now();
@@ -469,6 +446,10 @@ TrainResult run_training(TrainConfig cfg) {
     return res;
   }
   res.val_loss = eval_loss(*model, data, cfg.batch, cfg.seq_len, cfg.eval_batches);
+  {
+    const int32_t* val = data.tokens(Split::Val);
+    res.sample_prompt.assign(val, val + std::min<int64_t>(16, data.size(Split::Val)));
+  }
   // Loss curve.
   std::vector<PlotSeries> series = {{"train loss", plot_x, plot_y, "", false}};
   if (!val_x.empty()) series.push_back({"validation loss", val_x, val_y, "", true});
@@ -481,9 +462,9 @@ TrainResult run_training(TrainConfig cfg) {
                 res.last_loss, res.val_loss, std::exp(res.val_loss), unigram, res.tokens_per_second);
     std::printf("wrote %s/{model.safetensors,config.json,tokenizer.json,optimizer.safetensors,metrics.jsonl,loss.svg}\n",
                 cfg.out.c_str());
-    if (cfg.sample_tokens > 0)
-      std::printf("sample:\n%s\n", sample_text(*model, tok, data, cfg.sample_tokens, cfg.seed).c_str());
   }
+  res.model = std::move(model);
+  res.tokenizer = std::make_shared<const Tokenizer>(std::move(tok));
   return res;
 }
 

@@ -2,10 +2,12 @@
 // gradient accumulation, evaluation, checkpoints that resume bit-exactly, metrics, plot, sample.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tokenizer/bpe.h"
 #include "train/optimizer.h"
 
 namespace k3 {
@@ -42,6 +44,12 @@ struct TrainResult {
   std::vector<double> losses;  // per step of this run
   std::string out_dir;
   bool interrupted = false;
+  // A completed run's model and tokenizer, the first validation tokens as a prompt and the seed,
+  // for the caller's sample text.
+  std::shared_ptr<Model> model;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::vector<int64_t> sample_prompt;
+  uint64_t seed = 1;
 };
 
 TrainResult run_training(TrainConfig cfg);
