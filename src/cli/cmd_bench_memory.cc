@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "mixers/linear/delta_layer.h"
-#include "mixers/mla.h"
+#include "mixers/mla/mla.h"
 #include "models/registry.h"
 #include "train/plot.h"
 

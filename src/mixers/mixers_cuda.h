@@ -17,7 +17,7 @@
 namespace k3 {
 
 namespace cuda {
-// Kernels (mixers_cuda.cu), device pointers. For each of `count` streams s (channels start[s] to
+// Kernels (conv/short_conv_cuda.cu, mla/mla_decode_cuda.cu, memory_blocks_cuda.cu), device pointers. For each of `count` streams s (channels start[s] to
 // start[s + 1]): y_s [B·T, C_s] = the causal depthwise convolution (w_s [C_s, W]) of B sequences
 // x_s,b [T, C_s], each continuing its tail (tails: B·count device pointers, tails[b·count + s] to
 // [W − 1, C_s]; unused when W = 1), then y ← y·σ(y) when `silu`; every tail ← the last W − 1 rows

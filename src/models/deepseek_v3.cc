@@ -2,7 +2,7 @@
 
 #include "ffn/glu.h"
 #include "ffn/moe.h"
-#include "mixers/mla.h"
+#include "mixers/mla/mla.h"
 #include "models/init.h"
 #include "ops/ag.h"
 

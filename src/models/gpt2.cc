@@ -5,7 +5,7 @@
 
 #include "core/random.h"
 #include "ffn/mlp.h"
-#include "mixers/softmax_attention.h"
+#include "mixers/attention/softmax_attention.h"
 #include "ops/ag.h"
 
 namespace k3 {

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "mixers/kv_cache.h"
+#include "mixers/attention/kv_cache.h"
 
 #include "infer/generate.h"
 #include "models/registry.h"

@@ -8,7 +8,7 @@
 #include "ffn/glu.h"
 #include "ffn/moe.h"
 #include "mixers/linear/delta_layer.h"
-#include "mixers/mla.h"
+#include "mixers/mla/mla.h"
 #include "models/init.h"
 #include "ops/ag.h"
 

@@ -16,7 +16,7 @@
 #include "core/device.h"
 #include "core/random.h"
 #include "mixers/mixers_cuda.h"
-#include "mixers/mla.h"
+#include "mixers/mla/mla.h"
 
 namespace k3 {
 namespace {

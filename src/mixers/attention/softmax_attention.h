@@ -5,7 +5,7 @@
 // tail (CPU memories only).
 #pragma once
 
-#include "mixers/kv_cache.h"
+#include "mixers/attention/kv_cache.h"
 #include "mixers/mixer.h"
 #include "ops/linear.h"
 

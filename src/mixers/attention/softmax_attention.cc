@@ -1,4 +1,4 @@
-#include "mixers/softmax_attention.h"
+#include "mixers/attention/softmax_attention.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "mixers/mla.h"
+#include "mixers/mla/mla.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "mixers/kv_cache.h"
+#include "mixers/attention/kv_cache.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,6 @@
 // MLA: absorbed decode over the latent cache equals the expanded prefill; gradients match
 // finite differences; RoPE and NoPE, with and without q LoRA and the output gate.
-#include "mixers/mla.h"
+#include "mixers/mla/mla.h"
 
 #include <gtest/gtest.h>
 
