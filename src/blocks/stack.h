@@ -1,11 +1,14 @@
 // A stack of pre-norm blocks: what every decoder shares — running the layers over B sequences
-// (each continuing its own Context when given), the per-layer memory report, new contexts, and
-// the MoE bookkeeping after an optimizer step.
+// (each continuing its own Context when given) under the residual rule the config names (plain
+// additions, or Kimi K3's block Attention Residuals), the per-layer memory report, new contexts,
+// and the MoE bookkeeping after an optimizer step.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "blocks/block.h"
+#include "residual/ag_attnres.h"
 
 namespace k3 {
 
@@ -15,9 +18,24 @@ struct LayerMemory {
   MemorySpec spec;
 };
 
+// Block Attention Residuals (spec §10.3): before the mixer and before the FFN of every layer, and
+// once after the last layer, the residual stream is a learned softmax mix of the completed blocks'
+// sums and the running partial sum; a new block starts every `block_size` layers. `names` are the
+// mixes' parameter names (projection, norm) within a layer and within the model.
+struct AttnResidual {
+  int64_t block_size = 1;
+  int64_t D = 0;
+  float eps = 1e-6f;
+  struct Names {
+    std::string mixer_proj, mixer_norm, ffn_proj, ffn_norm, output_proj, output_norm;
+  } names;
+};
+
 class BlockStack {
  public:
-  void add(PreNormBlock block) { blocks_.push_back(std::move(block)); }
+  BlockStack() = default;  // plain residual additions
+  explicit BlockStack(AttnResidual rule);
+  void add(PreNormBlock block);
   size_t size() const { return blocks_.size(); }
   const PreNormBlock& operator[](size_t l) const { return blocks_[l]; }
 
@@ -32,8 +50,13 @@ class BlockStack {
     std::vector<Memory*> mems_;
   };
 
-  // Plain residual stack: x = block_l(x) for every layer. Advances the contexts' positions.
+  // Every layer under the stack's residual rule (with Attention Residuals, the output mix too).
+  // Advances the contexts' positions.
   Var forward(Var x, int64_t B, int64_t T, Context* const* contexts) const;
+  // Layer l's parameters under `prefix` (its block's, then its residual mixes'), and the
+  // stack-level ones (the output mix) under `model_prefix`.
+  void visit_layer(size_t l, const std::string& prefix, const ParamVisitor& v) const;
+  void visit_stack(const std::string& model_prefix, const ParamVisitor& v) const;
   std::vector<LayerMemory> memory_layers() const;
   Context new_context(int64_t max_tokens) const;
   // Parameters of routed experts not used per token (total − active over MoE layers).
@@ -47,7 +70,12 @@ class BlockStack {
   Var balance_loss(int64_t seq_len, float alpha) const;
 
  private:
+  Var forward_attn_res(Var x, int64_t B, int64_t T, Context* const* contexts) const;
+
   std::vector<PreNormBlock> blocks_;
+  std::optional<AttnResidual> attn_res_;
+  std::vector<AttnResMix> mixer_res_, ffn_res_;  // with attn_res_: one pair per layer
+  AttnResMix output_res_;
 };
 
 void advance_positions(Context* const* contexts, int64_t B, int64_t T);

@@ -16,6 +16,19 @@ namespace k3 {
 
 namespace {
 
+// K3 joins its layers by block Attention Residuals (HF names of the mixes), Kimi Linear by plain sums.
+BlockStack residual_rule(const KimiConfig& c, KimiFlavor f) {
+  if (f != KimiFlavor::K3) return BlockStack();
+  if (!c.attn_res_block_size) throw error("config", "kimi_k3 needs attn_res_block_size");
+  AttnResidual r;
+  r.block_size = *c.attn_res_block_size;
+  r.D = c.hidden_size;
+  r.eps = float(c.rms_norm_eps);
+  r.names = {"self_attention_res_proj", "self_attention_res_norm", "mlp_res_proj", "mlp_res_norm",
+             "output_attn_res_proj",    "output_attn_res_norm"};
+  return BlockStack(r);
+}
+
 std::unique_ptr<Mixer> make_mixer(const KimiConfig& c, KimiFlavor f, int64_t l, int64_t a_log_size) {
   const int64_t D = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
@@ -99,7 +112,7 @@ void validate(const KimiConfig& c, const std::string& where) {
 }  // namespace
 
 KimiModel::KimiModel(const KimiConfig& c, KimiFlavor f, const Json& raw, int64_t a_log_size)
-    : c_(c), flavor_(f), raw_(raw) {
+    : c_(c), flavor_(f), raw_(raw), blocks_(residual_rule(c, f)) {
   const int64_t D = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
   embed_ = parameter({c.vocab_size, D});
@@ -109,12 +122,7 @@ KimiModel::KimiModel(const KimiConfig& c, KimiFlavor f, const Json& raw, int64_t
     std::string ffn_name = c.is_moe_layer(l) || f == KimiFlavor::Linear ? "block_sparse_moe" : "mlp";
     blocks_.add(PreNormBlock(Norm(NormType::RMSNorm, D, eps), make_mixer(c, f, l, a_log_size), Norm(NormType::RMSNorm, D, eps),
                              make_ffn(c, l), BlockNames{"input_layernorm", "self_attn", "post_attention_layernorm", ffn_name}));
-    if (f == KimiFlavor::K3) {
-      attn_res_.emplace_back(D, eps);
-      mlp_res_.emplace_back(D, eps);
-    }
   }
-  if (f == KimiFlavor::K3) output_res_ = AttnResMix(D, eps);
   norm_ = Norm(NormType::RMSNorm, D, eps);
   eos_token_id = c.eos_token_id;
 }
@@ -158,13 +166,9 @@ void KimiModel::visit(const ParamVisitor& v) const {
   v(p + "model.embed_tokens.weight", *embed_, ParamKind::Embedding);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const std::string lp = p + "model.layers." + std::to_string(l);
-    blocks_[l].visit(lp, v);
-    if (flavor_ == KimiFlavor::K3) {
-      attn_res_[l].visit(lp + ".self_attention_res_proj", lp + ".self_attention_res_norm", v);
-      mlp_res_[l].visit(lp + ".mlp_res_proj", lp + ".mlp_res_norm", v);
-    }
+    blocks_.visit_layer(l, lp, v);
   }
-  if (flavor_ == KimiFlavor::K3) output_res_.visit(p + "model.output_attn_res_proj", p + "model.output_attn_res_norm", v);
+  blocks_.visit_stack(p + "model", v);
   norm_.visit(p + "model.norm", v);
   if (!c_.tie_word_embeddings) v(p + "lm_head.weight", *lm_head_, ParamKind::Weight);
 }
@@ -178,31 +182,8 @@ Var KimiModel::hidden(const TokenBatch& batch) const {
   std::optional<profile::Scope> scope(std::in_place, "embedding");
   Var x = ag::embedding(embed_, std::vector<int64_t>(batch.ids, batch.ids + B * T), c_.pad_token_id);
   scope.reset();
-  if (flavor_ == KimiFlavor::Linear) return norm_(blocks_.forward(x, B, T, batch.contexts));
-  BlockStack::LayerBatches lb(B, T, batch.contexts);
-  std::vector<Var> blocks;  // completed AttnRes blocks (spec §10.3)
-  const int64_t S = *c_.attn_res_block_size;
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    const SeqBatch sb = lb(l);
-    // K3 block AttnRes: x is the running partial sum p.
-    std::optional<profile::Scope> res(std::in_place, "attention residuals");
-    Var h = attn_res_[l](blocks, x);
-    res.reset();
-    Var p = x;
-    if (int64_t(l) % S == 0) {
-      blocks.push_back(x);  // seal: push the raw prefix, not h
-      p = nullptr;
-    }
-    Var a = blocks_[l].mix(h, sb);
-    p = p ? ag::add(p, a) : a;
-    res.emplace("attention residuals");
-    Var m_in = mlp_res_[l](blocks, p);
-    res.reset();
-    x = ag::add(p, blocks_[l].feed(m_in));
-  }
-  scope.emplace("output residual and norm");
-  x = output_res_(blocks, x);
-  advance_positions(batch.contexts, B, T);
+  x = blocks_.forward(x, B, T, batch.contexts);  // plain residuals, or K3's Attention Residuals
+  const profile::Scope norm("final norm");
   return norm_(x);
 }
 

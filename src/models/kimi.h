@@ -45,8 +45,6 @@ class KimiModel final : public Model {
   Json raw_;
   Var embed_, lm_head_;
   BlockStack blocks_;
-  std::vector<AttnResMix> attn_res_, mlp_res_;  // K3: one pair per layer
-  AttnResMix output_res_;
   Norm norm_;
 };
 
