@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tests/data/chat_templates/*.json: chat templates, contexts and the text Python's jinja2
-renders for them, for src/infer/serve_chat_template_test.cc to compare k3's renderer against.
+renders for them, for src/text/jinja_test.cc (and src/infer/serve_chat_template_test.cc) to compare k3's renderer against.
 
 The reference is jinja2 itself, set up the way Hugging Face transformers renders a tokenizer's
 chat_template (transformers' _compile_jinja_template, written out here so transformers is not
