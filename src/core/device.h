@@ -14,6 +14,14 @@ namespace k3::device {
 
 // True when this k3 was compiled with the CUDA backend.
 bool cuda_built();
+// The same at compile time. Code above core/ puts its device paths under
+// `if constexpr (device::kCudaBuilt)`: they compile in every build, and a build without CUDA
+// needs no definitions of the kernels they call (a discarded statement odr-uses nothing).
+#if defined(K3_HAS_CUDA)
+inline constexpr bool kCudaBuilt = true;
+#else
+inline constexpr bool kCudaBuilt = false;
+#endif
 // Number of usable CUDA devices (0 without the backend, without a driver or without a GPU).
 int cuda_device_count();
 // Throws "[who] --device cuda: ..." naming why CUDA is unusable (not built, no driver, no GPU).

@@ -15,9 +15,7 @@
 #include "core/mxfp4.h"
 #include "ops/ag.h"
 #include "ops/ag_moe.h"
-#if defined(K3_HAS_CUDA)
 #include "ops/ops_cuda.h"
-#endif
 
 namespace k3 {
 
@@ -97,29 +95,31 @@ void Model::logits(const TokenBatch& batch, float* out, Logits which) const {
   linear_forward(h->value.f32(), rows, D, V, head_weight()->value, WeightLayout::OutIn, nullptr, out);
 }
 
-#if defined(K3_HAS_CUDA)
 namespace {
 // The device half of a greedy step: every kernel of it, the B picks left in ids (device).
 void device_greedy(const Model& m, const TokenBatch& batch, int64_t* ids) {
-  Var h = m.hidden(batch);
-  std::optional<profile::Scope> scope(std::in_place, "lm head");
-  const Tensor lg = device_logits(h, batch, Logits::Last, m.head_weight());
-  scope.emplace("greedy pick");
-  cuda::argmax_rows(lg.cuda_f32(), batch.B, m.vocab_size(), ids);
+  if constexpr (device::kCudaBuilt) {
+    Var h = m.hidden(batch);
+    std::optional<profile::Scope> scope(std::in_place, "lm head");
+    const Tensor lg = device_logits(h, batch, Logits::Last, m.head_weight());
+    scope.emplace("greedy pick");
+    cuda::argmax_rows(lg.cuda_f32(), batch.B, m.vocab_size(), ids);
+  } else {
+    device::require_cuda("generate");
+  }
 }
 }  // namespace
-#endif
 
 void Model::greedy(const TokenBatch& batch, int64_t* next) const {
   const int64_t V = vocab_size();
-#if defined(K3_HAS_CUDA)
-  if (head_weight()->value.device() == Device::CUDA) {
-    device::Buffer ids(size_t(batch.B) * sizeof(int64_t));
-    device_greedy(*this, batch, ids.as<int64_t>());
-    device::download(next, ids.get(), size_t(batch.B) * sizeof(int64_t));
-    return;
+  if constexpr (device::kCudaBuilt) {
+    if (head_weight()->value.device() == Device::CUDA) {
+      device::Buffer ids(size_t(batch.B) * sizeof(int64_t));
+      device_greedy(*this, batch, ids.as<int64_t>());
+      device::download(next, ids.get(), size_t(batch.B) * sizeof(int64_t));
+      return;
+    }
   }
-#endif
   std::vector<float> out(static_cast<size_t>(batch.B * V));
   logits(batch, out.data(), Logits::Last);
   profile::Scope scope("greedy pick");
@@ -217,50 +217,50 @@ std::vector<int64_t> Decoder::counts() const {
 }
 
 void Decoder::capture(const int64_t* ids, void* out) {
-#if defined(K3_HAS_CUDA)
-  const TokenBatch batch{ids, int64_t(contexts_.size()), 1, contexts_.data()};
-  // What the host's bookkeeping was, to set back if the capture or its first replay fails.
-  const std::vector<int64_t> before = counts();
-  auto set_back = [&] {
-    size_t i = 0;  // counts()'s order: a position, then each memory's length and identity
-    for (Context* c : contexts_) {
-      c->position = before[i++];
-      for (auto& m : c->layers) m->set_length(before[i]), i += 2;
+  if constexpr (device::kCudaBuilt) {
+    const TokenBatch batch{ids, int64_t(contexts_.size()), 1, contexts_.data()};
+    // What the host's bookkeeping was, to set back if the capture or its first replay fails.
+    const std::vector<int64_t> before = counts();
+    auto set_back = [&] {
+      size_t i = 0;  // counts()'s order: a position, then each memory's length and identity
+      for (Context* c : contexts_) {
+        c->position = before[i++];
+        for (auto& m : c->layers) m->set_length(before[i]), i += 2;
+      }
+    };
+    result_ = std::make_unique<device::Buffer>(out_bytes());
+    graph_ = std::make_unique<device::Graph>();
+    try {
+      graph_->begin(/*step_tokens=*/1);
+      if (output_ == Output::Picks) {
+        device_greedy(model_, batch, result_->as<int64_t>());
+      } else {  // lg is freed (into the capture's reserve) before the capture ends: its rows are
+                // copied into the decoder's own buffer, which the replays download
+        Var h = model_.hidden(batch);
+        const profile::Scope scope("lm head");
+        const Tensor lg = device_logits(h, batch, Logits::Last, model_.head_weight());
+        device::copy(result_->get(), lg.raw(), out_bytes());
+      }
+      graph_->end();
+    } catch (const std::exception& e) {
+      graph_.reset();  // ends the capture, releases what it held
+      refusal_ = e.what();
+      set_back();
+      eager(ids, out);
+      return;
     }
-  };
-  result_ = std::make_unique<device::Buffer>(out_bytes());
-  graph_ = std::make_unique<device::Graph>();
-  try {
-    graph_->begin(/*step_tokens=*/1);
-    if (output_ == Output::Picks) {
-      device_greedy(model_, batch, result_->as<int64_t>());
-    } else {  // lg is freed (into the capture's reserve) before the capture ends: its rows are
-              // copied into the decoder's own buffer, which the replays download
-      Var h = model_.hidden(batch);
-      const profile::Scope scope("lm head");
-      const Tensor lg = device_logits(h, batch, Logits::Last, model_.head_weight());
-      device::copy(result_->get(), lg.raw(), out_bytes());
+    try {
+      graph_->replay();  // the captured step itself
+      device::download(out, result_->get(), out_bytes());
+    } catch (...) {
+      graph_.reset();  // as a failed replay: the counts set back, a later step captures again
+      set_back();
+      throw;
     }
-    graph_->end();
-  } catch (const std::exception& e) {
-    graph_.reset();  // ends the capture, releases what it held
-    refusal_ = e.what();
-    set_back();
+    after_ = counts();
+  } else {
     eager(ids, out);
-    return;
   }
-  try {
-    graph_->replay();  // the captured step itself
-    device::download(out, result_->get(), out_bytes());
-  } catch (...) {
-    graph_.reset();  // as a failed replay: the counts set back, a later step captures again
-    set_back();
-    throw;
-  }
-  after_ = counts();
-#else
-  eager(ids, out);
-#endif
 }
 
 void Model::forward(const int64_t* ids, int64_t T, Context* ctx, float* out, Logits which) const {

@@ -57,8 +57,6 @@ Var zip(const Var& a, const Var& b, cuda::Binary f, const char* op) {
 bool on_cuda(const Var& x) { return x && x->value.device() == Device::CUDA; }
 
 namespace {
-thread_local bool g_bf16_gemms = false;
-
 // An fp32 device array as a GEMM operand of storage `st` (a bf16 copy, or the array itself).
 struct Operand {
   Tensor copy;
@@ -72,9 +70,6 @@ struct Operand {
 };
 }  // namespace
 
-Bf16Gemms::Bf16Gemms() : saved_(g_bf16_gemms) { g_bf16_gemms = true; }
-Bf16Gemms::~Bf16Gemms() { g_bf16_gemms = saved_; }
-bool bf16_gemms() { return g_bf16_gemms; }
 
 void forward_only(const char* op, const std::vector<Var>& inputs) {
   if (!recording()) return;
@@ -108,7 +103,7 @@ std::vector<Tensor> linears_no_grad(const Tensor& x, const std::vector<const Ten
            "linear: grouped projections of ", x.describe());
   const int64_t in_f = x.dim(-1), M = x.numel() / in_f;
   const DType wt = weights[0]->dtype();
-  const device::Storage st = wt == DType::BF16 || g_bf16_gemms ? device::Storage::BF16 : device::Storage::F32;
+  const device::Storage st = wt == DType::BF16 || bf16_gemms() ? device::Storage::BF16 : device::Storage::F32;
   std::vector<Tensor> ys;
   std::vector<cuda::GemmProblem> ps;
   const Operand xb(x.cuda_f32(), M * in_f, st);
@@ -143,7 +138,7 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
   const cuda::Op tb = out_in ? cuda::Op::T : cuda::Op::N;
   // bf16 operands (bf16 weights, or fp32 ones under Bf16Gemms), fp32 accumulation and output.
   const device::Storage st =
-      W.dtype() == DType::BF16 || g_bf16_gemms ? device::Storage::BF16 : device::Storage::F32;
+      W.dtype() == DType::BF16 || bf16_gemms() ? device::Storage::BF16 : device::Storage::F32;
   if (W.dtype() == DType::BF16) {
     if (W.device() != Device::CUDA) throw error("linear", "weight ", W.describe(), " is not on the device");
     const Operand xb(in(x, "linear"), M * in_f, st);
@@ -318,7 +313,7 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_
   Tensor lse = train ? empty({B, H, T}) : Tensor();
   // Under Bf16Gemms attention's operands are bf16 too (autocast's split: its two products are
   // GEMMs), which runs the tensor-core kernels; softmax, lse and gradients stay fp32.
-  const bool bf16 = g_bf16_gemms;
+  const bool bf16 = bf16_gemms();
   const auto st = bf16 ? device::Storage::BF16 : device::Storage::F32;
   {
     const Operand qo(in(q, "attention"), q->value.numel(), st), ko(in(k, "attention"), k->value.numel(), st),
@@ -546,13 +541,13 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
   Tensor loss = empty({N});
   // Rows per chunk: at most 64 MiB of logits at a time.
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(16) << 20) / std::max<int64_t>(1, V)));
-  const bool bf16 = g_bf16_gemms;
+  const bool bf16 = bf16_gemms();
   auto logits_of = [h, w, bf16](int64_t r0, int64_t n) {  // [n, V] fp32, computed the forward's way
     NoRecording off;
-    const bool saved = g_bf16_gemms;
-    g_bf16_gemms = bf16;
+    const bool saved = bf16_gemms();
+    set_bf16_gemms(bf16);
     Var z = gpu::linear(constant(h->value.slice(0, r0, r0 + n)), w, nullptr, WeightLayout::OutIn);
-    g_bf16_gemms = saved;
+    set_bf16_gemms(saved);
     return z;
   };
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {

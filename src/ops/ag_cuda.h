@@ -14,29 +14,13 @@
 #include "ops/ag_heads.h"
 #include "ops/ag_moe.h"
 #include "ops/ag_norms.h"
+#include "ops/precision.h"
 #include "ops/situ.h"
 
 namespace k3::ag::gpu {
 
 bool on_cuda(const Var& x);
 
-// Mixed precision for the GEMMs of linear and the cross-entropy head while a Bf16Gemms scope is
-// alive on this thread: fp32 weights and activations are rounded to bf16 as GEMM operands (both
-// in the forward and in the backward's dX / dW products), products accumulate in fp32 and the
-// gradients and master weights stay fp32. Causal attention's operands (q, k, v, y, dy) are bf16 in
-// the scope too: its two products are GEMMs, run on the tensor cores. Every other op keeps fp32
-// (PyTorch autocast's split).
-class Bf16Gemms {
- public:
-  Bf16Gemms();
-  ~Bf16Gemms();
-  Bf16Gemms(const Bf16Gemms&) = delete;
-  Bf16Gemms& operator=(const Bf16Gemms&) = delete;
-
- private:
-  bool saved_;
-};
-bool bf16_gemms();
 // Throws "[op] ..." when recording would need a backward through these inputs.
 void forward_only(const char* op, const std::vector<Var>& inputs);
 // A constant Var with a fresh CUDA tensor of `shape`.

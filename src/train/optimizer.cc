@@ -5,9 +5,7 @@
 #include "core/device.h"
 #include "core/parallel.h"
 #include "io/safetensors.h"
-#if defined(K3_HAS_CUDA)
 #include "ops/ops_cuda.h"
-#endif
 
 namespace k3 {
 
@@ -25,13 +23,13 @@ void AdamW::step(const Model& model, float lr) {
     const bool decay = kind == ParamKind::Weight || (kind == ParamKind::Embedding && o_.decay_embeddings);
     const float wd = decay ? o_.weight_decay : 0.0f;
     if (p.value.device() == Device::CUDA) {  // the moments live beside the parameter
-#if defined(K3_HAS_CUDA)
-      if (p.value.dtype() != DType::F32) throw error("optimizer", "parameter '", name, "' is not fp32 on the device");
-      if (m.device() != Device::CUDA) m = m.to_device(Device::CUDA), v = v.to_device(Device::CUDA);
-      cuda::adamw(p.value.cuda_f32(), p.grad.cuda_f32(), m.cuda_f32(), v.cuda_f32(), p.value.numel(),
-                  cuda::AdamWStep{lr, b1, b2, o_.eps, wd, t_});
-      return;
-#endif
+      if constexpr (device::kCudaBuilt) {
+        if (p.value.dtype() != DType::F32) throw error("optimizer", "parameter '", name, "' is not fp32 on the device");
+        if (m.device() != Device::CUDA) m = m.to_device(Device::CUDA), v = v.to_device(Device::CUDA);
+        cuda::adamw(p.value.cuda_f32(), p.grad.cuda_f32(), m.cuda_f32(), v.cuda_f32(), p.value.numel(),
+                    cuda::AdamWStep{lr, b1, b2, o_.eps, wd, t_});
+        return;
+      }
     }
     float* w = p.value.f32();
     const float* g = p.grad.f32();
@@ -79,37 +77,35 @@ void zero_grad(const Model& model) {
 
 double clip_grad_norm(const Model& model, double max_norm) {
   double sq = 0;
-#if defined(K3_HAS_CUDA)
   device::Buffer dev_sq;  // Σ g² of the device gradients, read back once
-#endif
   model.visit([&](const std::string&, Node& p, ParamKind) {
     if (!p.grad.defined()) return;
     if (p.grad.device() == Device::CUDA) {
-#if defined(K3_HAS_CUDA)
-      if (!dev_sq.get()) dev_sq = device::zeros_f32(2);
-      cuda::sum_squares(p.grad.cuda_f32(), p.grad.numel(), dev_sq.as<double>());
-#endif
+      if constexpr (device::kCudaBuilt) {
+        if (!dev_sq.get()) dev_sq = device::zeros_f32(2);
+        cuda::sum_squares(p.grad.cuda_f32(), p.grad.numel(), dev_sq.as<double>());
+      }
       return;
     }
     const float* g = p.grad.f32();
     for (int64_t i = 0, n = p.grad.numel(); i < n; ++i) sq += double(g[i]) * g[i];  // in order: reproducible
   });
-#if defined(K3_HAS_CUDA)
-  if (dev_sq.get()) {
-    double d = 0;
-    device::download(&d, dev_sq.get(), sizeof d);
-    sq += d;
+  if constexpr (device::kCudaBuilt) {
+    if (dev_sq.get()) {
+      double d = 0;
+      device::download(&d, dev_sq.get(), sizeof d);
+      sq += d;
+    }
   }
-#endif
   double norm = std::sqrt(sq);
   if (max_norm > 0 && norm > max_norm) {
     float s = float(max_norm / (norm + 1e-6));
     model.visit([&](const std::string&, Node& p, ParamKind) {
       if (!p.grad.defined()) return;
       if (p.grad.device() == Device::CUDA) {
-#if defined(K3_HAS_CUDA)
-        cuda::unary(p.grad.cuda_f32(), p.grad.cuda_f32(), p.grad.numel(), cuda::Unary::Scale, s);
-#endif
+        if constexpr (device::kCudaBuilt) {
+          cuda::unary(p.grad.cuda_f32(), p.grad.cuda_f32(), p.grad.numel(), cuda::Unary::Scale, s);
+        }
         return;
       }
       float* g = p.grad.f32();

@@ -14,10 +14,8 @@
 #include "core/device.h"
 #include "core/profile.h"
 #include "ops/ag.h"
-#if defined(K3_HAS_CUDA)
-#include "ops/ag_cuda.h"
 #include "ops/ops_cuda.h"
-#endif
+#include "ops/precision.h"
 #include "models/presets.h"
 #include "models/registry.h"
 #include "tokenizer/bpe_train.h"
@@ -273,9 +271,9 @@ TrainResult run_training(TrainConfig cfg) {
     model->init_random(cfg.seed);
   }
   if (cfg.device == "cuda") move_to(*model, Device::CUDA);  // fp32 parameters; gradients and AdamW moments follow
-#if defined(K3_HAS_CUDA)
-  if (cfg.device == "cuda") cuda::set_gemm_tuning(cfg.gemm_tuning);
-#endif
+  if constexpr (device::kCudaBuilt) {
+    if (cfg.device == "cuda") cuda::set_gemm_tuning(cfg.gemm_tuning);
+  }
   if (cfg.seq_len > model->max_positions())
     throw error("train", "--seq-len ", cfg.seq_len, " exceeds the model's ", model->max_positions(), " positions");
   AdamWOptions ao;
@@ -370,10 +368,8 @@ TrainResult run_training(TrainConfig cfg) {
       for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
         data.batch(Split::Train, cfg.batch, cfg.seq_len, cfg.seed, step * cfg.grad_accum + micro, ids, targets);
         Recording rec;
-#if defined(K3_HAS_CUDA)
-        std::optional<ag::gpu::Bf16Gemms> bf16;
+        std::optional<ag::gpu::Bf16Gemms> bf16;  // bf16 GEMM operands for this micro-batch (CUDA)
         if (cfg.dtype == "bf16") bf16.emplace();
-#endif
         Var l;
         {
           const profile::Scope phase("forward");

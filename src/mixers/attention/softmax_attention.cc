@@ -4,9 +4,7 @@
 
 #include "ops/ag_conv.h"
 
-#if defined(K3_HAS_CUDA)
 #include "mixers/mixers_cuda.h"
-#endif
 
 namespace k3 {
 
@@ -50,10 +48,9 @@ Var SoftmaxAttention::forward(const Var& x, const SeqBatch& batch) const {
     return c_proj(att);
   }
   // Continue each sequence from its KV cache (inference: no graph through the cache).
-#if defined(K3_HAS_CUDA)
-  if (qkv->value.device() == Device::CUDA)
-    return c_proj(constant(gpu::cached_attention(qkv->value, B, T, H, hd_, scale, batch.memories)));
-#endif
+  if constexpr (device::kCudaBuilt)
+    if (qkv->value.device() == Device::CUDA)
+      return c_proj(constant(gpu::cached_attention(qkv->value, B, T, H, hd_, scale, batch.memories)));
   Tensor att = Tensor::empty({B * T, D});  // [B*T, H, hd]
   for (int64_t b = 0; b < B; ++b) {
     auto* cache = static_cast<KVCache*>(batch.memories[b]);
@@ -68,13 +65,12 @@ Var SoftmaxAttention::forward(const Var& x, const SeqBatch& batch) const {
 }
 
 std::unique_ptr<Memory> SoftmaxAttention::new_memory(int64_t max_tokens) const {
-#if defined(K3_HAS_CUDA)
-  if (c_attn.weight->value.device() == Device::CUDA) {
-    if (c_attn_conv)
-      throw error("attention", "the short-conv attention variant keeps its conv tails on the CPU: decode it with --device cpu");
-    return gpu::kv_cache(o_.heads, hd_, std::min(max_tokens, o_.max_positions));
-  }
-#endif
+  if constexpr (device::kCudaBuilt)
+    if (c_attn.weight->value.device() == Device::CUDA) {
+      if (c_attn_conv)
+        throw error("attention", "the short-conv attention variant keeps its conv tails on the CPU: decode it with --device cpu");
+      return gpu::kv_cache(o_.heads, hd_, std::min(max_tokens, o_.max_positions));
+    }
   return std::make_unique<KVCache>(o_.heads, hd_, std::min(max_tokens, o_.max_positions), 3 * o_.d_model,
                                    o_.conv_size);
 }

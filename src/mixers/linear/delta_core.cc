@@ -102,13 +102,13 @@ Resolved resolve(const DeltaInputs& in, const DeltaOptions& opts) {
 // The one place the core picks CPU or CUDA code (ARCHITECTURE.md, "dispatched from the op's .cc").
 void run_forward(const detail::Problem& p, const detail::Outputs& out, Impl impl, const DeltaOptions& opts) {
   if (opts.device == Device::CUDA) {
-#if defined(K3_HAS_CUDA)
-    // With the normaliser, o is an intermediate (numerator and denominator): kept fp32.
-    return detail::cuda_forward(p, out, opts.io_dtype,
-                                opts.normalize == Normalize::On ? DType::F32 : opts.io_dtype, impl);
-#else
-    device::require_cuda(kWho);
-#endif
+    if constexpr (device::kCudaBuilt) {
+      // With the normaliser, o is an intermediate (numerator and denominator): kept fp32.
+      return detail::cuda_forward(p, out, opts.io_dtype,
+                                  opts.normalize == Normalize::On ? DType::F32 : opts.io_dtype, impl);
+    } else {
+      device::require_cuda(kWho);
+    }
   }
   if (impl == Impl::Recurrent)
     detail::reference_forward(p, out);
@@ -118,12 +118,12 @@ void run_forward(const detail::Problem& p, const detail::Outputs& out, Impl impl
 
 void run_backward(const detail::Problem& p, const detail::Grads& gr, Impl impl, const DeltaOptions& opts) {
   if (opts.device == Device::CUDA) {
-#if defined(K3_HAS_CUDA)
-    return detail::cuda_backward(p, gr, opts.io_dtype,
-                                 opts.normalize == Normalize::On ? DType::F32 : opts.io_dtype, impl);
-#else
-    device::require_cuda(kWho);
-#endif
+    if constexpr (device::kCudaBuilt) {
+      return detail::cuda_backward(p, gr, opts.io_dtype,
+                                   opts.normalize == Normalize::On ? DType::F32 : opts.io_dtype, impl);
+    } else {
+      device::require_cuda(kWho);
+    }
   }
   if (impl == Impl::Recurrent)
     detail::reference_backward(p, gr);

@@ -75,13 +75,11 @@ void reference_forward(const Problem& p, const Outputs& out);
 void reference_backward(const Problem& p, const Grads& gr);
 void chunked_forward(const Problem& p, const Outputs& out);
 void chunked_backward(const Problem& p, const Grads& gr);
-#if defined(K3_HAS_CUDA)
 // delta_cuda.cu: the GPU kernels, host buffers in and out; `io` (F32 or BF16) is the storage
 // type of q/k/v on the device, `o_dtype` / `do_dtype` that of o and its cotangent (F32 for the
 // normaliser's intermediates); β, g, state and gradients stay fp32. The recurrent or the chunked
 // kernels run as `impl` says.
 void cuda_forward(const Problem& p, const Outputs& out, DType io, DType o_dtype, Impl impl);
 void cuda_backward(const Problem& p, const Grads& gr, DType io, DType do_dtype, Impl impl);
-#endif
 
 }  // namespace k3::linear::detail

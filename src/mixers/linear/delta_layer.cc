@@ -5,10 +5,8 @@
 
 #include "core/profile.h"
 #include "ops/ag_conv.h"
-#if defined(K3_HAS_CUDA)
 #include "mixers/linear/delta_cuda.h"
 #include "mixers/mixers_cuda.h"
-#endif
 
 namespace k3 {
 
@@ -180,12 +178,12 @@ Var DeltaLayer::core(const Var& q, const Var& k, const Var& v, const Var& beta, 
   if (!batch.memories) return ag::delta_rule(q, k, v, beta, g, c, ag::DeltaShape{B, T, H_, HV_, K_, V_});
   profile::Scope scope("state step");
   // Continue each sequence from its recurrent state (inference: no graph through the state).
-#if defined(K3_HAS_CUDA)
-  if (q->value.device() == Device::CUDA)
-    return constant(gpu::delta_with_states(q->value, k->value, v->value, beta ? beta->value : Tensor(),
-                                           g ? g->value : Tensor(), c, gpu::DeltaBatch{B, T, H_, HV_, K_, V_},
-                                           batch.memories));
-#endif
+  if constexpr (device::kCudaBuilt) {
+    if (q->value.device() == Device::CUDA)
+      return constant(gpu::delta_with_states(q->value, k->value, v->value, beta ? beta->value : Tensor(),
+                                             g ? g->value : Tensor(), c, gpu::DeltaBatch{B, T, H_, HV_, K_, V_},
+                                             batch.memories));
+  }
   const int64_t SS = HV_ * K_ * V_, ZS = HV_ * K_;
   Tensor S = Tensor::empty({B, HV_, K_, V_});
   Tensor z = o_.normalize ? Tensor::empty({B, HV_, K_}) : Tensor();
@@ -250,20 +248,20 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   scope.emplace("q k v");
   Var q, k, v;
   bool silu_done = false;
-#if defined(K3_HAS_CUDA)
-  if (batch.memories && q_conv_ && x->value.device() == Device::CUDA) {
-    // Decode on the device: the three streams' convolutions (and their SiLU) in one launch. The
-    // state step's kernels must take the heads before the tails move on, or a refused shape would
-    // leave the tails a token ahead of the state.
-    linear::cuda::check_supported(K_, V_);
-    const std::vector<Tensor> xs = {proj(kQ, q_proj_)->value, proj(kK, k_proj_)->value, proj(kV, v_proj_)->value};
-    profile::Scope conv_scope("short conv");
-    const std::vector<Tensor> ys = gpu::convs_with_tails(xs, {q_conv_->value, k_conv_->value, v_conv_->value}, batch.B,
-                                                         batch.T, o_.conv_size, o_.silu, batch.memories);
-    q = constant(ys[0]), k = constant(ys[1]), v = constant(ys[2]);
-    silu_done = o_.silu;
+  if constexpr (device::kCudaBuilt) {
+    if (batch.memories && q_conv_ && x->value.device() == Device::CUDA) {
+      // Decode on the device: the three streams' convolutions (and their SiLU) in one launch. The
+      // state step's kernels must take the heads before the tails move on, or a refused shape would
+      // leave the tails a token ahead of the state.
+      linear::cuda::check_supported(K_, V_);
+      const std::vector<Tensor> xs = {proj(kQ, q_proj_)->value, proj(kK, k_proj_)->value, proj(kV, v_proj_)->value};
+      profile::Scope conv_scope("short conv");
+      const std::vector<Tensor> ys = gpu::convs_with_tails(xs, {q_conv_->value, k_conv_->value, v_conv_->value}, batch.B,
+                                                           batch.T, o_.conv_size, o_.silu, batch.memories);
+      q = constant(ys[0]), k = constant(ys[1]), v = constant(ys[2]);
+      silu_done = o_.silu;
+    }
   }
-#endif
   if (!q) {
     q = conv(proj(kQ, q_proj_), 0, q_conv_, batch);
     k = conv(proj(kK, k_proj_), 1, k_conv_, batch);
@@ -272,34 +270,34 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   // The decay gate's pre-activations (GDN: a_proj; KDA: the low-rank f_a, f_b).
   auto gate_input = [&] { return o_.kind == DeltaKind::Kda ? f_b_proj_(proj(kDecay, f_a_proj_)) : proj(kDecay, a_proj_); };
   Var o;
-#if defined(K3_HAS_CUDA)
-  // The decode step on the device: q/k normalisation, β's sigmoid and the decay gate inside the
-  // state step's kernel, one launch where there were five.
-  if (batch.memories && batch.T == 1 && x->value.device() == Device::CUDA && (silu_done || !o_.silu) &&
-      o_.feature_map != FeatureMap::Elu1 && !o_.normalize &&
-      (o_.kind == DeltaKind::LinearAttention || o_.use_beta)) {
-    scope.emplace("gates");
-    gpu::DecodeActivations act;
-    act.l2norm = o_.qk_l2norm;
-    Var beta, g;
-    if (o_.kind != DeltaKind::LinearAttention) {
-      beta = proj(kBeta, b_proj_);
-      act.beta_logit = true;
+  if constexpr (device::kCudaBuilt) {
+    // The decode step on the device: q/k normalisation, β's sigmoid and the decay gate inside the
+    // state step's kernel, one launch where there were five.
+    if (batch.memories && batch.T == 1 && x->value.device() == Device::CUDA && (silu_done || !o_.silu) &&
+        o_.feature_map != FeatureMap::Elu1 && !o_.normalize &&
+        (o_.kind == DeltaKind::LinearAttention || o_.use_beta)) {
+      scope.emplace("gates");
+      gpu::DecodeActivations act;
+      act.l2norm = o_.qk_l2norm;
+      Var beta, g;
+      if (o_.kind != DeltaKind::LinearAttention) {
+        beta = proj(kBeta, b_proj_);
+        act.beta_logit = true;
+      }
+      if (o_.kind == DeltaKind::GatedDeltaNet || o_.kind == DeltaKind::Kda) {
+        g = gate_input();
+        const bool lb = o_.kind == DeltaKind::Kda && o_.gate_form == KdaGateForm::LowerBound;
+        act.gate = lb ? linear::cuda::GateInput::LowerBound : linear::cuda::GateInput::Softplus;
+        act.lower_bound = o_.gate_lower_bound;
+        act.A_log = A_log_->value;
+        act.dt_bias = dt_bias_->value;
+      }
+      scope.emplace("state step");
+      o = constant(gpu::delta_with_states(q->value, k->value, v->value, beta ? beta->value : Tensor(),
+                                          g ? g->value : Tensor(), core_options(),
+                                          gpu::DeltaBatch{batch.B, batch.T, H_, HV_, K_, V_}, batch.memories, &act));
     }
-    if (o_.kind == DeltaKind::GatedDeltaNet || o_.kind == DeltaKind::Kda) {
-      g = gate_input();
-      const bool lb = o_.kind == DeltaKind::Kda && o_.gate_form == KdaGateForm::LowerBound;
-      act.gate = lb ? linear::cuda::GateInput::LowerBound : linear::cuda::GateInput::Softplus;
-      act.lower_bound = o_.gate_lower_bound;
-      act.A_log = A_log_->value;
-      act.dt_bias = dt_bias_->value;
-    }
-    scope.emplace("state step");
-    o = constant(gpu::delta_with_states(q->value, k->value, v->value, beta ? beta->value : Tensor(),
-                                        g ? g->value : Tensor(), core_options(),
-                                        gpu::DeltaBatch{batch.B, batch.T, H_, HV_, K_, V_}, batch.memories, &act));
   }
-#endif
   if (!o) {
     if (o_.silu && !silu_done) {
       q = ag::silu(q);
@@ -352,10 +350,10 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
 std::unique_ptr<Memory> DeltaLayer::new_memory(int64_t) const {
   std::vector<int64_t> channels;
   if (o_.conv_size > 1) channels = {H_ * K_, H_ * K_, HV_ * V_};
-#if defined(K3_HAS_CUDA)
-  if (q_proj_.weight->value.device() == Device::CUDA)
-    return gpu::recurrent_state(HV_, K_, V_, std::move(channels), o_.conv_size);
-#endif
+  if constexpr (device::kCudaBuilt) {
+    if (q_proj_.weight->value.device() == Device::CUDA)
+      return gpu::recurrent_state(HV_, K_, V_, std::move(channels), o_.conv_size);
+  }
   return std::make_unique<RecurrentState>(HV_, K_, V_, o_.normalize, std::move(channels), o_.conv_size);
 }
 

@@ -6,9 +6,7 @@
 
 #include "core/profile.h"
 #include "ops/ag_heads.h"
-#if defined(K3_HAS_CUDA)
 #include "mixers/mixers_cuda.h"
-#endif
 #include "ops/gemm.h"
 
 namespace k3 {
@@ -91,29 +89,29 @@ Var Mla::forward(const Var& x, const SeqBatch& batch) const {
 Var Mla::absorbed(const Var& x, const SeqBatch& batch) const {
   const int64_t H = o_.heads, B = batch.B, T = batch.T, R = o_.kv_lora_rank, rd = o_.qk_rope_head_dim;
   const int64_t nope = o_.qk_nope_head_dim, vd = o_.v_head_dim, qd = nope + rd, W = R + rd;
-#if defined(K3_HAS_CUDA)
-  if (x->value.device() == Device::CUDA) {
-    // Every sequence's positions continue its own cache; the new latent rows [c ; k_rope] and
-    // the absorbed attention over them run on the device (mixers_cuda.h).
-    std::vector<int64_t> pos(static_cast<size_t>(B * T));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = batch.memories[b]->length() + t;
-    // x's projections (query, latent rows, output gate) in one grouped GEMM (apply_each).
-    std::vector<const Linear*> ls = {o_.q_lora_rank ? &q_a_proj_ : &q_proj_, &kv_a_proj_};
-    if (o_.gate == OutputGate::Sigmoid) ls.push_back(&g_proj_);
-    const std::vector<Var> px = apply_each(ls, x);
-    Var q = queries_from(px[0], pos);
-    Var kv = px[1];
-    Var c = kv_a_norm_(ag::slice_last(kv, 0, R));
-    Var k_rope = ag::slice_last(kv, R, R + rd);
-    if (o_.position == MlaPosition::Rope) k_rope = ag::rope(k_rope, pos, 1, 0, rope_);
-    Var rows = ag::concat_last({c, k_rope});
-    Var a = constant(gpu::latent_attention(q->value, rows->value, kv_b_proj_.weight->value,
-                                           gpu::LatentShape{B, T, H, nope, rd, vd, R, scale_}, batch.memories));
-    if (o_.gate == OutputGate::Sigmoid) a = ag::mul(a, ag::sigmoid(px[2]));
-    return o_proj_(a);
+  if constexpr (device::kCudaBuilt) {
+    if (x->value.device() == Device::CUDA) {
+      // Every sequence's positions continue its own cache; the new latent rows [c ; k_rope] and
+      // the absorbed attention over them run on the device (mixers_cuda.h).
+      std::vector<int64_t> pos(static_cast<size_t>(B * T));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = batch.memories[b]->length() + t;
+      // x's projections (query, latent rows, output gate) in one grouped GEMM (apply_each).
+      std::vector<const Linear*> ls = {o_.q_lora_rank ? &q_a_proj_ : &q_proj_, &kv_a_proj_};
+      if (o_.gate == OutputGate::Sigmoid) ls.push_back(&g_proj_);
+      const std::vector<Var> px = apply_each(ls, x);
+      Var q = queries_from(px[0], pos);
+      Var kv = px[1];
+      Var c = kv_a_norm_(ag::slice_last(kv, 0, R));
+      Var k_rope = ag::slice_last(kv, R, R + rd);
+      if (o_.position == MlaPosition::Rope) k_rope = ag::rope(k_rope, pos, 1, 0, rope_);
+      Var rows = ag::concat_last({c, k_rope});
+      Var a = constant(gpu::latent_attention(q->value, rows->value, kv_b_proj_.weight->value,
+                                             gpu::LatentShape{B, T, H, nope, rd, vd, R, scale_}, batch.memories));
+      if (o_.gate == OutputGate::Sigmoid) a = ag::mul(a, ag::sigmoid(px[2]));
+      return o_proj_(a);
+    }
   }
-#endif
   const float* wkv = kv_b_proj_.weight->value.f32();  // [H*(nope+v), R]
   Tensor att = Tensor::empty({B * T, H * vd});
   std::optional<profile::Scope> scope(std::in_place, "latent attention");  // the projections included
@@ -164,19 +162,17 @@ Var Mla::absorbed(const Var& x, const SeqBatch& batch) const {
 }
 
 std::unique_ptr<Memory> Mla::new_memory(int64_t max_tokens) const {
-#if defined(K3_HAS_CUDA)
-  if (kv_a_proj_.weight->value.device() == Device::CUDA)
-    return gpu::latent_cache(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions),
-                             gpu::latent_storage());
-#endif
+  if constexpr (device::kCudaBuilt)
+    if (kv_a_proj_.weight->value.device() == Device::CUDA)
+      return gpu::latent_cache(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions),
+                               gpu::latent_storage());
   return std::make_unique<LatentCache>(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions));
 }
 
 std::vector<MemorySpec> Mla::memory_spec() const {
   double bytes = sizeof(float);  // per latent value
-#if defined(K3_HAS_CUDA)
-  if (kv_a_proj_.weight->value.device() == Device::CUDA && gpu::latent_storage() == device::Storage::BF16) bytes = 2;
-#endif
+  if constexpr (device::kCudaBuilt)
+    if (kv_a_proj_.weight->value.device() == Device::CUDA && gpu::latent_storage() == device::Storage::BF16) bytes = 2;
   return {{MemoryKind::LatentCache, double(o_.kv_lora_rank + o_.qk_rope_head_dim) * bytes, 0}};
 }
 
