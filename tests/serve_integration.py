@@ -126,6 +126,50 @@ def stop_server(srv):
         check(False, "server exits on SIGTERM")
 
 
+def api_fault_checks(base, port):
+    """Wrong methods get 405 with Allow; HTTP-level errors carry a code; numbers are echoed as sent;
+    a streamed reply that times out says so in its last chunk, as the non-streamed one does."""
+    for method, path, allow in [("GET", "/v1/completions", "POST"), ("DELETE", "/v1/chat/completions", "POST"),
+                                ("POST", "/health", "GET"), ("PUT", "/v1/models", "GET")]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request(method, path, b"{}" if method != "GET" else None)
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        conn.close()
+        check(resp.status == 405 and resp.getheader("Allow") == allow and body["error"]["code"] == "method_not_allowed",
+              f"{method} {path} -> 405, Allow: {allow} (got {resp.status}, {resp.getheader('Allow')})")
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"NOT A REQUEST LINE\r\n\r\n")
+    sock.settimeout(30)
+    raw = b""
+    try:
+        while b"\r\n\r\n" not in raw or not raw.rstrip().endswith(b"}"):
+            piece = sock.recv(4096)
+            if not piece:
+                break
+            raw += piece
+    except socket.timeout:
+        pass
+    sock.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    try:
+        code = json.loads(body)["error"]["code"]
+    except Exception:
+        code = None
+    check(head.startswith(b"HTTP/1.1 400") and code == "bad_request", f"a malformed request line -> 400 bad_request ({code})")
+    big = str(2 ** 63)
+    out = subprocess.run(["curl", "-s", base + "/v1/completions", "-d", '{"prompt":[' + big + "],\"max_tokens\":1}"],
+                         capture_output=True, text=True).stdout
+    check(big in json.loads(out)["error"]["message"], "a token id of 2^63 is echoed as sent")
+    out = subprocess.run(["curl", "-s", "-N", base + "/v1/completions", "-d",
+                          json.dumps({"prompt": [1, 2], "max_tokens": 120, "stream": True, "ignore_eos": True,
+                                      "timeout": 0.001})], capture_output=True, text=True).stdout
+    chunks = [json.loads(line[6:]) for line in out.splitlines() if line.startswith("data: {")]
+    last = [c for c in chunks if c["choices"] and c["choices"][0].get("finish_reason")]
+    check(bool(last) and last[-1]["choices"][0].get("k3_finish") == "timeout",
+          "a streamed reply that times out ends with k3_finish: timeout")
+
+
 def memory_pressure_checks(model):
     """A budget of about 19 pages for 8 concurrent requests needing 7 each: sequences are preempted
     and recomputed, and every output still equals k3 generate with its seed."""
@@ -407,6 +451,7 @@ def main():
             check(out == str(code), f"curl bad request -> {code} ({body[:40]})")
         check(json.loads(subprocess.run(["curl", "-s", base + "/health"], capture_output=True, text=True).stdout)["status"] == "ok",
               "healthy after the bad requests")
+        api_fault_checks(base, port)
         r = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0.8, seed=5,
                                       extra_body={"ignore_eos": True})
         check(r.choices[0].model_extra["token_ids"] == want, "still correct after the bad requests")

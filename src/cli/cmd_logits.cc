@@ -32,6 +32,8 @@ void register_logits(CLI::App& app) {
       throw error("logits", input, ": input_ids must be int64 (or int32), got ", ids.describe());
     if (ids.ndim() == 1) ids = ids.reshape({1, ids.dim(0)});
     if (ids.ndim() != 2) throw error("logits", input, ": input_ids must be [B, T], got ", ids.describe());
+    if (ids.dim(0) == 0 || ids.dim(1) == 0)
+      throw error("logits", input, ": input_ids ", ids.describe(), " holds no tokens (B and T must be at least 1)");
     if (ids.dtype() == DType::I32) {
       Tensor c = Tensor::empty(ids.shape(), DType::I64);
       for (int64_t i = 0; i < ids.numel(); ++i) c.data<int64_t>()[i] = ids.data<int32_t>()[i];

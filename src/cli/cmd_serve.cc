@@ -27,7 +27,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--timeout", o.timeout_s, "Default and maximum per-request time limit, seconds (at most a week)")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 7 * 86400.0));
-  cmd->add_option("--http-threads", o.http_threads, "HTTP worker threads (0: 2 x max-batch + 64)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--http-threads", o.http_threads, "HTTP worker threads (0: 2 x max-batch + 64; at most 1024)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
   cmd->add_option("--served-model-name", o.served_name, "Model id in the API (default: the folder's name)");
   cmd->add_option("--chat-template", o.chat_template_file,
                   "Jinja chat template file for /v1/chat/completions (default: tokenizer_config.json's "

@@ -214,13 +214,33 @@ class Server {
     svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
       generate(Endpoint::ChatCompletions, req, res);
     });
+    // A known path asked with another method: 405, naming the one it takes.
+    auto not_allowed = [](const char* allow) {
+      return [allow](const httplib::Request&, httplib::Response& res) {
+        ApiError e;
+        e.status = 405;
+        e.message = std::string("this endpoint takes ") + allow;
+        e.code = "method_not_allowed";
+        res.set_header("Allow", allow);
+        send_error(res, e);
+      };
+    };
+    for (const char* path : {"/health", "/v1/models", "/metrics"}) {
+      svr.Post(path, not_allowed("GET"));
+      svr.Put(path, not_allowed("GET"));
+      svr.Patch(path, not_allowed("GET"));
+      svr.Delete(path, not_allowed("GET"));
+    }
+    for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+      svr.Get(path, not_allowed("POST"));
+      svr.Put(path, not_allowed("POST"));
+      svr.Patch(path, not_allowed("POST"));
+      svr.Delete(path, not_allowed("POST"));
+    }
     svr.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
       stats_.error(res.status);
       if (!res.body.empty()) return;
-      ApiError e;
-      e.status = res.status;
-      e.message = res.status == 404 ? "no such endpoint" : res.status == 413 ? "request body too large" : "request failed";
-      e.code = res.status == 404 ? "not_found" : res.status == 413 ? "body_too_large" : "";
+      ApiError e = http_error(res.status);
       res.set_content(dump(e.body()), "application/json");
     });
     svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -242,6 +262,22 @@ class Server {
   void stop() { sched_->stop(); }
 
  private:
+  // The body of an error the HTTP layer found (the request line, headers or framing), with a code.
+  static ApiError http_error(int status) {
+    ApiError e;
+    e.status = status;
+    switch (status) {
+      case 400: e.message = "malformed HTTP request (request line, headers or body framing)", e.code = "bad_request"; break;
+      case 404: e.message = "no such endpoint", e.code = "not_found"; break;
+      case 408: e.message = "the request was not received in time", e.code = "request_timeout"; break;
+      case 413: e.message = "request body too large", e.code = "body_too_large"; break;
+      case 414: e.message = "request line too long", e.code = "uri_too_long"; break;
+      case 431: e.message = "request headers too large", e.code = "headers_too_large"; break;
+      default: e.message = "HTTP error " + std::to_string(status), e.code = "http_error"; break;
+    }
+    return e;
+  }
+
   static void send_error(httplib::Response& res, const ApiError& e) {
     res.status = e.status;
     res.set_content(dump(e.body()), "application/json");
@@ -430,12 +466,13 @@ class Server {
       return "data: " + dump(body) + "\n\n";
     };
     // The chunk of choice i with its tokens since the last one; finish: null or the reason.
-    auto chunk = [=](size_t i, const std::string& piece, const char* finish) {
+    auto chunk = [=](size_t i, const std::string& piece, const char* finish, bool timed_out = false) {
       Choice& c = (*cs)[i];
       const bool first = !std::exchange(c.started, true);
       const size_t from = size_t(c.sent);
       c.sent = int64_t(c.ids.size());
       Json ch = {{"index", i}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
+      if (timed_out) ch["k3_finish"] = "timeout";  // as the non-streamed reply says it
       ch["logprobs"] = logprobs(c, from);
       ch["token_ids"] = std::vector<int64_t>(c.ids.begin() + int64_t(from), c.ids.end());
       if (chat) {
@@ -471,7 +508,7 @@ class Server {
             } else {
               const std::string tail = std::exchange(c.out, std::string()) + c.text.finish();
               Finish f = c.text.stop_hit ? Finish::Stop : c.job->finish();
-              if (!write(chunk(i, tail, finish_reason(f)))) return false;
+              if (!write(chunk(i, tail, finish_reason(f), f == Finish::Timeout))) return false;
             }
             wrote = true;
           }
@@ -589,7 +626,7 @@ void serve_http(const ServeOptions& o, std::unique_ptr<Model> model, std::option
 
   Server server(o, std::move(model), std::move(tok), std::move(chat));
   HttpServer svr;
-  const size_t threads = o.http_threads > 0 ? size_t(o.http_threads) : size_t(2 * o.max_batch + 64);
+  const size_t threads = o.http_threads > 0 ? size_t(o.http_threads) : std::min<size_t>(1024, size_t(2 * o.max_batch + 64));
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr.set_payload_max_length(8u << 20);
   svr.set_keep_alive_max_count(10000);

@@ -44,14 +44,14 @@ const char* type_of(const Json& j) {
 
 // A whole number (JSON integer, or a float with no fraction such as 5.0).
 bool as_int(const Json& j, int64_t& out) {
-  if (j.is_number_integer()) {
-    out = j.get<int64_t>();
-    return true;
-  }
-  if (j.is_number_unsigned()) {
+  if (j.is_number_unsigned()) {  // before is_number_integer, which is true for unsigned too
     uint64_t u = j.get<uint64_t>();
     if (u > uint64_t(std::numeric_limits<int64_t>::max())) return false;
     out = int64_t(u);
+    return true;
+  }
+  if (j.is_number_integer()) {
+    out = j.get<int64_t>();
     return true;
   }
   if (j.is_number_float()) {
@@ -67,7 +67,12 @@ int64_t get_int(const Json& o, const char* name, int64_t lo, int64_t hi, int64_t
   auto it = o.find(name);
   if (it == o.end() || it->is_null()) return dflt;
   int64_t v = 0;
-  if (!as_int(*it, v)) fail(name, std::string("'") + name + "' must be an integer, got " + type_of(*it), "invalid_type");
+  if (!as_int(*it, v)) {
+    if (it->is_number_unsigned())  // an integer past int64: out of range, echoed as sent
+      fail(name, std::string("'") + name + "' = " + it->dump() + " is outside [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "]", "invalid_value");
+    fail(name, std::string("'") + name + "' must be an integer, got " + type_of(*it), "invalid_type");
+  }
   if (v < lo || v > hi)
     fail(name, std::string("'") + name + "' = " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " +
                    std::to_string(hi) + "]", "invalid_value");
@@ -115,6 +120,9 @@ std::vector<int64_t> token_array(const Json& a, const char* param, int64_t vocab
   ids.reserve(a.size());
   for (const auto& x : a) {
     int64_t v = 0;
+    if (x.is_number_unsigned() && !as_int(x, v))  // past int64: echoed as sent
+      fail(param, "token id " + x.dump() + " is outside the vocabulary [0, " + std::to_string(vocab) + ")",
+           "invalid_value");
     if (!as_int(x, v)) fail(param, std::string("'") + param + "' token ids must be integers, got " + type_of(x), "invalid_type");
     if (v < 0 || v >= vocab)
       fail(param, "token id " + std::to_string(v) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")",

@@ -1,0 +1,53 @@
+#!/bin/sh
+# Bad values given to the k3 program are refused with a non-zero exit and a message naming the
+# field or option: an empty input_ids, serve's --timeout and --http-threads out of range, a config
+# whose routing or YaRN factor is impossible (k3 info checks what loading checks), a weight stored
+# as an integer dtype.
+k3="$1"
+fixture="$2"  # a model folder (gpt2-tiny)
+dir=$(mktemp -d) || exit 1
+trap 'rm -rf "$dir"' EXIT
+expect_error() {  # expect_error WHAT NEEDLE CMD...
+  what="$1"
+  needle="$2"
+  shift 2
+  if out=$("$@" 2>&1); then
+    echo "$what succeeded: $out"
+    exit 1
+  fi
+  case "$out" in
+    *"$needle"*) echo "ok ($what): $out" ;;
+    *) echo "unexpected message ($what): $out"; exit 1 ;;
+  esac
+}
+# input_ids of shape [1, 0]: a safetensors file written by hand (8-byte header length, header).
+python3 - "$dir/empty.safetensors" <<'PY'
+import json, struct, sys
+h = json.dumps({"input_ids": {"dtype": "I64", "shape": [1, 0], "data_offsets": [0, 0]}}).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h)
+PY
+expect_error "logits on T = 0" "holds no tokens" "$k3" logits --model "$fixture" --input "$dir/empty.safetensors" --output "$dir/o.safetensors"
+expect_error "serve --timeout 1e10" "--timeout" "$k3" serve --model "$fixture" --timeout 1e10
+expect_error "serve --http-threads 5000" "--http-threads" "$k3" serve --model "$fixture" --http-threads 5000
+mkdir -p "$dir/m"
+python3 - "$fixture/config.json" "$dir/m/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update({"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+          "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "q_lora_rank": 16,
+          "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 8,
+          "num_experts_per_tok": 100, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+          "bos_token_id": 0, "eos_token_id": 1})
+json.dump(c, open(sys.argv[2], "w"))
+PY
+expect_error "info: top-100 of 8 experts" "num_experts_per_tok" "$k3" info --model "$dir/m"
+python3 - "$dir/m/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["num_experts_per_tok"] = 2
+c["rope_scaling"] = {"type": "yarn", "factor": "big", "original_max_position_embeddings": 64}
+json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error "info: YaRN factor \"big\"" "'factor'" "$k3" info --model "$dir/m"
+echo "ok"
