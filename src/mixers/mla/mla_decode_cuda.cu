@@ -2,6 +2,9 @@
 // absorbed attention of B sequences' new queries over their latent caches (fp32 or bf16 rows) in
 // flash-decoding splits, by the kernel that suits the latent's shape, and the append of the new
 // latent rows. The kernels and how one is chosen are described below.
+// One file of about 1,300 lines: the seven kernels share the argument block, the fragment and
+// ring helpers and the softmax bookkeeping (all device-inline, in an unnamed namespace), and
+// latent_attention's choice among them reads every kernel's tile sizes and shared-memory layout.
 #include <algorithm>
 #include <cmath>
 
