@@ -63,7 +63,9 @@ TEST_P(DeltaConsistency, ChunkedRecurrentAndDecodeAgree) {
   }
 
   // Token-by-token decode from h0 reproduces the outputs and the final state.
-  DeltaState st{in.h0.clone(), in.z0.defined() ? in.z0.clone() : Tensor()};
+  DeltaState st;
+  st.S = in.h0.clone();
+  if (in.z0.defined()) st.z = in.z0.clone();
   Tensor o = Tensor::empty({B, T, HV, V});  // [B, T, HV, V]
   for (int64_t t = 0; t < T; ++t) {
     DeltaInputs one;
@@ -79,6 +81,37 @@ TEST_P(DeltaConsistency, ChunkedRecurrentAndDecodeAgree) {
   expect_close(o, ref.o, label + " decode o");
   expect_close(st.S, ref.ht, label + " decode state");
   expect_close(st.z, ref.zt, label + " decode z");
+
+  // The same decode with each sequence's state in its own allocation (a decode batch's memories),
+  // updated in place through per-sequence pointers.
+  const bool norm = in.z0.defined();
+  std::vector<Tensor> Sb, zb;
+  DeltaState ps;
+  for (int64_t b = 0; b < B; ++b) {
+    Sb.push_back(in.h0.slice(0, b, b + 1).clone());  // [1, HV, K, V]
+    ps.S_seq.push_back(Sb.back().f32());
+    if (norm) {
+      zb.push_back(in.z0.slice(0, b, b + 1).clone());  // [1, HV, K]
+      ps.z_seq.push_back(zb.back().f32());
+    }
+  }
+  Tensor o2 = Tensor::empty({B, T, HV, V});  // [B, T, HV, V]
+  for (int64_t t = 0; t < T; ++t) {
+    DeltaInputs one;
+    one.q = in.q.slice(1, t, t + 1).clone();
+    one.k = in.k.slice(1, t, t + 1).clone();
+    one.v = in.v.slice(1, t, t + 1).clone();
+    if (in.beta.defined()) one.beta = in.beta.slice(1, t, t + 1).clone();
+    if (in.g.defined()) one.g = in.g.slice(1, t, t + 1).clone();
+    Tensor ot = delta_step(one, ps, opts);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < HV * V; ++i) o2.f32()[(b * T + t) * HV * V + i] = ot.f32()[b * HV * V + i];
+  }
+  expect_close(o2, ref.o, label + " per-sequence decode o");
+  for (int64_t b = 0; b < B; ++b) {
+    expect_close(Sb[size_t(b)], ref.ht.slice(0, b, b + 1).clone(), label + " per-sequence decode state");
+    if (norm) expect_close(zb[size_t(b)], ref.zt.slice(0, b, b + 1).clone(), label + " per-sequence decode z");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeltaConsistency,

@@ -287,23 +287,29 @@ Tensor delta_step(const DeltaInputs& in, DeltaState& state, const DeltaOptions& 
   Resolved r = resolve(one, opts);
   const detail::Problem& p = r.p;
   if (p.T != 1) throw error(kWho, "delta_step takes one token per sequence (T = 1), got T = ", p.T);
-  expect_shape(state.S, {p.N, p.HV, p.K, p.V}, "delta_step: state S ([N, HV, K, V])");
-  K3_CHECK(state.S.dtype() == DType::F32 && state.S.is_contiguous());
   const bool norm = opts.normalize == Normalize::On;
-  if (norm) {
-    expect_shape(state.z, {p.N, p.HV, p.K}, "delta_step: normaliser state z ([N, HV, K])");
-    K3_CHECK(state.z.dtype() == DType::F32 && state.z.is_contiguous());
+  const bool per_seq = !state.S.defined();
+  if (per_seq) {
+    if (int64_t(state.S_seq.size()) != p.N || (norm && int64_t(state.z_seq.size()) != p.N))
+      throw error(kWho, "delta_step: ", state.S_seq.size(), " per-sequence states for N = ", p.N, " sequences");
+  } else {
+    expect_shape(state.S, {p.N, p.HV, p.K, p.V}, "delta_step: state S ([N, HV, K, V])");
+    K3_CHECK(state.S.dtype() == DType::F32 && state.S.is_contiguous());
+    if (norm) {
+      expect_shape(state.z, {p.N, p.HV, p.K}, "delta_step: normaliser state z ([N, HV, K])");
+      K3_CHECK(state.z.dtype() == DType::F32 && state.z.is_contiguous());
+    }
   }
   Tensor o = Tensor::empty({p.N, 1, p.HV, p.V});  // [N, 1, HV, V]
-  float* S_all = state.S.f32();
-  float* z_all = norm ? state.z.f32() : nullptr;
+  float* S_all = per_seq ? nullptr : state.S.f32();
+  float* z_all = norm && !per_seq ? state.z.f32() : nullptr;
   float* o_all = o.f32();
   const int64_t K = p.K, V = p.V;
   parallel_for(p.N * p.HV, std::max<int64_t>(1, (int64_t(1) << 16) / (p.K * p.V)), [&](int64_t begin, int64_t end) {
     std::vector<float> a(K), delta(V);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t n = task / p.HV, hv = task % p.HV, h = hv / p.group, r0 = n;  // row n·T + 0
-      float* S = S_all + p.state_off(n, hv);  // [K, V]
+      float* S = per_seq ? state.S_seq[size_t(n)] + hv * K * V : S_all + p.state_off(n, hv);  // [K, V]
       const float* q = p.q_row(r0, h);
       const float* k = p.k_row(r0, h);
       const float* v = p.v_row(r0, hv);
@@ -329,7 +335,7 @@ Tensor delta_step(const DeltaInputs& in, DeltaState& state, const DeltaOptions& 
         for (int64_t j = 0; j < V; ++j) out[j] += S[d * V + j] * qs;
       }
       if (norm) {
-        float* z = z_all + (n * p.HV + hv) * K;
+        float* z = per_seq ? state.z_seq[size_t(n)] + hv * K : z_all + (n * p.HV + hv) * K;
         double den = 0.0;
         for (int64_t d = 0; d < K; ++d) {
           z[d] = a[d] * z[d] + k[d];

@@ -82,10 +82,13 @@ DeltaGrads delta_backward(const DeltaInputs& in, const DeltaCotangents& cot, con
 struct DeltaState {
   Tensor S;  // [N, HV, K, V]
   Tensor z;  // [N, HV, K], Normalize::On only
+  // Or, with S undefined, each sequence's state where it lives (a decode batch's own memories):
+  // S_seq[n] → [HV, K, V] and (Normalize::On) z_seq[n] → [HV, K], fp32, N entries each.
+  std::vector<float*> S_seq, z_seq;
 };
 // One token per sequence: in.q/k are [N, 1, H, K], v [N, 1, HV, V], beta [N, 1, HV], g [N, 1, HV]
-// or [N, 1, HV, K]; in.h0/z0/cu_seqlens are ignored. Updates `state` in place; returns o
-// [N, 1, HV, V].
+// or [N, 1, HV, K]; in.h0/z0/cu_seqlens are ignored. Updates `state` in place (the tensors, or the
+// per-sequence states without a copy); returns o [N, 1, HV, V].
 Tensor delta_step(const DeltaInputs& in, DeltaState& state, const DeltaOptions& opts);
 
 // Linear attention's φ(x) = elu(x) + 1 (spec §2), applied by the layer before the core.

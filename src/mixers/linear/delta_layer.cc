@@ -185,13 +185,6 @@ Var DeltaLayer::core(const Var& q, const Var& k, const Var& v, const Var& beta, 
                                              batch.memories));
   }
   const int64_t SS = HV_ * K_ * V_, ZS = HV_ * K_;
-  Tensor S = Tensor::empty({B, HV_, K_, V_});
-  Tensor z = o_.normalize ? Tensor::empty({B, HV_, K_}) : Tensor();
-  for (int64_t b = 0; b < B; ++b) {
-    auto* mem = state_of(batch, b);
-    std::memcpy(S.f32() + b * SS, mem->state(), static_cast<size_t>(SS) * sizeof(float));
-    if (o_.normalize) std::memcpy(z.f32() + b * ZS, mem->normalizer(), static_cast<size_t>(ZS) * sizeof(float));
-  }
   linear::DeltaInputs in;
   in.q = q->value.reshape({B, T, H_, K_});
   in.k = k->value.reshape({B, T, H_, K_});
@@ -200,25 +193,34 @@ Var DeltaLayer::core(const Var& q, const Var& k, const Var& v, const Var& beta, 
   if (c.decay == linear::Decay::Scalar) in.g = g->value.reshape({B, T, HV_});
   if (c.decay == linear::Decay::PerChannel) in.g = g->value.reshape({B, T, HV_, K_});
   Tensor o;
-  if (T == 1) {
-    linear::DeltaState st{S, z};
+  if (T == 1) {  // the decode step updates each sequence's state where it lives
+    linear::DeltaState st;
+    for (int64_t b = 0; b < B; ++b) {
+      auto* mem = state_of(batch, b);
+      st.S_seq.push_back(mem->state());
+      if (o_.normalize) st.z_seq.push_back(mem->normalizer());
+    }
     o = linear::delta_step(in, st, c);
-    S = st.S;
-    z = st.z;
-  } else {
+  } else {  // a continued prefill: the chunked core takes the states as one batch (h0) and returns them
+    Tensor S = Tensor::empty({B, HV_, K_, V_});
+    Tensor z = o_.normalize ? Tensor::empty({B, HV_, K_}) : Tensor();
+    for (int64_t b = 0; b < B; ++b) {
+      auto* mem = state_of(batch, b);
+      std::memcpy(S.f32() + b * SS, mem->state(), static_cast<size_t>(SS) * sizeof(float));
+      if (o_.normalize) std::memcpy(z.f32() + b * ZS, mem->normalizer(), static_cast<size_t>(ZS) * sizeof(float));
+    }
     in.h0 = S;
     in.z0 = z;
     linear::DeltaOutputs out = linear::delta_forward(in, c, linear::Impl::Chunked);
     o = out.o;
-    S = out.ht;
-    z = out.zt;
+    for (int64_t b = 0; b < B; ++b) {
+      auto* mem = state_of(batch, b);
+      std::memcpy(mem->state(), out.ht.f32() + b * SS, static_cast<size_t>(SS) * sizeof(float));
+      if (o_.normalize)
+        std::memcpy(mem->normalizer(), out.zt.f32() + b * ZS, static_cast<size_t>(ZS) * sizeof(float));
+    }
   }
-  for (int64_t b = 0; b < B; ++b) {
-    auto* mem = state_of(batch, b);
-    std::memcpy(mem->state(), S.f32() + b * SS, static_cast<size_t>(SS) * sizeof(float));
-    if (o_.normalize) std::memcpy(mem->normalizer(), z.f32() + b * ZS, static_cast<size_t>(ZS) * sizeof(float));
-    mem->advance(T);
-  }
+  for (int64_t b = 0; b < B; ++b) state_of(batch, b)->advance(T);
   return constant(o.reshape({B * T, HV_ * V_}));
 }
 
