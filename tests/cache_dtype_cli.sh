@@ -4,19 +4,7 @@
 # refused by the option itself.
 k3="$1"
 model="$2"
-expect_error() {  # expect_error WHAT NEEDLE CMD...
-  what="$1"
-  needle="$2"
-  shift 2
-  if out=$("$@" 2>&1); then
-    echo "$what succeeded: $out"
-    exit 1
-  fi
-  case "$out" in
-    *"$needle"*) echo "ok ($what): $out" ;;
-    *) echo "unexpected message ($what): $out"; exit 1 ;;
-  esac
-}
+. "$(dirname "$0")/expect_error.sh"
 expect_error "generate on the CPU" "--cache-dtype bf16 applies to --device cuda" \
   "$k3" generate --model "$model" --prompt-ids 1,2 --max-new-tokens 1 --cache-dtype bf16
 expect_error "bench decode on the CPU" "--cache-dtype bf16 applies to --device cuda" \

@@ -7,19 +7,7 @@ k3="$1"
 fixture="$2"  # a model folder (gpt2-tiny)
 dir=$(mktemp -d) || exit 1
 trap 'rm -rf "$dir"' EXIT
-expect_error() {  # expect_error WHAT NEEDLE CMD...
-  what="$1"
-  needle="$2"
-  shift 2
-  if out=$("$@" 2>&1); then
-    echo "$what succeeded: $out"
-    exit 1
-  fi
-  case "$out" in
-    *"$needle"*) echo "ok ($what): $out" ;;
-    *) echo "unexpected message ($what): $out"; exit 1 ;;
-  esac
-}
+. "$(dirname "$0")/expect_error.sh"
 # input_ids of shape [1, 0]: a safetensors file written by hand (8-byte header length, header).
 python3 - "$dir/empty.safetensors" <<'PY'
 import json, struct, sys

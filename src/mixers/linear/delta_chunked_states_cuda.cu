@@ -652,32 +652,32 @@ struct StateGrids {
         narrow(int64_t(tiles.x) * tiles.y <= device::sm_count()) {}
 };
 
-}  // namespace
-
-void launch_recur(const ChunkDev& d, int64_t NHV) {
+// One pass of the chain, forward (recur) or reverse: the SIMT kernel, or the tensor-core one of
+// 16 or 32 columns.
+using ChainKernel = void (*)(ChunkDev);
+void launch_chain(const ChunkDev& d, int64_t NHV, ChainKernel simt, size_t simt_smem, ChainKernel tc16,
+                  ChainKernel tc32, size_t (*tc_smem)(int, int)) {
   configure();
   const StateGrids g(d, NHV);
   cudaStream_t st = device::stream();
   if (!d.tc)
-    recur_kernel<<<g.tiles, kRecThreads, recur_smem(d.KS), st>>>(d);
+    simt<<<g.tiles, kRecThreads, simt_smem, st>>>(d);
   else if (g.narrow)
-    recur_tc_kernel<16><<<g.tiles, kRecThreads, recur_tc_smem(d.KS, 16), st>>>(d);
+    tc16<<<g.tiles, kRecThreads, tc_smem(d.KS, 16), st>>>(d);
   else
-    recur_tc_kernel<32><<<g.wide, kRecThreads, recur_tc_smem(d.KS, 32), st>>>(d);
+    tc32<<<g.wide, kRecThreads, tc_smem(d.KS, 32), st>>>(d);
   K3_CUDA_LAUNCHED();
 }
 
+}  // namespace
+
+void launch_recur(const ChunkDev& d, int64_t NHV) {
+  launch_chain(d, NHV, recur_kernel, recur_smem(d.KS), recur_tc_kernel<16>, recur_tc_kernel<32>, recur_tc_smem);
+}
+
 void launch_reverse(const ChunkDev& d, int64_t NHV) {
-  configure();
-  const StateGrids g(d, NHV);
-  cudaStream_t st = device::stream();
-  if (!d.tc)
-    reverse_kernel<<<g.tiles, kRecThreads, reverse_smem(d.KS), st>>>(d);
-  else if (g.narrow)
-    reverse_tc_kernel<16><<<g.tiles, kRecThreads, reverse_tc_smem(d.KS, 16), st>>>(d);
-  else
-    reverse_tc_kernel<32><<<g.wide, kRecThreads, reverse_tc_smem(d.KS, 32), st>>>(d);
-  K3_CUDA_LAUNCHED();
+  launch_chain(d, NHV, reverse_kernel, reverse_smem(d.KS), reverse_tc_kernel<16>, reverse_tc_kernel<32>,
+               reverse_tc_smem);
 }
 
 }  // namespace k3::linear::detail
