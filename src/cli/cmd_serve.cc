@@ -30,6 +30,17 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--http-threads", o.http_threads, "HTTP worker threads (0: 2 x max-batch + 64; at most 1024)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--header-timeout", o.header_timeout_s,
+                  "Seconds a request's line and headers may take to arrive (slower clients get 408)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
+  cmd->add_option("--body-timeout", o.body_timeout_s, "Seconds a request's body may take to arrive after its headers")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
+  cmd->add_option("--max-connections", o.max_connections,
+                  "Open connections at most; at the limit the longest-waiting one not being served is dropped")
+      ->capture_default_str()
+      ->check(CLI::Range(16, 1 << 20));
   cmd->add_option("--served-model-name", o.served_name, "Model id in the API (default: the folder's name)");
   cmd->add_option("--chat-template", o.chat_template_file,
                   "Jinja chat template file for /v1/chat/completions (default: tokenizer_config.json's "

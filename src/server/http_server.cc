@@ -1,12 +1,10 @@
-// The OpenAI-compatible HTTP server (cpp-httplib) over the continuous-batching scheduler and the
+// The OpenAI-compatible HTTP server (on http.h) over the continuous-batching scheduler and the
 // state-aware prefix cache of src/infer/serve/: routes, server-sent events, error bodies,
 // /metrics text, and the process's signal handling while it listens.
-#include <httplib.h>
-#include <netdb.h>
-#include <poll.h>
+#include <malloc.h>
 #include <pthread.h>
-#include <sys/socket.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -24,6 +22,7 @@
 #include "infer/serve/response.h"
 #include "infer/serve/scheduler.h"
 #include "models/registry.h"
+#include "server/http.h"
 #include "server/http_server.h"
 #include "server/text_stream.h"
 #include "tokenizer/bpe.h"
@@ -67,46 +66,6 @@ size_t resident_bytes() {
   f >> pages >> rss;
   return rss * size_t(sysconf(_SC_PAGESIZE));
 }
-
-// The socket a request arrived on, so that a non-streaming handler can notice its client leave.
-// cpp-httplib 0.11 has no is_connection_closed and hands the handler no socket, but the request
-// carries the peer's address, and the connection's socket stays open until the handler returns:
-// the one socket of this process connected to that peer is it. -1 if none is found.
-int connection_socket(const httplib::Request& req) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    int fd = -1;
-    try {
-      fd = std::stoi(e.path().filename().string());
-    } catch (const std::exception&) {
-      continue;
-    }
-    sockaddr_storage a{};
-    socklen_t n = sizeof(a);
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) continue;
-    char host[NI_MAXHOST], port[NI_MAXSERV];
-    if (getnameinfo(reinterpret_cast<sockaddr*>(&a), n, host, sizeof(host), port, sizeof(port),
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-      continue;
-    if (req.remote_addr == host && std::to_string(req.remote_port) == port) return fd;
-  }
-  return -1;
-}
-
-// True once the peer has closed or reset the connection (an HTTP/1.1 client never half-closes
-// while it waits for the response). Reads nothing: a pipelined next request stays queued.
-bool peer_closed(int fd) {
-  pollfd p{fd, POLLRDHUP, 0};
-  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
-}
-
-// cpp-httplib 0.11 listens with a backlog of 5, so bursts of new connections from many clients
-// get reset; listen() again on the bound socket raises it.
-class HttpServer : public httplib::Server {
- public:
-  void raise_backlog() { ::listen(svr_sock_, SOMAXCONN); }
-};
-
 
 // The chat template: --chat-template FILE, else tokenizer_config.json's chat_template; null for the
 // plain "role: content" template. A template that does not parse is reported and replaced by the
@@ -193,69 +152,36 @@ class Server {
     sched_ = std::make_unique<serve::Scheduler>(*model_, so);
   }
 
-  void routes(httplib::Server& svr) {
-    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  void routes(http::Server& svr) {
+    http_ = &svr;
+    using http::Lane;
+    svr.route("GET", "/health", Lane::Inline, [this](const http::Request&, http::Response& res) {
       stats_.request("health");
       res.set_content(dump({{"status", "ok"}, {"model", name_}}), "application/json");
     });
-    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    svr.route("GET", "/v1/models", Lane::Inline, [this](const http::Request&, http::Response& res) {
       stats_.request("models");
       Json m = {{"id", name_}, {"object", "model"}, {"created", started_}, {"owned_by", "k3"},
                 {"max_model_len", lim_.max_context}};
       res.set_content(dump({{"object", "list"}, {"data", Json::array({m})}}), "application/json");
     });
-    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    svr.route("GET", "/metrics", Lane::Control, [this](const http::Request&, http::Response& res) {
       stats_.request("metrics");
       res.set_content(metrics_text(), "text/plain; version=0.0.4");
     });
-    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    svr.route("POST", "/v1/completions", Lane::Work, [this](const http::Request& req, http::Response& res) {
       generate(Endpoint::Completions, req, res);
     });
-    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    svr.route("POST", "/v1/chat/completions", Lane::Work, [this](const http::Request& req, http::Response& res) {
       generate(Endpoint::ChatCompletions, req, res);
     });
-    // A known path asked with another method: 405, naming the one it takes.
-    auto not_allowed = [](const char* allow) {
-      return [allow](const httplib::Request&, httplib::Response& res) {
-        ApiError e;
-        e.status = 405;
-        e.message = std::string("this endpoint takes ") + allow;
-        e.code = "method_not_allowed";
-        res.set_header("Allow", allow);
-        send_error(res, e);
-      };
-    };
-    for (const char* path : {"/health", "/v1/models", "/metrics"}) {
-      svr.Post(path, not_allowed("GET"));
-      svr.Put(path, not_allowed("GET"));
-      svr.Patch(path, not_allowed("GET"));
-      svr.Delete(path, not_allowed("GET"));
-    }
-    for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
-      svr.Get(path, not_allowed("POST"));
-      svr.Put(path, not_allowed("POST"));
-      svr.Patch(path, not_allowed("POST"));
-      svr.Delete(path, not_allowed("POST"));
-    }
-    svr.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
-      stats_.error(res.status);
-      if (!res.body.empty()) return;
-      ApiError e = http_error(res.status);
-      res.set_content(dump(e.body()), "application/json");
+    svr.on_status([this](int status) {
+      if (status >= 400) stats_.error(status);
     });
-    svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      ApiError e;
-      e.status = 500;
-      e.type = "server_error";
-      e.message = "internal error";
-      try {
-        if (ep) std::rethrow_exception(ep);
-      } catch (const std::exception& x) {
-        e.message = std::string("internal error: ") + x.what();
-      } catch (...) {
-      }
-      res.status = 500;
-      res.set_content(dump(e.body()), "application/json");
+    svr.on_error([](int status, const std::string& message, http::Response& res) {
+      ApiError e = http_error(status);
+      if (!message.empty()) e.message = message;
+      send_error(res, e);
     });
   }
 
@@ -269,16 +195,19 @@ class Server {
     switch (status) {
       case 400: e.message = "malformed HTTP request (request line, headers or body framing)", e.code = "bad_request"; break;
       case 404: e.message = "no such endpoint", e.code = "not_found"; break;
+      case 405: e.message = "method not allowed", e.code = "method_not_allowed"; break;
       case 408: e.message = "the request was not received in time", e.code = "request_timeout"; break;
       case 413: e.message = "request body too large", e.code = "body_too_large"; break;
       case 414: e.message = "request line too long", e.code = "uri_too_long"; break;
       case 431: e.message = "request headers too large", e.code = "headers_too_large"; break;
+      case 500: e.message = "internal error", e.code = "internal_error", e.type = "server_error"; break;
+      case 503: e.message = "the server is overloaded", e.code = "overloaded", e.type = "server_error"; break;
       default: e.message = "HTTP error " + std::to_string(status), e.code = "http_error"; break;
     }
     return e;
   }
 
-  static void send_error(httplib::Response& res, const ApiError& e) {
+  static void send_error(http::Response& res, const ApiError& e) {
     res.status = e.status;
     res.set_content(dump(e.body()), "application/json");
   }
@@ -316,7 +245,7 @@ class Server {
     return all;
   }
 
-  void generate(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+  void generate(Endpoint ep, const http::Request& req, http::Response& res) {
     stats_.request(ep == Endpoint::Completions ? "completions" : "chat_completions");
     serve::ParsedRequest pr;
     try {
@@ -422,9 +351,8 @@ class Server {
     if (!pr.stream) {
       // The answer is one plain JSON body (a late error keeps its 500); meanwhile the connection
       // is watched so that a client that leaves cancels its request (streams notice it on write).
-      const int sock = connection_socket(req);
       while (!poll_choices(*cs, std::chrono::milliseconds(50)))
-        if (sock >= 0 && peer_closed(sock))
+        if (req.client_gone())
           for (auto& c : *cs) c.job->cancel();
       Json choices = Json::array();
       for (size_t i = 0; i < cs->size(); ++i) {
@@ -485,12 +413,16 @@ class Server {
       }
       return event(Json::array({ch}), nullptr);
     };
-    res.set_chunked_content_provider(
+    res.set_stream(
         "text/event-stream",
-        [=](size_t, httplib::DataSink& sink) {
+        [=](http::Sink& sink) {
+          if (sink.client_gone()) {  // noticed before a write would fail
+            for (auto& c : *cs) c.job->cancel();
+            return false;
+          }
           auto write = [&](const std::string& s) {
             st->last_write = std::chrono::steady_clock::now();
-            if (sink.write(s.data(), s.size())) return true;
+            if (sink.write(s)) return true;
             for (auto& c : *cs) c.job->cancel();  // the client went away
             return false;
           };
@@ -598,6 +530,20 @@ class Server {
     value("k3_prefix_cache_entries", "gauge", "Snapshots held", m.cache.entries);
     value("k3_prefix_cache_evictions_total", "counter", "Snapshots evicted (LRU, byte budget)", m.cache.evictions);
     value("k3_process_resident_bytes", "gauge", "Resident set size of the server process", resident_bytes());
+    if (http_) {
+      const auto hc = http_->counters();
+      value("k3_http_connections", "gauge", "Open client connections", hc.connections);
+      value("k3_http_connections_busy", "gauge", "Connections whose request a handler is serving", hc.busy);
+      value("k3_http_buffered_request_bytes", "gauge", "Request bytes held while requests arrive or are served",
+            hc.buffered_bytes);
+      value("k3_http_connections_accepted_total", "counter", "Connections accepted", hc.accepted);
+      value("k3_http_connections_evicted_total", "counter",
+            "Waiting connections dropped to make room at the connection limit", hc.evicted);
+      value("k3_http_requests_timed_out_total", "counter", "Requests whose head or body did not arrive in time",
+            hc.timed_out);
+      value("k3_http_connections_refused_total", "counter", "Connections refused because every slot was serving",
+            hc.refused);
+    }
     return o.str();
   }
 
@@ -608,6 +554,7 @@ class Server {
   serve::ParseLimits lim_;
   std::unique_ptr<serve::Scheduler> sched_;
   HttpStats stats_;
+  http::Server* http_ = nullptr;
   std::atomic<int64_t> next_id_{0};
   int64_t started_ = int64_t(std::time(nullptr));
 };
@@ -624,20 +571,25 @@ void serve_http(const ServeOptions& o, std::unique_ptr<Model> model, std::option
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Request buffers of a megabyte or more come from (and go back to) the kernel at once, so that a
+  // burst of large bodies leaves no heap behind; and as many connections as the process may open.
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
+  rlimit fl{};
+  if (getrlimit(RLIMIT_NOFILE, &fl) == 0 && fl.rlim_cur < fl.rlim_max) {
+    fl.rlim_cur = fl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &fl);
+  }
+  getrlimit(RLIMIT_NOFILE, &fl);
+
   Server server(o, std::move(model), std::move(tok), std::move(chat));
-  HttpServer svr;
-  const size_t threads = o.http_threads > 0 ? size_t(o.http_threads) : std::min<size_t>(1024, size_t(2 * o.max_batch + 64));
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  svr.set_payload_max_length(8u << 20);
-  svr.set_keep_alive_max_count(10000);
-  svr.set_read_timeout(30, 0);
-  svr.set_write_timeout(30, 0);
+  http::Limits lim;
+  lim.work_threads = o.http_threads > 0 ? o.http_threads : int(std::min<int64_t>(1024, 2 * o.max_batch + 64));
+  lim.header_timeout_s = o.header_timeout_s;
+  lim.body_timeout_s = o.body_timeout_s;
+  lim.max_connections = size_t(std::min<int64_t>(o.max_connections, int64_t(fl.rlim_cur) - 64));
+  http::Server svr(lim);
   server.routes(svr);
-  int port = o.port;
-  if (port == 0) port = svr.bind_to_any_port(o.host);
-  else if (!svr.bind_to_port(o.host, port)) port = -1;
-  if (port < 0) throw error("serve", "cannot listen on ", o.host, ":", o.port);
-  svr.raise_backlog();
+  const int port = svr.bind(o.host, o.port);
   std::atomic<bool> stopping{false};
   std::thread waiter([&] {
     int sig = 0;
@@ -646,7 +598,7 @@ void serve_http(const ServeOptions& o, std::unique_ptr<Model> model, std::option
     svr.stop();
   });
   std::cout << "k3 serve: listening on http://" << o.host << ":" << port << std::endl;
-  svr.listen_after_bind();
+  svr.run();
   stopping = true;
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();

@@ -17,6 +17,8 @@ struct ServeOptions {
   int64_t max_batch = 8, ctx = 0, max_queue = 256, cache_block = 64, page_tokens = 16;
   double memory_mb = 1024, cache_mb = 256, timeout_s = 600;
   int http_threads = 0;
+  double header_timeout_s = 10, body_timeout_s = 30;  // a request's head, then its body, must arrive in these
+  int64_t max_connections = 4096;
 };
 
 // Serves MODEL (and TOK, if any: without one, prompts are token-id arrays) on o.host:o.port until

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA configuration here (no GPU needed) and packs what a GPU machine needs to run
 # its tests and benchmarks into .gpu/ (ignored by git): the binaries, the shared libraries the
-# machine's image may lack (OpenBLAS, ICU, cpp-httplib and their runtime), and the fixtures.
+# machine's image may lack (OpenBLAS, ICU and their runtime), and the fixtures.
 # Then `bash tools/gpu/run.sh` on the GPU machine runs everything. Usage: tools/gpu/pack.sh [build dir]
 #
 # A device call carries the tree and .gpu together within 64 MiB, about 46 MB of .gpu beside the
@@ -41,7 +41,7 @@ for e in ${K3_GPU_EXTRA:-}; do
 done
 # Libraries outside glibc/libstdc++/CUDA that the binaries load.
 for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
-  grep -E 'openblas|gfortran|quadmath|icu|httplib|gomp|brotli|libssl|libcrypto|libz\.' |
+  grep -E 'openblas|gfortran|quadmath|icu|gomp' |
   while read -r lib; do cp -L "$lib" .gpu/lib/; done
 tar -C .gpu -cJf .gpu/bundle.tar.xz bin lib
 rm -rf .gpu/bin .gpu/lib
