@@ -63,6 +63,14 @@ TEST(ServeRequest, HugeTextPromptIsRefusedBeforeTokenising) {
             63u);
   EXPECT_EQ(parse_error(Endpoint::Completions, R"({"prompt":")" + std::string(64, 'a') + R"("})", &tok).code,
             "context_length_exceeded");
+  // Under the byte bound but over the context: encoding stops at the context and says so.
+  try {
+    parse_request(Endpoint::Completions, R"({"prompt":")" + std::string(13 * 63, 'a') + R"("})", l, &tok);
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.code, "context_length_exceeded");
+    EXPECT_NE(e.message.find("more than 64 tokens"), std::string::npos) << e.message;
+  }
 }
 
 TEST(ServeRequest, ParsesCompletionWithIdsAndSampling) {

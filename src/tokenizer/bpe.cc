@@ -334,27 +334,30 @@ void Tokenizer::Impl::merge_large(std::string_view piece, std::vector<int32_t>& 
   for (int32_t i = 0; i >= 0; i = nxt[i]) out.push_back(ids[i]);
 }
 
-void Tokenizer::encode_ordinary_into(std::string_view text, std::vector<int32_t>& out) const {
+void Tokenizer::encode_ordinary_into(std::string_view text, std::vector<int32_t>& out, size_t limit) const {
   tok::Gpt2Splitter splitter(text);
-  while (const auto piece = splitter.next()) impl_->encode_piece(*piece, out);
+  while (out.size() <= limit)
+    if (const auto piece = splitter.next()) impl_->encode_piece(*piece, out);
+    else break;
 }
 
-void Tokenizer::encode_into(std::string_view text, std::vector<int32_t>& out) const {
+void Tokenizer::encode_into(std::string_view text, std::vector<int32_t>& out, size_t limit) const {
   const Impl& m = *impl_;
-  if (m.specials.empty()) return encode_ordinary_into(text, out);
+  if (m.specials.empty()) return encode_ordinary_into(text, out, limit);
   size_t start = 0;  // the ordinary text not yet encoded starts here
   for (size_t pos = 0; pos < text.size(); ++pos) {
     if (!m.special_first[uint8_t(text[pos])]) continue;
     for (const SpecialToken& s : m.specials) {  // longest first
       if (text.compare(pos, s.text.size(), s.text) != 0) continue;
-      encode_ordinary_into(text.substr(start, pos - start), out);
+      encode_ordinary_into(text.substr(start, pos - start), out, limit);
+      if (out.size() > limit) return;
       out.push_back(s.id);
       start = pos + s.text.size();
       pos = start - 1;
       break;
     }
   }
-  encode_ordinary_into(text.substr(start), out);
+  encode_ordinary_into(text.substr(start), out, limit);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {

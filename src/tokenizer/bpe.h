@@ -58,9 +58,12 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const;
   // Special tokens' text is encoded as ordinary text.
   std::vector<int32_t> encode_ordinary(std::string_view text) const;
-  // Appending forms, for callers that encode many documents into one buffer.
-  void encode_into(std::string_view text, std::vector<int32_t>& out) const;
-  void encode_ordinary_into(std::string_view text, std::vector<int32_t>& out) const;
+  // Appending forms, for callers that encode many documents into one buffer. With a `limit`, they
+  // stop once `out` holds more than `limit` ids (the rest of the text is not encoded): a caller
+  // that only needs to know a text is too long finds out without encoding all of it.
+  static constexpr size_t kNoLimit = size_t(-1);
+  void encode_into(std::string_view text, std::vector<int32_t>& out, size_t limit = kNoLimit) const;
+  void encode_ordinary_into(std::string_view text, std::vector<int32_t>& out, size_t limit = kNoLimit) const;
 
   // The raw bytes of the tokens, concatenated: not necessarily valid UTF-8 (a multi-byte
   // character can be split across tokens). Throws k3::Error on an id that names no token.

@@ -161,6 +161,25 @@ TEST(Tokenizer, EncodeIntoAppends) {
   EXPECT_EQ(ids, (std::vector<int32_t>{7, 15496, 50256, 995}));
 }
 
+TEST(Tokenizer, EncodeIntoStopsPastALimit) {
+  const std::string text = slurp(kGoldens);  // any long text: the goldens file is one
+  const std::vector<int32_t> full = gpt2().encode(text + "<|endoftext|>" + text);
+  for (size_t limit : {size_t(0), size_t(1), size_t(37), full.size() / 2, full.size() - 1, full.size()}) {
+    std::vector<int32_t> part;
+    gpt2().encode_into(text + "<|endoftext|>" + text, part, limit);
+    // A prefix of the whole encoding, over the limit (by at most one pre-token's ids) unless the
+    // whole text fits.
+    ASSERT_LE(part.size(), full.size());
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), full.begin())) << limit;
+    if (limit >= full.size()) {
+      EXPECT_EQ(part.size(), full.size());
+    } else {
+      EXPECT_GT(part.size(), limit);
+      EXPECT_LT(part.size(), limit + 64);
+    }
+  }
+}
+
 TEST(Pretokenize, Gpt2Pattern) {
   using V = std::vector<std::string_view>;
   EXPECT_EQ(tok::split_gpt2("Hello world's  end  "), (V{"Hello", " world", "'s", " ", " end", "  "}));

@@ -112,7 +112,16 @@ void tokenize_into(const std::string& text, const Tokenizer* tok, const char* pa
                       " bytes); this server's context is " + std::to_string(lim.max_context) + " tokens",
            "context_length_exceeded");
   }
-  for (int32_t t : tok->encode(text)) out.push_back(t);
+  // Encoding stops as soon as the prompt is over the context (never holding more ids than that).
+  std::vector<int32_t> ids;
+  const size_t room = lim.max_context > 0 ? size_t(std::max<int64_t>(0, lim.max_context - int64_t(out.size())))
+                                          : Tokenizer::kNoLimit;
+  tok->encode_into(text, ids, room);
+  if (ids.size() > room)
+    fail(param, "the prompt has more than " + std::to_string(lim.max_context) +
+                    " tokens; this server's context is " + std::to_string(lim.max_context) + " tokens",
+         "context_length_exceeded");
+  out.insert(out.end(), ids.begin(), ids.end());
 }
 
 std::vector<int64_t> token_array(const Json& a, const char* param, int64_t vocab) {
