@@ -2,7 +2,7 @@
 # Bad values given to the k3 program are refused with a non-zero exit and a message naming the
 # field or option: an empty input_ids, serve's --timeout and --http-threads out of range, a config
 # whose routing or YaRN factor is impossible (k3 info checks what loading checks), a weight stored
-# as an integer dtype.
+# as an integer dtype, a model too large for the machine.
 k3="$1"
 fixture="$2"  # a model folder (gpt2-tiny)
 dir=$(mktemp -d) || exit 1
@@ -38,4 +38,15 @@ c["rope_scaling"] = {"type": "yarn", "factor": "big", "original_max_position_emb
 json.dump(c, open(sys.argv[1], "w"))
 PY
 expect_error "info: YaRN factor \"big\"" "'factor'" "$k3" info --model "$dir/m"
+# A model far larger than the machine (GPT-2 with 2,000 layers of width 8,192: 5.86 TiB as fp32):
+# refused with the bytes needed before any weight is read, not killed halfway.
+mkdir -p "$dir/huge"
+python3 - "$fixture/config.json" "$dir/huge/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update({"n_layer": 2000, "n_embd": 8192, "n_head": 64})
+json.dump(c, open(sys.argv[2], "w"))
+PY
+cp "$fixture/model.safetensors" "$dir/huge/"
+expect_error "a model larger than the machine" "of memory available" "$k3" generate --model "$dir/huge" --prompt-ids 1 --max-new-tokens 1
 echo "ok"

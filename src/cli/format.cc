@@ -13,18 +13,6 @@ std::string with_commas(int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (b >= 1024 && u < 5) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
-  return buf;
-}
-
 std::string human_count(double n) {
   const char* units[] = {"", "K", "M", "B", "T"};
   int u = 0;

@@ -37,6 +37,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 }
 AllocatorStats allocator_stats() { return {}; }
 void empty_cache() {}
+size_t available_bytes() { return 0; }
 void upload(void*, const void*, size_t, Refresh) { unavailable(); }
 void download(void*, const void*, size_t) { unavailable(); }
 void zero(void*, size_t) { unavailable(); }

@@ -63,6 +63,8 @@ struct AllocatorStats {
 };
 AllocatorStats allocator_stats();
 void empty_cache();  // returns the free lists to the driver
+// Bytes k3 could still allocate on the device: the driver's free memory plus k3's free lists.
+size_t available_bytes();
 
 // How an upload queued while a Graph is being captured is refreshed before each replay (a decode
 // step replayed as a graph: one capture, then the same kernels on the next tokens).

@@ -234,6 +234,12 @@ void empty_cache() {
   allocator().release_locked();
 }
 
+size_t available_bytes() {
+  size_t free_b = 0, total_b = 0;
+  K3_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return free_b + allocator_stats().cached;
+}
+
 namespace {
 // Pinned staging ring for small uploads (index lists, positions, token ids): the host bytes are
 // copied into the ring and the device copy is queued without waiting, so a decode step's many

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/device.h"
+#include "core/host_memory.h"
 #include "core/parallel.h"
 #include "core/profile.h"
 #include "core/mxfp4.h"
@@ -33,6 +34,18 @@ void move_to(const Model& model, Device device, DType gemm_weights) {
   if (device == Device::CUDA) device::require_cuda("model");
   if (gemm_weights != DType::F32 && (gemm_weights != DType::BF16 || device != Device::CUDA))
     throw error("model", "GEMM weights can be bf16 on CUDA only (or fp32 anywhere), not ", dtype_name(gemm_weights));
+  if (device == Device::CUDA) {  // refused before the first copy, with the bytes needed
+    double need = 0;
+    model.visit([&](const std::string& name, Node& p, ParamKind kind) {
+      if (p.value.device() == Device::CUDA || !p.value.has_storage()) return;
+      const bool bf16 = gemm_weights == DType::BF16 && bf16_gemm_weight(name, p.value, kind);
+      need += double(p.value.numel()) * (bf16 ? 2 : 4);
+    });
+    const size_t avail = device::available_bytes();
+    if (need > double(avail))
+      throw error("model", "the weights need ", human_bytes(need), " on the device but ", human_bytes(double(avail)),
+                  " is free there");
+  }
   model.visit([&](const std::string& name, Node& p, ParamKind kind) {
     if (!p.value.has_storage()) throw error("model", "parameter '", name, "' has no values to move to the device");
     const Tensor host = p.value.to_device(Device::CPU);
@@ -289,6 +302,15 @@ Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& 
 }
 
 void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts) {
+  // Weights are held as fp32 on the host: a model that cannot fit is refused before any is read.
+  double need = 0;
+  int64_t params = 0;
+  model.visit([&](const std::string&, Node& p, ParamKind) {
+    if (!p.value.has_storage()) need += 4.0 * double(p.value.numel()), params += p.value.numel();
+  });
+  if (const auto avail = host_available_bytes(); avail && need > double(*avail))
+    throw error("load", ckpt.path(), ": the weights need ", human_bytes(need), " as fp32 (", params,
+                " parameters) but this machine has ", human_bytes(double(*avail)), " of memory available");
   std::set<std::string> used;
   std::vector<std::string> missing;
   model.visit([&](const std::string& name, Node& p, ParamKind) {

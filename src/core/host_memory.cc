@@ -1,0 +1,58 @@
+#include "core/host_memory.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace k3 {
+
+namespace {
+std::optional<size_t> read_number(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  if (!(f >> s) || s == "max") return std::nullopt;
+  try {
+    return size_t(std::stoull(s));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+}  // namespace
+
+std::optional<size_t> mem_available_from(const std::string& meminfo) {
+  std::istringstream in(meminfo);
+  std::string key, unit;
+  size_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return value * 1024;  // reported in kB
+  }
+  return std::nullopt;
+}
+
+std::optional<size_t> host_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::optional<size_t> avail = mem_available_from(ss.str());
+  // cgroup v2: what the limit leaves.
+  const auto limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
+  if (limit && used) {
+    const size_t left = *limit > *used ? *limit - *used : 0;
+    avail = avail ? std::min(*avail, left) : left;
+  }
+  return avail;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+}  // namespace k3

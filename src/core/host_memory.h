@@ -1,0 +1,20 @@
+// How much memory this process may still take on the host: the kernel's MemAvailable, lowered to
+// what the cgroup's limit leaves (a container's memory.max) when there is one. Loading checks a
+// model's weights against it, so a model too large for the machine is refused with the bytes it
+// needs instead of being killed halfway through.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+namespace k3 {
+
+// Bytes available, or nullopt where the system does not say (no /proc/meminfo).
+std::optional<size_t> host_available_bytes();
+// Parses /proc/meminfo text: MemAvailable in bytes.
+std::optional<size_t> mem_available_from(const std::string& meminfo);
+// 1536 -> "1.50 KiB"; 17 -> "17 B"
+std::string human_bytes(double bytes);
+
+}  // namespace k3
