@@ -1,11 +1,10 @@
-// k3 train / k3 eval / k3 tokenizer train.
+// k3 train / k3 eval.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 
 #include "cli/commands.h"
 #include "infer/generate.h"
-#include "tokenizer/bpe_train.h"
 #include "train/data.h"
 #include "train/trainer.h"
 
@@ -86,35 +85,6 @@ void register_eval(CLI::App& app) {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     EvalResult r = evaluate_model(model, data, seq_len, batches, 12345, rt.device == "cuda" ? Device::CUDA : Device::CPU);
     std::printf("val_loss=%.6f\nperplexity=%.4f\ntokens=%lld\n", r.val_loss, r.perplexity, (long long)r.tokens);
-  });
-}
-
-void register_tokenizer(CLI::App& app) {
-  auto* cmd = app.add_subcommand("tokenizer", "Tokenizer tools");
-  cmd->require_subcommand(1);
-  auto* tr = cmd->add_subcommand("train", "Train a byte-level BPE on text files and save it as an HF tokenizer.json");
-  static int32_t vocab = 1024;
-  static std::vector<std::string> files;
-  static std::string out = "tokenizer.json";
-  tr->add_option("--vocab-size", vocab, "Vocabulary size (256 byte tokens + merges + <|endoftext|>)")->capture_default_str()->check(CLI::Range(257, 1 << 20));
-  tr->add_option("--output,-o", out, "Where to write tokenizer.json")->capture_default_str();
-  tr->add_option("files", files, "Text files or folders of *.txt")->required();
-  tr->callback([] {
-    std::vector<std::string> texts;
-    size_t bytes = 0;
-    for (const auto& f : list_text_files(files)) {
-      std::ifstream in(f, std::ios::binary);
-      texts.emplace_back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      bytes += texts.back().size();
-    }
-    BpeTrainOptions o;
-    o.vocab_size = vocab;
-    Tokenizer tok = train_bpe(texts, o);
-    tok.save_hf_tokenizer_json(out);
-    size_t n = 0;
-    for (const auto& t : texts) n += tok.encode_ordinary(t).size();
-    std::printf("trained a %d-token BPE on %zu bytes: %zu tokens (%.2f bytes/token) -> %s\n", tok.vocab_size(), bytes, n,
-                double(bytes) / double(std::max<size_t>(n, 1)), out.c_str());
   });
 }
 

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/pretokenize.h"
+#include "tokenizer/split.h"
 
 namespace k3 {
 
@@ -111,6 +112,8 @@ struct Tokenizer::Impl {
   std::vector<SpecialToken> specials;               // longest first
   std::array<bool, 256> special_first{};            // first bytes of the specials
   std::optional<int32_t> eos;
+  std::shared_ptr<const tok::TextPipeline> pipeline;  // null: GPT-2's split
+  bool listed_merges_only = false, whole_piece_first = true;
 
   std::string_view bytes_of(int32_t id) const { return {blob.data() + offsets[id], offsets[id + 1] - offsets[id]}; }
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
@@ -201,7 +204,19 @@ Tokenizer Tokenizer::from_vocab(const BpeVocab& v, const std::string& origin) {
     if (rank[both->second] == kNoRank) rank[both->second] = uint32_t(r);
   }
   std::vector<std::pair<uint64_t, Merge>> entries;
+  m.pipeline = v.pipeline;
+  m.listed_merges_only = v.listed_merges_only;
+  m.whole_piece_first = !v.listed_merges_only || v.ignore_merges;
+  if (v.listed_merges_only) {  // Hugging Face: the listed pairs, each at its own rank
+    for (size_t r = 0; r < m.merges.size(); ++r)
+      entries.emplace_back(PairTable::make_key(m.merges[r].first, m.merges[r].second),
+                           Merge{uint32_t(r), m.encoder.find(std::string(m.bytes_of(m.merges[r].first)) +
+                                                             std::string(m.bytes_of(m.merges[r].second)))->second});
+    // The first listing of a pair wins (PairTable keeps the last it is given).
+    std::reverse(entries.begin(), entries.end());
+  }
   for (const auto& [bytes, id] : v.tokens) {
+    if (v.listed_merges_only) break;
     if (rank[id] == kNoRank) continue;
     const std::string_view s = bytes;
     for (size_t k = 1; k < s.size(); ++k) {
@@ -239,6 +254,9 @@ BpeVocab Tokenizer::to_vocab() const {
   v.specials = m.specials;
   std::sort(v.specials.begin(), v.specials.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
   if (m.eos) v.eos = std::string(m.bytes_of(*m.eos));
+  v.pipeline = m.pipeline;
+  v.listed_merges_only = m.listed_merges_only;
+  v.ignore_merges = m.listed_merges_only && m.whole_piece_first;
   return v;
 }
 
@@ -249,10 +267,11 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>&
     out.push_back(byte_id[uint8_t(piece[0])]);
     return;
   }
-  if (const auto it = encoder.find(piece); it != encoder.end()) {  // a whole token maps directly
-    out.push_back(it->second);
-    return;
-  }
+  if (whole_piece_first)
+    if (const auto it = encoder.find(piece); it != encoder.end()) {  // a whole token maps directly
+      out.push_back(it->second);
+      return;
+    }
   if (piece.size() > kCacheMaxPiece) return merge(piece, out);
   PieceCache& cache = thread_cache(uid);
   if (const auto it = cache.map.find(piece); it != cache.map.end()) {
@@ -335,6 +354,16 @@ void Tokenizer::Impl::merge_large(std::string_view piece, std::vector<int32_t>& 
 }
 
 void Tokenizer::encode_ordinary_into(std::string_view text, std::vector<int32_t>& out, size_t limit) const {
+  if (impl_->pipeline) {
+    std::string normalized;
+    std::vector<std::string_view> pieces;
+    impl_->pipeline->split(text, normalized, pieces);
+    for (std::string_view piece : pieces) {
+      if (out.size() > limit) break;
+      impl_->encode_piece(piece, out);
+    }
+    return;
+  }
   tok::Gpt2Splitter splitter(text);
   while (out.size() <= limit)
     if (const auto piece = splitter.next()) impl_->encode_piece(*piece, out);

@@ -19,6 +19,10 @@
 
 namespace k3 {
 
+namespace tok {
+class TextPipeline;
+}
+
 // A token matched verbatim in the text before pre-tokenization, e.g. <|endoftext|>.
 struct SpecialToken {
   std::string text;
@@ -32,6 +36,14 @@ struct BpeVocab {
   std::vector<std::pair<std::string, std::string>> merges;   // in rank order: left, right
   std::vector<SpecialToken> specials;
   std::string eos;  // text of the special token that ends a document; "" = guess (see eos_id)
+  // How text becomes pieces: null for GPT-2's split; else a tokenizer.json normalizer and
+  // pre-tokenizer, or a tiktoken pattern (split.h).
+  std::shared_ptr<const tok::TextPipeline> pipeline;
+  // Which adjacent parts may merge. tiktoken's rule (false): any two whose concatenation is a
+  // ranked token, and a piece that is a whole token maps to it at once. Hugging Face's (true): only
+  // the pairs the merge list names, and a whole-token piece maps at once only with ignore_merges.
+  bool listed_merges_only = false;
+  bool ignore_merges = false;
 };
 
 class Tokenizer {
@@ -40,10 +52,17 @@ class Tokenizer {
   static Tokenizer from_gpt2_files(const std::string& encoder_json_path, const std::string& vocab_bpe_path);
   // Hugging Face's vocab.json + merges.txt (the same two formats under other names).
   static Tokenizer from_hf_vocab_merges(const std::string& vocab_json_path, const std::string& merges_txt_path);
-  // Hugging Face's tokenizer.json, byte-level BPE models only (model.type "BPE", ByteLevel
-  // pre-tokenizer with the GPT-2 pattern); added_tokens become special tokens.
+  // Hugging Face's tokenizer.json, byte-level BPE models (model.type "BPE", a ByteLevel decoder),
+  // with the normalizers and pre-tokenizers of split.h; added_tokens become special tokens.
   static Tokenizer from_hf_tokenizer_json(const std::string& path);
-  // A model folder: tokenizer.json, else vocab.json + merges.txt, else encoder.json + vocab.bpe.
+  // tiktoken's format (each line: a token's bytes in base64 and its rank, which is its id), with
+  // the split pattern and special tokens, which tiktoken keeps outside the file.
+  static Tokenizer from_tiktoken_file(const std::string& path, const std::string& pattern,
+                                      const std::vector<SpecialToken>& specials);
+  // A model folder: tokenizer.json, else vocab.json + merges.txt, else encoder.json + vocab.bpe,
+  // else tiktoken.model (its special tokens from tokenizer_config.json's added_tokens_decoder,
+  // the rest of the 256 reserved ids after the vocabulary named <|reserved_token_ID|>, and the
+  // split pattern from tokenizer_config.json's "pat_str", else Kimi's for the Kimi tokenizer).
   // The eos_token of tokenizer_config.json, when present, names the EOS token.
   static Tokenizer from_dir(const std::string& dir);
   // From parts in memory (a trainer's output). `origin` names the source in error messages.

@@ -81,4 +81,35 @@ std::string escape_bytes(std::string_view bytes, size_t max_len) {
   return out;
 }
 
+std::string base64_decode(std::string_view in) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  if (in.empty() || in.size() % 4 != 0) return {};
+  std::string out;
+  out.reserve(in.size() / 4 * 3);
+  for (size_t i = 0; i < in.size(); i += 4) {
+    int v[4];
+    int pad = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char c = in[i + size_t(k)];
+      if (c == '=' && i + 4 == in.size() && k >= 2) {
+        v[k] = 0, ++pad;
+        continue;
+      }
+      if (pad || (v[k] = value(c)) < 0) return {};  // a character after '=', or not base64
+    }
+    const uint32_t n = uint32_t(v[0]) << 18 | uint32_t(v[1]) << 12 | uint32_t(v[2]) << 6 | uint32_t(v[3]);
+    out += char(n >> 16);
+    if (pad < 2) out += char((n >> 8) & 0xff);
+    if (pad < 1) out += char(n & 0xff);
+  }
+  return out;
+}
+
 }  // namespace k3::tok

@@ -21,6 +21,9 @@ std::optional<std::string> byte_level_decode(std::string_view text);
 // The byte-level UTF-8 text for raw bytes.
 std::string byte_level_encode(std::string_view bytes);
 
+// Standard base64 (RFC 4648, with padding) to bytes; "" if `text` is not base64 (tiktoken files).
+std::string base64_decode(std::string_view text);
+
 // Raw bytes shown for people in error messages: printable ASCII as is, the rest as \xNN.
 std::string escape_bytes(std::string_view bytes, size_t max_len = 60);
 

@@ -3,12 +3,14 @@
 // BpeVocab (raw bytes) and hands it to Tokenizer::from_vocab.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -17,6 +19,7 @@
 #include "core/error.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/split.h"
 
 namespace k3 {
 
@@ -24,12 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-// The GPT-2 pattern as tokenizers' Split pre-tokenizer and tiktoken write it.
-constexpr std::string_view kGpt2Patterns[] = {
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)",
-    R"('(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)",
-};
 
 std::string read_file(const std::string& path, std::string_view what) {
   std::ifstream in(path, std::ios::binary);
@@ -68,9 +65,9 @@ struct MergeText {
   std::string left, right, where;  // byte-level strings; "file:line" or "file merges[i]"
 };
 
-std::vector<MergeText> read_merges_txt(const std::string& path) {
-  const std::string text = read_file(path, "merges file");
-  std::vector<MergeText> merges;
+// Calls f(line, line_no) for each line of text (CRLF or LF ends, the ends removed).
+template <class F>
+void for_each_line(const std::string& text, F&& f) {
   size_t line_no = 0;
   for (size_t pos = 0; pos < text.size();) {
     size_t end = text.find('\n', pos);
@@ -79,7 +76,15 @@ std::vector<MergeText> read_merges_txt(const std::string& path) {
     pos = end + 1;
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
+    f(line, line_no);
+  }
+}
+
+std::vector<MergeText> read_merges_txt(const std::string& path) {
+  const std::string text = read_file(path, "merges file");
+  std::vector<MergeText> merges;
+  for_each_line(text, [&](std::string_view line, size_t line_no) {
+    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) return;
     const size_t space = line.find(' ');
     if (space == std::string_view::npos || space == 0 || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string_view::npos)
@@ -87,7 +92,7 @@ std::vector<MergeText> read_merges_txt(const std::string& path) {
                   tok::escape_bytes(line), "\"");
     merges.push_back({std::string(line.substr(0, space)), std::string(line.substr(space + 1)),
                       path + ":" + std::to_string(line_no)});
-  }
+  });
   return merges;
 }
 
@@ -154,41 +159,6 @@ BpeVocab read_vocab_merges(const std::string& vocab_path, const std::string& mer
 
 std::string describe(const json& j) { return j.is_null() ? "null" : j.dump().substr(0, 200); }
 
-bool is_gpt2_byte_level(const json& pre, const std::string& path, bool inside_sequence) {
-  if (!pre.is_object() || !pre.contains("type")) return false;
-  const std::string type = pre["type"].get<std::string>();
-  if (type == "ByteLevel") {
-    if (pre.value("add_prefix_space", false))
-      throw error("tokenizer", path, ": pre_tokenizer ByteLevel with add_prefix_space=true is not supported; ",
-                  "k3 encodes text exactly as given (set it to false and add the space yourself)");
-    return pre.value("use_regex", true) != inside_sequence;
-  }
-  return false;
-}
-
-// Accepts the pre-tokenizers that amount to tiktoken's GPT-2 split: ByteLevel (use_regex), or
-// Sequence[Split(GPT-2 pattern, Isolated), ByteLevel(use_regex=false)].
-void check_pre_tokenizer(const json& pre, const std::string& path) {
-  if (is_gpt2_byte_level(pre, path, false)) return;
-  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
-      pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2) {
-    const json& split = pre["pretokenizers"][0];
-    if (split.value("type", "") == "Split" && split.contains("pattern") && split["pattern"].is_object() &&
-        split["pattern"].contains("Regex") && split.value("behavior", "") == "Isolated" &&
-        !split.value("invert", false)) {
-      const std::string pattern = split["pattern"]["Regex"].get<std::string>();
-      bool gpt2 = false;
-      for (std::string_view p : kGpt2Patterns) gpt2 = gpt2 || pattern == p;
-      if (!gpt2)
-        throw error("tokenizer", path, ": pre_tokenizer splits with the regex \"", pattern,
-                    "\"; k3 implements only the GPT-2 pattern \"", kGpt2Patterns[0], "\"");
-      if (is_gpt2_byte_level(pre["pretokenizers"][1], path, true)) return;
-    }
-  }
-  throw error("tokenizer", path, ": unsupported pre_tokenizer ", describe(pre),
-              "; only byte-level BPE with GPT-2's ByteLevel pre-tokenizer is supported");
-}
-
 BpeVocab read_tokenizer_json(const std::string& path) {
   const json root = parse_json(path, "tokenizer.json");
   try {
@@ -208,9 +178,7 @@ BpeVocab read_tokenizer_json(const std::string& path) {
                   "only byte-level BPE is");
     if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0)
       throw error("tokenizer", path, ": BPE dropout is not supported");
-    if (root.contains("normalizer") && !root["normalizer"].is_null())
-      throw error("tokenizer", path, ": normalizer ", describe(root["normalizer"]), " is not supported");
-    check_pre_tokenizer(root.value("pre_tokenizer", json()), path);
+    auto pipeline = tok::TextPipeline::from_hf(root.value("normalizer", json()), root.value("pre_tokenizer", json()), path);
     if (root.contains("decoder") && !root["decoder"].is_null() && root["decoder"].value("type", "") != "ByteLevel")
       throw error("tokenizer", path, ": decoder ", describe(root["decoder"]),
                   " is not supported; byte-level BPE uses the ByteLevel decoder");
@@ -241,13 +209,114 @@ BpeVocab read_tokenizer_json(const std::string& path) {
         specials.push_back({t["content"].get<std::string>(), int32_t(id)});
       }
     }
-    return build_vocab(read_vocab_object(model["vocab"], path), merges, specials, Specials::kListed, path);
+    BpeVocab v = build_vocab(read_vocab_object(model["vocab"], path), merges, specials, Specials::kListed, path);
+    v.pipeline = std::move(pipeline);
+    v.listed_merges_only = true;
+    v.ignore_merges = model.value("ignore_merges", false);
+    return v;
   } catch (const json::exception& e) {  // a field of the wrong JSON type
     throw error("tokenizer", path, ": unexpected tokenizer.json structure (", e.what(), ")");
   }
 }
 
+// tiktoken's file: "<base64 bytes> <rank>" per line; the ranks number the tokens from 0. Merges
+// for from_vocab: each multi-byte token made from one split of it into two tokens, in rank order
+// (under tiktoken's rule any split of a ranked token may merge, so which split is listed does not
+// matter).
+BpeVocab read_tiktoken(const std::string& path) {
+  const std::string text = read_file(path, "tiktoken file");
+  BpeVocab v;
+  std::unordered_map<std::string, int32_t> ids;
+  for_each_line(text, [&](std::string_view line, size_t line_no) {
+    if (line.empty()) return;
+    const size_t sp = line.find(' ');
+    int64_t rank = -1;
+    std::string bytes;
+    if (sp != std::string_view::npos) {
+      try {
+        size_t used = 0;
+        rank = std::stoll(std::string(line.substr(sp + 1)), &used);
+        if (used != line.size() - sp - 1) rank = -1;
+      } catch (const std::exception&) {
+        rank = -1;
+      }
+      bytes = tok::base64_decode(line.substr(0, sp));
+    }
+    if (rank < 0 || rank > INT32_MAX || bytes.empty())
+      throw error("tokenizer", path, ":", line_no, ": expected \"<base64 token> <rank>\", got \"",
+                  tok::escape_bytes(std::string(line.substr(0, 80))), "\"");
+    if (!ids.emplace(bytes, int32_t(rank)).second)
+      throw error("tokenizer", path, ":", line_no, ": token ", tok::escape_bytes(bytes), " appears twice");
+    v.tokens.emplace_back(bytes, int32_t(rank));
+  });
+  std::sort(v.tokens.begin(), v.tokens.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  for (const auto& [bytes, id] : v.tokens) {
+    if (bytes.size() < 2) continue;
+    bool found = false;
+    for (size_t k = 1; k < bytes.size() && !found; ++k) {
+      const auto l = ids.find(bytes.substr(0, k)), r = ids.find(bytes.substr(k));
+      if (l != ids.end() && r != ids.end() && l->second < id && r->second < id) {
+        v.merges.emplace_back(l->first, r->first);
+        found = true;
+      }
+    }
+    if (!found)
+      throw error("tokenizer", path, ": token ", tok::escape_bytes(bytes), " (rank ", id,
+                  ") is not two lower-ranked tokens joined; BPE could never make it");
+  }
+  return v;
+}
+
+// A folder's tiktoken.model with what tokenizer_config.json says about it: the special tokens of
+// added_tokens_decoder, the rest of the 256 ids after the vocabulary as <|reserved_token_ID|>
+// (tokenization_kimi.py's rule), and the split pattern.
+BpeVocab read_tiktoken_folder(const std::string& dir, const std::string& path) {
+  const std::string cfg_path = (fs::path(dir) / "tokenizer_config.json").string();
+  json cfg = json::object();
+  if (fs::is_regular_file(cfg_path)) cfg = parse_json(cfg_path, "tokenizer_config.json");
+  BpeVocab v = read_tiktoken(path);
+  const int32_t n_base = v.tokens.empty() ? 0 : v.tokens.back().second + 1;
+  std::map<int64_t, std::string> named;
+  if (cfg.contains("added_tokens_decoder") && cfg["added_tokens_decoder"].is_object())
+    for (const auto& [key, entry] : cfg["added_tokens_decoder"].items()) {
+      int64_t id = -1;
+      try {
+        id = std::stoll(key);
+      } catch (const std::exception&) {
+      }
+      if (id < n_base || id > INT32_MAX || !entry.is_object() || !entry.contains("content") || !entry["content"].is_string())
+        throw error("tokenizer", cfg_path, ": added_tokens_decoder entry \"", key, "\" needs an id after the ", n_base,
+                    " ranked tokens and a \"content\" string");
+      named[id] = entry["content"].get<std::string>();
+    }
+  const int64_t last = std::max<int64_t>(n_base + 256, named.empty() ? 0 : named.rbegin()->first + 1);
+  for (int64_t id = n_base; id < last; ++id) {
+    const auto it = named.find(id);
+    v.specials.push_back({it != named.end() ? it->second : "<|reserved_token_" + std::to_string(id) + "|>", int32_t(id)});
+  }
+  std::string pattern;
+  if (cfg.contains("pat_str") && cfg["pat_str"].is_string()) {
+    pattern = cfg["pat_str"].get<std::string>();
+  } else {
+    const std::string c = cfg.dump();
+    if (c.find("TikTokenTokenizer") == std::string::npos && c.find("tokenization_kimi") == std::string::npos)
+      throw error("tokenizer", path, ": a tiktoken file needs its split pattern: give it as \"pat_str\" in ", cfg_path,
+                  " (k3 knows Kimi's, used when tokenizer_config.json names TikTokenTokenizer)");
+    pattern = tok::kKimiPattern;
+  }
+  v.pipeline = tok::TextPipeline::from_pattern(pattern, path);
+  return v;
+}
+
 }  // namespace
+
+Tokenizer Tokenizer::from_tiktoken_file(const std::string& path, const std::string& pattern,
+                                        const std::vector<SpecialToken>& specials) {
+  BpeVocab v = read_tiktoken(path);
+  v.specials = specials;
+  v.pipeline = tok::TextPipeline::from_pattern(pattern, path);
+  return from_vocab(v, path);
+}
 
 Tokenizer Tokenizer::from_gpt2_files(const std::string& encoder_json_path, const std::string& vocab_bpe_path) {
   return from_vocab(read_vocab_merges(encoder_json_path, vocab_bpe_path), encoder_json_path + " + " + vocab_bpe_path);
@@ -278,9 +347,12 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
   } else if (has("encoder.json") && has("vocab.bpe")) {
     origin = (d / "encoder.json").string() + " + vocab.bpe";
     vocab = read_vocab_merges((d / "encoder.json").string(), (d / "vocab.bpe").string());
+  } else if (has("tiktoken.model")) {
+    origin = (d / "tiktoken.model").string();
+    vocab = read_tiktoken_folder(dir, origin);
   } else {
     throw error("tokenizer", "no tokenizer in ", dir,
-                ": looked for tokenizer.json, vocab.json + merges.txt, and encoder.json + vocab.bpe");
+                ": looked for tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe, and tiktoken.model");
   }
   if (has("tokenizer_config.json")) {
     const std::string cfg_path = (d / "tokenizer_config.json").string();
@@ -311,13 +383,16 @@ void Tokenizer::save_hf_tokenizer_json(const std::string& path) const {
   std::ostringstream os;
   try {
     os << "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n  \"added_tokens\": "
-       << added.dump(-1, ' ', false, ojson::error_handler_t::strict) << ",\n  \"normalizer\": null,\n"
-       << "  \"pre_tokenizer\": " << byte_level.dump() << ",\n  \"post_processor\": null,\n"
+       << added.dump(-1, ' ', false, ojson::error_handler_t::strict) << ",\n  \"normalizer\": "
+       << (v.pipeline ? v.pipeline->normalizer_json().dump() : "null") << ",\n"
+       << "  \"pre_tokenizer\": " << (v.pipeline ? v.pipeline->pre_tokenizer_json().dump() : byte_level.dump())
+       << ",\n  \"post_processor\": null,\n"
        << "  \"decoder\": " << byte_level.dump() << ",\n"
        // ignore_merges: a piece that is a whole token maps to it directly, as in tiktoken.
        << "  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, "
        << "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null, \"fuse_unk\": false, "
-       << "\"byte_fallback\": false, \"ignore_merges\": true,\n    \"vocab\": {";
+       << "\"byte_fallback\": false, \"ignore_merges\": "
+       << (v.listed_merges_only && !v.ignore_merges ? "false" : "true") << ",\n    \"vocab\": {";
     const char* sep = "\n      ";
     for (const auto& [bytes, id] : v.tokens) {
       os << sep << quote(tok::byte_level_encode(bytes)) << ": " << id;

@@ -12,6 +12,7 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/pretokenize.h"
+#include "tokenizer/split.h"
 
 namespace k3 {
 namespace {
@@ -39,30 +40,7 @@ void spit(const fs::path& path, std::string_view text) {
   out << text;
 }
 
-std::string base64_decode(std::string_view in) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-  };
-  std::string out;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    const int v = value(c);
-    if (v < 0) break;  // '=' padding
-    acc = (acc << 6) | uint32_t(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out += char((acc >> bits) & 0xFF);
-    }
-  }
-  return out;
-}
+using tok::base64_decode;
 
 struct Golden {
   std::string name, bytes;
@@ -159,6 +137,17 @@ TEST(Tokenizer, EncodeIntoAppends) {
   EXPECT_EQ(ids, (std::vector<int32_t>{7, 15496, 50256}));
   gpt2().encode_ordinary_into(" world", ids);
   EXPECT_EQ(ids, (std::vector<int32_t>{7, 15496, 50256, 995}));
+}
+
+TEST(Tokenizer, Base64MatchesRfc4648Vectors) {
+  EXPECT_EQ(base64_decode("Zg=="), "f");
+  EXPECT_EQ(base64_decode("Zm8="), "fo");
+  EXPECT_EQ(base64_decode("Zm9v"), "foo");
+  EXPECT_EQ(base64_decode("Zm9vYmFy"), "foobar");
+  EXPECT_EQ(base64_decode("/w=="), "\xff");
+  EXPECT_EQ(base64_decode("Zm9"), "");    // not a multiple of 4
+  EXPECT_EQ(base64_decode("Zm=v"), "");   // '=' before the end
+  EXPECT_EQ(base64_decode("Zm9!"), "");   // not base64
 }
 
 TEST(Tokenizer, EncodeIntoStopsPastALimit) {
@@ -472,16 +461,20 @@ TEST(TokenizerErrors, UnsupportedTokenizerJson) {
                {path, "WordPiece", "only byte-level BPE"});
   expect_error(with([](json& j) { j["model"] = {{"type", "Unigram"}, {"vocab", json::array()}}; }), {"Unigram"});
   expect_error(with([](json& j) { j.erase("model"); }), {"no \"model\""});
-  expect_error(with([](json& j) { j["normalizer"] = {{"type", "NFC"}}; }), {"normalizer", "NFC"});
+  expect_error(with([](json& j) { j["normalizer"] = {{"type", "Precompiled"}}; }), {"normalizer", "Precompiled"});
   expect_error(with([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }), {"pre_tokenizer", "Metaspace"});
   expect_error(with([](json& j) { j["pre_tokenizer"]["add_prefix_space"] = true; }), {"add_prefix_space"});
   expect_error(with([](json& j) {
                  j["pre_tokenizer"] = {{"type", "Sequence"},
                                        {"pretokenizers",
-                                        {{{"type", "Split"}, {"pattern", {{"Regex", "\\p{N}{1,3}"}}}, {"behavior", "Isolated"}},
+                                        {{{"type", "Split"}, {"pattern", {{"Regex", "[\\p{N}{1,3}"}}}, {"behavior", "Isolated"}},
                                          {{"type", "ByteLevel"}, {"use_regex", false}}}}};
                }),
-               {"\\p{N}{1,3}", "only the GPT-2 pattern"});
+               {"[\\p{N}{1,3}", "does not compile"});
+  expect_error(with([](json& j) {
+                 j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Sideways"}};
+               }),
+               {"Sideways"});
   expect_error(with([](json& j) { j["decoder"] = {{"type", "Metaspace"}}; }), {"decoder"});
   expect_error(with([](json& j) { j["model"]["byte_fallback"] = true; }), {"byte_fallback"});
   expect_error(with([](json& j) { j["model"]["continuing_subword_prefix"] = "##"; }), {"continuing_subword_prefix"});
@@ -512,6 +505,108 @@ TEST(TokenizerErrors, BadVocab) {
   expect_error([&] { Tokenizer::from_vocab(v); }, {"<a>", "twice"});
   expect_error([] { gpt2().decode({15496, -1}); }, {"token id -1"});
   expect_error([] { gpt2().token_bytes(50257); }, {"token id 50257", "vocab_size 50257"});
+}
+
+}  // namespace
+}  // namespace k3
+
+// ---- other families' formats, exact against tokenizers and tiktoken ----
+
+namespace k3 {
+namespace {
+
+const std::string kFormats = std::string(K3_SOURCE_DIR) + "/tests/data/tokenizer/";
+
+TEST(TokenizerFormats, EveryFixtureMatchesItsReference) {
+  const json texts = json::parse(slurp(kFormats + "multilingual.json"));
+  const json goldens = json::parse(slurp(kFormats + "format_goldens.json"));
+  std::string joined;
+  for (size_t i = 0; i < texts.size(); ++i) joined += (i ? "\n" : "") + texts[i].get<std::string>();
+  ASSERT_EQ(goldens["fixtures"].size(), 4u);
+  for (const auto& [name, g] : goldens["fixtures"].items()) {
+    SCOPED_TRACE(name + " (reference: " + g["reference"].get<std::string>() + ")");
+    const Tokenizer tok = Tokenizer::from_dir(kFormats + "formats/" + name);
+    std::vector<std::string> all = texts.get<std::vector<std::string>>();
+    if (g.contains("extra_texts"))
+      for (const auto& t : g["extra_texts"]) all.push_back(t.get<std::string>());
+    ASSERT_EQ(g["texts"].size(), all.size());
+    int mismatches = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+      const std::vector<int32_t> got = tok.encode(all[i]);
+      const auto want = g["texts"][i].get<std::vector<int32_t>>();
+      if (got != want && ++mismatches <= 3) {
+        ADD_FAILURE() << "text " << i << " \"" << all[i].substr(0, 60) << "\": " << json(got).dump().substr(0, 200)
+                      << " vs " << json(want).dump().substr(0, 200);
+      }
+      // Decoding gives the text back where nothing normalizes it, and re-encodes to the same ids
+      // where nothing is removed (pipeline-mix drops spaces).
+      const std::string back = tok.decode(got);
+      if (name == "deepseek-v3" || name == "kimi") {
+        EXPECT_EQ(back, all[i]) << i;
+      }
+      if (name != "pipeline-mix") {
+        EXPECT_EQ(tok.encode(back), got) << i;
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
+    EXPECT_EQ(tok.encode(joined), g["joined"].get<std::vector<int32_t>>());
+  }
+}
+
+TEST(TokenizerFormats, KimiFolderReadsSpecialsAndReservedIds) {
+  const Tokenizer tok = Tokenizer::from_dir(kFormats + "formats/kimi");
+  const int32_t base = *tok.special_id("[BOS]");
+  EXPECT_EQ(tok.special_id("[EOS]"), base + 1);
+  EXPECT_EQ(tok.special_id("[PAD]"), base + 255);
+  EXPECT_EQ(tok.special_id("<|reserved_token_" + std::to_string(base + 5) + "|>"), base + 5);
+  EXPECT_EQ(tok.vocab_size(), base + 256);
+  EXPECT_EQ(tok.eos_id(), base + 1);  // tokenizer_config.json's eos_token
+}
+
+TEST(TokenizerFormats, SavedTokenizerJsonKeepsThePipeline) {
+  TempDir dir;
+  for (const char* name : {"qwen3", "pipeline-mix"}) {
+    const Tokenizer tok = Tokenizer::from_dir(kFormats + "formats/" + name);
+    tok.save_hf_tokenizer_json(dir.file("tokenizer.json"));
+    const Tokenizer back = Tokenizer::from_hf_tokenizer_json(dir.file("tokenizer.json"));
+    for (const char* text : {"Café naïve 123-456 ＡＢＣ", "北京 東京 서울 -- it's OK"})
+      EXPECT_EQ(back.encode(text), tok.encode(text)) << name << ": " << text;
+  }
+}
+
+TEST(TokenizerFormats, ABacktrackingPatternFailsInsteadOfHanging) {
+  const tok::Regex re("(a+)+b");  // exponential on a run of a's with no b
+  std::vector<std::pair<size_t, size_t>> spans;
+  try {
+    re.find_all(std::string(40, 'a'), spans);
+    ADD_FAILURE() << "matched";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backtracks"), std::string::npos) << e.what();
+  }
+  // Long runs under the families' patterns are no such case.
+  const tok::Regex kimi(tok::kKimiPattern);
+  spans.clear();
+  kimi.find_all(std::string(1 << 20, ' ') + "x" + std::string(1 << 20, 'a'), spans);
+  EXPECT_EQ(spans.size(), 2u);  // the spaces but the last; " xaaa..."
+}
+
+TEST(TokenizerFormats, TiktokenFileErrorsNameTheLine) {
+  TempDir dir;
+  spit(dir.file("bad.tiktoken"), "IQ== 0\nnot-base64! 1\n");
+  try {
+    Tokenizer::from_tiktoken_file(dir.file("bad.tiktoken"), "\\S+", {});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.tiktoken:2"), std::string::npos) << e.what();
+  }
+  fs::create_directories(dir.path() / "folder");
+  spit(dir.path() / "folder" / "tiktoken.model", "IQ== 0\n");
+  try {
+    Tokenizer::from_dir(dir.file("folder"));
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pat_str"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
