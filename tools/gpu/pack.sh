@@ -6,7 +6,8 @@
 #
 # A device call carries the tree and .gpu together within 64 MiB, about 46 MB of .gpu beside the
 # tracked files; every binary and fixture is more. To pack less:
-#   K3_GPU_TESTS="ops models"    test binaries (src/*/NAME_cuda_test; default: all of them)
+#   K3_GPU_TESTS="ops models"    test binaries (src/*/NAME_cuda_test, bench/harness/bench_cuda_test;
+#                                default: all of them)
 #   K3_GPU_FIXTURES="models/gpt2-tiny ops/attnres.safetensors"   fixtures under ../shared/fixtures
 #                                (default: all of them)
 #   K3_GPU_EXTRA="k3-branch=../wt/build/k3 mixers_cuda_test-branch=../wt/build/src/mixers/mixers_cuda_test"
@@ -21,18 +22,18 @@ if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DK3_CUDA=ON -DK3_WERROR=ON -DK3_BENCH=OFF
 fi
 if [ -z "${K3_GPU_NOBUILD:-}" ]; then
-  ninja -C "$build" -j2 k3 $(cd "$build" && ninja -t targets all | grep -o '^src/[a-z_]*/[a-z_]*_cuda_test:' | tr -d ':')
+  ninja -C "$build" -j2 k3 $(cd "$build" && ninja -t targets all | grep -oE '^(src/[a-z_]*|bench/harness)/[a-z_]*_cuda_test:' | tr -d ':')
 fi
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
 cp "$build/k3" .gpu/bin/
 if [ -n "${K3_GPU_TESTS:-}" ]; then
   for t in $K3_GPU_TESTS; do
-    f=$(find "$build/src" -maxdepth 2 -name "${t}_cuda_test" -type f | head -1)
-    [ -n "$f" ] || { echo "pack.sh: no test binary ${t}_cuda_test in $build/src" >&2; exit 1; }
+    f=$(find "$build/src" "$build/bench" -maxdepth 2 -name "${t}_cuda_test" -type f 2>/dev/null | head -1)
+    [ -n "$f" ] || { echo "pack.sh: no test binary ${t}_cuda_test in $build/src or $build/bench" >&2; exit 1; }
     cp "$f" .gpu/bin/
   done
 else
-  find "$build/src" -maxdepth 2 -name '*_cuda_test' -type f -exec cp {} .gpu/bin/ \;
+  find "$build/src" "$build/bench" -maxdepth 2 -name '*_cuda_test' -type f -exec cp {} .gpu/bin/ \; 2>/dev/null
 fi
 for e in ${K3_GPU_EXTRA:-}; do
   name="${e%%=*}" path="${e#*=}"

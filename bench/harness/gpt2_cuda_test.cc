@@ -11,7 +11,7 @@
 
 #include "io/safetensors.h"
 #include "models/gpt2.h"
-#include "models/gpt2_cuda.h"
+#include "bench/harness/gpt2_cuda.h"
 #include "models/registry.h"
 #include "ops/autograd.h"
 #include "train/optimizer.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/cuda_util.cuh"
-#include "models/gpt2_cuda.h"
+#include "bench/harness/gpt2_cuda.h"
 #include "ops/ops_cuda.h"
 
 namespace k3::cuda {
