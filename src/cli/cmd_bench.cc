@@ -1,80 +1,20 @@
-// k3 bench: measurements that print figures beside their anchors and physical limits.
+// k3 bench: measurements that print figures beside their anchors and physical limits (the
+// harnesses are in bench/harness/).
 //   k3 bench decode     decode tokens/s at given contexts vs the memory-bandwidth roofline
+//   k3 bench train      training tokens/s and FLOP/s vs the measured sgemm peak
 //   k3 bench bandwidth  this machine's read bandwidth (the CPU decode ceiling)
-#include <omp.h>
-
-#include <algorithm>
-#include <cmath>
-#include <chrono>
-#include <cstdio>
 #include <sstream>
+#include <string>
 #include <vector>
 
+#include "bench/harness/decode.h"
 #include "cli/commands.h"
-#include "cli/format.h"
-#include "core/device.h"
+#include "core/error.h"
 #include "core/parallel.h"
-#include "core/profile.h"
-#include "core/random.h"
-#include "infer/sampler.h"
-#include "models/registry.h"
-#include "ops/gemm.h"
-#include "train/optimizer.h"
 
 namespace k3::cli {
 
 namespace {
-
-using clock_type = std::chrono::steady_clock;
-constexpr int64_t kMaxDecodeBatch = 4096;
-
-double seconds_since(clock_type::time_point t) {
-  return std::chrono::duration<double>(clock_type::now() - t).count();
-}
-
-// Read bandwidth in bytes/s: best of several passes summing a buffer much larger than the caches.
-// The GPU's device-to-device copy rate, bytes read + written per second (the decode ceiling there).
-double measure_device_bandwidth() {
-  const size_t n = size_t(1) << 30;
-  device::Buffer a(n), b(n);
-  device::copy(b.get(), a.get(), n);  // warm-up
-  device::Timer t;
-  t.start();
-  for (int i = 0; i < 5; ++i) device::copy(b.get(), a.get(), n);
-  return 2.0 * double(n) * 5 / (t.stop_ms() * 1e-3);
-}
-
-double measure_read_bandwidth(size_t bytes) {
-  size_t n = bytes / sizeof(float);
-  std::vector<float> buf(n);
-  parallel_for(int64_t(n), 1 << 16, [&](int64_t a, int64_t b) {
-    for (int64_t i = a; i < b; ++i) buf[size_t(i)] = float(i & 1023);
-  });
-  double best = 0;
-  volatile float sink = 0;
-  const int64_t nt = num_threads();
-  for (int rep = 0; rep < 5; ++rep) {
-    std::vector<float> partial(static_cast<size_t>(nt) * 16, 0.0f);
-    auto t = clock_type::now();
-    // One contiguous slice per thread, 16 independent accumulators so the adds are not a
-    // latency chain: the loop is bound by memory, as decode is.
-#pragma omp parallel num_threads(int(nt))
-    {
-      const int64_t id = omp_get_thread_num(), k = omp_get_num_threads();
-      const int64_t a = int64_t(n) * id / k, b = int64_t(n) * (id + 1) / k;
-      float acc[16] = {};
-      int64_t i = a;
-      for (; i + 16 <= b; i += 16)
-        for (int j = 0; j < 16; ++j) acc[j] += buf[size_t(i + j)];
-      for (; i < b; ++i) acc[0] += buf[size_t(i)];
-      for (int j = 0; j < 16; ++j) partial[size_t(id * 16 + j)] = acc[j];
-    }
-    double s = seconds_since(t);
-    for (float p : partial) sink = sink + p;
-    best = std::max(best, double(n * sizeof(float)) / s);
-  }
-  return best;
-}
 
 std::vector<int64_t> parse_list(const std::string& s) {
   std::vector<int64_t> v;
@@ -105,7 +45,7 @@ void register_bench(CLI::App& app) {
   add_runtime_options(bwc, bw_rt);
   bwc->callback([] {
     apply_runtime_options(bw_rt);
-    double b = measure_read_bandwidth(size_t(512) << 20);
+    double b = bench::measure_read_bandwidth(size_t(512) << 20);
     std::printf("read bandwidth: %.2f GB/s with %d threads (512 MiB read-sum, best of 5)\n", b / 1e9, num_threads());
   });
 
@@ -120,48 +60,12 @@ void register_bench(CLI::App& app) {
   add_runtime_options(tr, tr_rt);
   tr->callback([] {
     apply_runtime_options(tr_rt);
-    // Peak: the best of a few 1024^3 sgemms through the same BLAS.
-    const int64_t n = 1024;
-    std::vector<float> A(static_cast<size_t>(n * n), 0.5f), B(A.size(), 0.25f), C(A.size());
-    double peak = 0;
-    for (int r = 0; r < 4; ++r) {
-      auto t = clock_type::now();
-      gemm(Trans::No, Trans::No, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n);
-      peak = std::max(peak, 2.0 * double(n * n * n) / seconds_since(t));
-    }
-    std::printf("measured sgemm peak: %.1f GFLOP/s (%d threads, 1024^3)\n\n", peak / 1e9, num_threads());
-    std::printf("%-14s %12s %10s %12s %14s %10s\n", "preset", "params", "tok/s", "ms/step", "GFLOP/s", "of peak");
+    bench::TrainBenchOptions o;
+    o.presets.clear();
     std::stringstream ss(tr_presets);
-    for (std::string p; std::getline(ss, p, ',');) {
-      auto model = build_model(preset_config(p), p);
-      model->init_random(1);
-      const int64_t V = model->vocab_size(), M = tr_batch * tr_seq;
-      std::vector<int64_t> ids(static_cast<size_t>(M)), targets(ids.size());
-      Rng rng(3);
-      for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(rng.below(uint64_t(V))), targets[i] = int64_t(rng.below(uint64_t(V)));
-      AdamW opt(AdamWOptions{});
-      auto step = [&] {
-        zero_grad(*model);
-        Recording rec;
-        Var l = model->loss(TokenBatch{ids.data(), tr_batch, tr_seq, nullptr}, targets);
-        backward(l);
-        clip_grad_norm(*model, 1.0);
-        opt.step(*model, 1e-4f);
-      };
-      step();  // warm-up
-      auto t = clock_type::now();
-      for (int64_t s = 0; s < tr_steps; ++s) step();
-      const double sec = seconds_since(t) / double(tr_steps);
-      // Useful work: 6 FLOPs per active parameter per token (forward + backward; embedding
-      // lookups excluded, the LM head included) plus causal attention's 6·T·d per token per
-      // attention layer, counted for softmax-attention presets only.
-      double flops = 6.0 * double(model->active_params()) * double(M);
-      if (model->architecture() == "gpt2")
-        flops += 6.0 * double(model->num_layers()) * double(M) * double(tr_seq) * double(model->config_json()["n_embd"].get<int64_t>()) / 2.0 * 2.0;
-      std::printf("%-14s %12s %10.0f %12.1f %14.2f %9.1f%%\n", p.c_str(), with_commas(model->total_params()).c_str(),
-                  double(M) / sec, sec * 1e3, flops / sec / 1e9, 100.0 * flops / sec / peak);
-    }
-    std::printf("\nFLOPs = 6 x active parameters x tokens (+ attention for softmax models); peak = measured sgemm\n");
+    for (std::string p; std::getline(ss, p, ',');) o.presets.push_back(p);
+    o.batch = tr_batch, o.seq_len = tr_seq, o.steps = tr_steps;
+    bench::run_train_bench(o);
   });
 
   auto* dec = bench->add_subcommand(
@@ -174,7 +78,7 @@ void register_bench(CLI::App& app) {
   static double memory_mb = 0, temperature = 0;
   auto* batch_opt = dec->add_option("--batch", batch, "Sequences decoded together, each at the context (tok/s counts all)")
                         ->capture_default_str()
-                        ->check(CLI::Range(int64_t(1), kMaxDecodeBatch));
+                        ->check(CLI::Range(int64_t(1), bench::kMaxDecodeBatch));
   dec->add_option("--memory-mb", memory_mb,
                   "Instead of --batch: a budget for the sequences' memories (KV/latent caches, states, conv tails); "
                   "each model decodes as many sequences as fit at each context (at most 4096), so --versus compares "
@@ -210,157 +114,12 @@ void register_bench(CLI::App& app) {
     apply_cache_dtype(cache_dtype, rt, "bench decode");
     const bool gpu = rt.device == "cuda";
     if (dtype == "bf16" && !gpu) throw error("bench decode", "--dtype bf16 applies to --device cuda");
-    const double bw = gpu ? measure_device_bandwidth() : measure_read_bandwidth(size_t(512) << 20);
-    if (gpu)
-      std::printf("%s; measured device copy: %.0f GB/s (read + write)\n", device::describe(), bw / 1e9);
-    else
-      std::printf("measured read bandwidth: %.2f GB/s (%d threads)\n", bw / 1e9, num_threads());
-    const std::vector<int64_t> ctxs = parse_list(contexts);
-    std::vector<std::string> names = {preset};
-    if (!versus.empty()) names.push_back(versus);
-    std::vector<std::vector<double>> tps(names.size()), roofs(names.size());
-    std::vector<std::vector<int64_t>> batches(names.size());
-    const bool budget = memory_mb > 0;
-    const double budget_bytes = memory_mb * 1048576.0;
-    if (budget) std::printf("memory budget: %s for the sequences' memories; batch = the sequences that fit\n",
-                            human_bytes(budget_bytes).c_str());
-    for (size_t k = 0; k < names.size(); ++k) {
-      auto model = build_model(preset_config(names[k]), names[k]);
-      model->init_random(1);
-      if (gpu) move_to(*model, Device::CUDA, dtype == "bf16" ? DType::BF16 : DType::F32);  // weights and memories
-      // Bytes a decode step of n sequences must read: every weight but the embedding tables (n rows
-      // of them) and the routed experts no sequence picked (expected under uniform routing).
-      double all_weight_bytes = 0, all_params = 0;
-      model->visit([&](const std::string& name, Node& p, ParamKind) {
-        if (name != "wpe.weight") all_weight_bytes += double(p.value.nbytes()), all_params += double(p.value.numel());
-      });
-      const double active = double(model->active_params()), idle1 = model->idle_expert_params(1);
-      auto step_weight_bytes = [&](int64_t n) {
-        return all_weight_bytes * std::min(1.0, (active + idle1 - model->idle_expert_params(n)) / all_params);
-      };
-      const double weight_bytes = step_weight_bytes(1);
-      double per_token = 0, fixed = 0;
-      for (const auto& lm : model->memory_layers()) {
-        per_token += lm.spec.per_token_bytes;
-        fixed += lm.spec.fixed_bytes;
-      }
-      std::printf("\n%s: %s params, %s of weights read for one token; memory %s/context token + %s fixed\n", names[k].c_str(),
-                  with_commas(model->total_params()).c_str(), human_bytes(weight_bytes).c_str(),
-                  human_bytes(per_token).c_str(), human_bytes(fixed).c_str());
-      std::printf("%8s %7s %12s %14s %12s %10s\n", "context", "batch", "tok/s", "roofline tok/s", "of roofline", "ms/step");
-      for (int64_t c : ctxs) {
-        // Three warm-up steps (the allocator's cache, GEMM plans and clocks settle), then the timed
-        // ones, then the profiled ones.
-        constexpr int64_t kWarmup = 3;
-        const int64_t all_steps = kWarmup - 1 + (profile_steps || profile_host ? 2 * steps : steps);
-        // A sequence's memories once the run has decoded all its steps.
-        const double seq_bytes = fixed + per_token * double(c + all_steps);
-        const int64_t nb =
-            budget ? std::min<int64_t>(kMaxDecodeBatch, int64_t(std::floor(budget_bytes / seq_bytes))) : batch;
-        batches[k].push_back(nb);
-        if (c + all_steps > model->max_positions() || nb < 1) {
-          if (c + all_steps > model->max_positions())
-            std::printf("%8lld %7s %12s   (beyond the model's %lld positions)\n", (long long)c, "-", "-",
-                        (long long)model->max_positions());
-          else
-            std::printf("%8lld %7s %12s   (one sequence needs %s, over the budget)\n", (long long)c, "0", "-",
-                        human_bytes(seq_bytes).c_str());
-          tps[k].push_back(0);
-          roofs[k].push_back(0);
-          continue;
-        }
-        // The context is filled with zero tokens (the memories allocate and read exactly what a
-        // real prefill leaves behind), then `steps` tokens are decoded.
-        std::vector<Context> cx;
-        std::vector<Context*> cp;
-        for (int64_t b = 0; b < nb; ++b) {
-          cx.push_back(model->new_context(c + all_steps));
-          for (auto& m : cx.back().layers) m->extend_zeros(c);
-          cx.back().position = c;
-        }
-        for (auto& x : cx) cp.push_back(&x);
-        // Greedy decoding: each step's tokens are the last step's picks (on the device, only the
-        // ids come back). With --temperature, the last position's logits come back and each
-        // sequence's own sampler draws from them.
-        std::vector<int64_t> next(static_cast<size_t>(nb), 1), fed(next);
-        const bool sampled = temperature > 0;
-        const int64_t V = model->vocab_size();
-        std::vector<float> logits(static_cast<size_t>(sampled ? nb * V : 0));
-        const device::HostPin pin = gpu ? device::HostPin(logits.data(), logits.size() * sizeof(float)) : device::HostPin();
-        std::vector<Sampler> samplers;
-        for (int64_t b = 0; sampled && b < nb; ++b) {
-          SamplingOptions so;
-          so.temperature = float(temperature), so.seed = uint64_t(b + 1);
-          samplers.emplace_back(so);
-        }
-        Decoder decoder(*model, cp, !no_graph, sampled ? Decoder::Output::Logits : Decoder::Output::Picks);
-        const std::vector<int64_t> no_history;
-        auto step = [&] {
-          fed.swap(next);
-          if (!sampled) return decoder.step(fed.data(), next.data());
-          decoder.step(fed.data(), logits.data());
-          parallel_for(nb, 1, [&](int64_t b0, int64_t b1) {  // on the thread pool, as serve draws
-            for (int64_t b = b0; b < b1; ++b)
-              next[size_t(b)] = samplers[size_t(b)].sample(logits.data() + b * V, V, no_history);
-          });
-        };
-        for (int64_t s = 0; s < kWarmup; ++s) step();
-        if (sampled && c == ctxs.front())
-          std::printf("  (tokens sampled at temperature %g: the step brings back %lld x %lld logits)\n", temperature,
-                      (long long)nb, (long long)V);
-        if (gpu && !no_graph && c == ctxs.front())
-          std::printf("%s\n", decoder.replaying() ? "  (each step replayed as one CUDA graph; --no-graph queues them)"
-                                                   : ("  (no CUDA graph: " + decoder.refusal() + ")").c_str());
-        auto t = clock_type::now();
-        for (int64_t s = 1; s < steps; ++s) step();
-        const double sec = seconds_since(t) / double(steps - 1);  // logits come back each step: synchronised
-        // State read + written, KV read, per sequence; tokens per second over the batch.
-        const double roof = double(nb) * bw / (step_weight_bytes(nb) + double(nb) * (fixed * 2 + per_token * double(c)));
-        const double tok_s = double(nb) / sec;
-        tps[k].push_back(tok_s);
-        roofs[k].push_back(roof);
-        std::printf("%8lld %7lld %12.1f %14.1f %11.0f%% %10.2f\n", (long long)c, (long long)nb, tok_s, roof, 100.0 * tok_s / roof, sec * 1e3);
-        if (profile_steps || profile_host) {
-          const bool drain = gpu && !profile_host;
-          profile::reset();
-          profile::enable(drain);
-          auto t2 = clock_type::now();
-          for (int64_t s = 0; s < steps; ++s) {  // scope by scope: queued from the host, not replayed
-            profile::Scope one("step");
-            fed.swap(next);
-            model->greedy(TokenBatch{fed.data(), nb, 1, cp.data()}, next.data());
-          }
-          const double wall = seconds_since(t2);
-          profile::disable();
-          std::printf("\n  where a step goes at context %lld (%lld profiled steps, %.2f ms/step with %s):\n", (long long)c,
-                      (long long)steps, 1e3 * wall / double(steps),
-                      drain ? "the device drained at every scope boundary"
-                      : gpu ? "host time to queue each scope's work" : "host timing");
-          std::string table = profile::format_table(double(steps), wall);
-          for (size_t at = 0; at < table.size();) {  // indent the table under its row
-            const size_t nl = table.find('\n', at);
-            std::printf("  %s\n", table.substr(at, nl - at).c_str());
-            at = nl == std::string::npos ? table.size() : nl + 1;
-          }
-          std::printf("\n");
-        }
-      }
-    }
-    if (names.size() == 2) {
-      // The roofline ratio bounds the speed-up: both models read their weights and memories at the
-      // same rate, so no kernel work moves the measured ratio past it. Under a memory budget each
-      // model runs the batch that fits, and the ratio counts that too.
-      std::printf("\n%8s %16s %14s %18s\n", "context", budget ? "batches" : "batch",
-                  ("speed-up " + names[1] + " / " + names[0]).c_str(), "roofline ratio");
-      for (size_t i = 0; i < ctxs.size(); ++i)
-        if (tps[0][i] > 0 && tps[1][i] > 0) {
-          const std::string b = std::to_string(batches[0][i]) + (budget ? " / " + std::to_string(batches[1][i]) : "");
-          std::printf("%8lld %16s %13.2fx %17.2fx\n", (long long)ctxs[i], b.c_str(), tps[1][i] / tps[0][i],
-                      roofs[1][i] / roofs[0][i]);
-        }
-    }
-    std::printf("\nroofline = %s / (weight bytes the step reads, routed experts as uniform routing picks them, + state bytes read and written + KV bytes at the context)\n",
-                gpu ? "device copy rate" : "read bandwidth");
+    bench::DecodeBenchOptions o;
+    o.preset = preset, o.versus = versus, o.contexts = parse_list(contexts);
+    o.steps = steps, o.batch = batch, o.memory_mb = memory_mb, o.temperature = temperature;
+    o.gpu = gpu, o.bf16_weights = dtype == "bf16";
+    o.profile = profile_steps, o.profile_host = profile_host, o.no_graph = no_graph;
+    bench::run_decode_bench(o);
   });
 }
 

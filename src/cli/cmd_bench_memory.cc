@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "cli/commands.h"
-#include "cli/format.h"
+#include "core/format.h"
 #include "mixers/linear/delta_layer.h"
 #include "mixers/mla/mla.h"
 #include "models/registry.h"

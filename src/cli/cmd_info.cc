@@ -5,7 +5,7 @@
 #include <map>
 
 #include "cli/commands.h"
-#include "cli/format.h"
+#include "core/format.h"
 #include "models/registry.h"
 
 namespace k3::cli {

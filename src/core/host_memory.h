@@ -14,7 +14,5 @@ namespace k3 {
 std::optional<size_t> host_available_bytes();
 // Parses /proc/meminfo text: MemAvailable in bytes.
 std::optional<size_t> mem_available_from(const std::string& meminfo);
-// 1536 -> "1.50 KiB"; 17 -> "17 B"
-std::string human_bytes(double bytes);
 
 }  // namespace k3

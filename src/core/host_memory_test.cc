@@ -1,5 +1,7 @@
 #include "core/host_memory.h"
 
+#include "core/format.h"
+
 #include <gtest/gtest.h>
 
 namespace k3 {

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/device.h"
+#include "core/format.h"
 #include "core/host_memory.h"
 #include "core/parallel.h"
 #include "core/profile.h"

@@ -1,8 +1,8 @@
-#include "cli/format.h"
+#include "core/format.h"
 
 #include <cstdio>
 
-namespace k3::cli {
+namespace k3 {
 
 std::string with_commas(int64_t n) {
   std::string s = std::to_string(n < 0 ? -n : n), out;
@@ -11,6 +11,15 @@ std::string with_commas(int64_t n) {
     out += s[i];
   }
   return n < 0 ? "-" + out : out;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
 }
 
 std::string human_count(double n) {
@@ -31,4 +40,4 @@ std::string context_label(int64_t t) {
   return std::to_string(t);
 }
 
-}  // namespace k3::cli
+}  // namespace k3
