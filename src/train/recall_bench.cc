@@ -251,6 +251,8 @@ int64_t default_recall_steps(RecallTask t) {
     case RecallTask::Mqar: return 1500;
     case RecallTask::Palindrome: return 1500;
     case RecallTask::Stack: return 1500;
+    case RecallTask::Overwrite: return 1500;
+    case RecallTask::Capacity: return 1500;
   }
   return 1500;
 }

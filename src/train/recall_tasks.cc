@@ -102,13 +102,52 @@ void stack(const RecallTaskOptions& o, Rng& rng, int64_t* ids, int64_t* tgt) {
   }
 }
 
+// A stream of 2-token units `k v` over keys [1, V/2) and values [V/2, V). Once a key is bound, each
+// unit is a query with probability 1/2: the key of an earlier write and, fed back after it is
+// predicted, its latest value (the scored position is the key). Otherwise it is a write of a fresh
+// random value. Overwrite: writes draw from `pairs` keys, so a key is rebound many times and only
+// its latest value counts (stale bindings must be cleared). Capacity: every write takes a key not
+// used before in the example (while any are left), so far more pairs are written than a small
+// state holds, and a query asks one of the `pairs` most recently written keys.
+void key_stream(const RecallTaskOptions& o, Rng& rng, int64_t* ids, int64_t* tgt) {
+  const int64_t units = o.seq_len / 2, half = o.vocab / 2, n_keys = half - 1;
+  const bool overwrite = o.task == RecallTask::Overwrite;
+  std::vector<int64_t> latest(static_cast<size_t>(half), -1);  // key -> its latest value
+  std::vector<int64_t> recent;                                // keys, most recently written last
+  std::vector<int64_t> fresh = distinct(rng, 1, half, overwrite ? o.pairs : n_keys);
+  size_t next_fresh = 0;
+  for (int64_t u = 0; u < units; ++u) {
+    int64_t* p = ids + 2 * u;
+    if (!recent.empty() && rng.uniform() < 0.5f) {
+      const int64_t window = overwrite ? int64_t(recent.size()) : std::min<int64_t>(o.pairs, int64_t(recent.size()));
+      const int64_t k = recent[recent.size() - 1 - size_t(rng.below(uint64_t(window)))];
+      p[0] = k;
+      p[1] = latest[size_t(k)];
+      tgt[2 * u] = latest[size_t(k)];
+      continue;
+    }
+    int64_t k;
+    if (overwrite) k = fresh[size_t(rng.below(fresh.size()))];
+    else k = next_fresh < fresh.size() ? fresh[next_fresh++] : 1 + int64_t(rng.below(uint64_t(n_keys)));
+    const int64_t v = half + int64_t(rng.below(uint64_t(o.vocab - half)));
+    latest[size_t(k)] = v;
+    const auto it = std::find(recent.begin(), recent.end(), k);
+    if (it != recent.end()) recent.erase(it);
+    recent.push_back(k);
+    p[0] = k;
+    p[1] = v;
+  }
+}
+
 }  // namespace
 
 RecallTask parse_recall_task(const std::string& name) {
   if (name == "mqar") return RecallTask::Mqar;
   if (name == "palindrome") return RecallTask::Palindrome;
   if (name == "stack") return RecallTask::Stack;
-  throw error("recall", "unknown task '", name, "' (mqar, palindrome, stack)");
+  if (name == "overwrite") return RecallTask::Overwrite;
+  if (name == "capacity") return RecallTask::Capacity;
+  throw error("recall", "unknown task '", name, "' (mqar, palindrome, stack, overwrite, capacity)");
 }
 
 std::string recall_task_name(RecallTask t) {
@@ -116,6 +155,8 @@ std::string recall_task_name(RecallTask t) {
     case RecallTask::Mqar: return "mqar";
     case RecallTask::Palindrome: return "palindrome";
     case RecallTask::Stack: return "stack";
+    case RecallTask::Overwrite: return "overwrite";
+    case RecallTask::Capacity: return "capacity";
   }
   return "?";
 }
@@ -125,6 +166,8 @@ int64_t default_pairs(RecallTask t, int64_t seq_len) {
     case RecallTask::Mqar: return std::max<int64_t>(1, seq_len / 8);
     case RecallTask::Palindrome: return std::max<int64_t>(1, (seq_len - 1) / 2);
     case RecallTask::Stack: return 64;
+    case RecallTask::Overwrite: return 8;
+    case RecallTask::Capacity: return std::max<int64_t>(1, seq_len / 8);
   }
   return 1;
 }
@@ -151,6 +194,12 @@ RecallTaskOptions resolved(RecallTaskOptions o) {
         throw error("recall", "stack: vocab ", V, " leaves fewer than 2 values beside ", P, " stack ids");
       if (T < 6) throw error("recall", "stack: seq-len must be at least 6");
       break;
+    case RecallTask::Overwrite:
+    case RecallTask::Capacity:
+      if (V < 6) throw error("recall", recall_task_name(o.task), ": vocab must be at least 6");
+      if (o.task == RecallTask::Overwrite && P > V / 2 - 1)
+        throw error("recall", "overwrite: vocab ", V, " has ", V / 2 - 1, " keys, fewer than ", P);
+      break;
   }
   return o;
 }
@@ -167,6 +216,8 @@ void make_recall_example(const RecallTaskOptions& o, uint64_t seed, uint64_t ind
     case RecallTask::Mqar: mqar(o, rng, ids, targets); break;
     case RecallTask::Palindrome: palindrome(o, rng, ids, targets); break;
     case RecallTask::Stack: stack(o, rng, ids, targets); break;
+    case RecallTask::Overwrite:
+    case RecallTask::Capacity: key_stream(o, rng, ids, targets); break;
   }
 }
 

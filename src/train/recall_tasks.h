@@ -1,4 +1,5 @@
-// Synthetic recall tasks (Zoology's MQAR; Kimi Linear's Palindrome and Stack): deterministic
+// Synthetic recall tasks (Zoology's MQAR; Kimi Linear's Palindrome and Stack; associative recall
+// with key overwrites and under capacity pressure, where forgetting pays): deterministic
 // generators of token sequences with per-position targets (-1 where nothing is asked). The
 // layouts, vocabularies and defaults are documented in recall_tasks.md.
 #pragma once
@@ -9,7 +10,7 @@
 
 namespace k3 {
 
-enum class RecallTask : uint8_t { Mqar, Palindrome, Stack };
+enum class RecallTask : uint8_t { Mqar, Palindrome, Stack, Overwrite, Capacity };
 
 RecallTask parse_recall_task(const std::string& name);  // k3::Error on an unknown name
 std::string recall_task_name(RecallTask t);
@@ -17,15 +18,16 @@ std::string recall_task_name(RecallTask t);
 struct RecallTaskOptions {
   RecallTask task = RecallTask::Mqar;
   int64_t seq_len = 128;
-  // MQAR: key-value pairs; Palindrome: tokens to reverse; Stack: number of stacks.
-  // 0 = the task's default for seq_len (default_pairs).
+  // MQAR: key-value pairs; Palindrome: tokens to reverse; Stack: number of stacks; Overwrite:
+  // distinct keys, rebound again and again; Capacity: how many of the latest writes a query may
+  // ask about. 0 = the task's default for seq_len (default_pairs).
   int64_t pairs = 0;
   int64_t vocab = 0;          // 0 = the task's default (default_vocab)
   double power_a = 0.01;      // MQAR: query placement p(gap g) ∝ (g+1)^(a-1) (Zoology)
 };
 
 // Task tokens. MQAR: 0 = filler (non-query positions, Zoology's random_non_queries = False),
-// keys [1, V/2), values [V/2, V). Palindrome: 0 = pad, 1 = <sep>, content [2, V). Stack: 0 = pad,
+// keys [1, V/2), values [V/2, V); Overwrite and Capacity use the same key and value ranges. Palindrome: 0 = pad, 1 = <sep>, content [2, V). Stack: 0 = pad,
 // 1 = <push>, 2 = <pop>, stack ids [3, 3+S), values [3+S, V).
 namespace recall_tokens {
 constexpr int64_t kFiller = 0, kPad = 0, kSep = 1, kPush = 1, kPop = 2, kStackIdBase = 3;

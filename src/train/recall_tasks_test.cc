@@ -167,6 +167,85 @@ TEST(RecallTasks, StackWellFormed) {
   EXPECT_GT(deep, 0);  // some pops have to skip over a more recent push to another stack
 }
 
+// Overwrite and Capacity, replayed independently: a unit whose key position is scored is a query,
+// whose target (and fed-back value) is the latest value written for that key; any other unit is a
+// write. Overwrite rebinds few keys over and over; Capacity writes fresh keys and asks recent ones.
+TEST(RecallTasks, KeyStreamsWellFormed) {
+  for (const RecallTask task : {RecallTask::Overwrite, RecallTask::Capacity}) {
+    SCOPED_TRACE(recall_task_name(task));
+    const RecallTaskOptions o = opts(task, 128);
+    const int64_t T = o.seq_len, half = o.vocab / 2;
+    RecallBatch b = make_recall_batch(o, 5, 0, 40);
+    int64_t queries = 0, rebinds = 0, stale = 0, writes = 0, far = 0;
+    for (int64_t e = 0; e < b.B; ++e) {
+      const int64_t* x = b.ids.data() + e * T;
+      const int64_t* y = b.targets.data() + e * T;
+      std::map<int64_t, int64_t> latest;
+      std::vector<int64_t> order;  // keys by last write, most recent last
+      std::set<int64_t> keys;
+      for (int64_t u = 0; u < T / 2; ++u) {
+        const int64_t k = x[2 * u], v = x[2 * u + 1];
+        ASSERT_GE(k, 1);
+        ASSERT_LT(k, half);
+        ASSERT_GE(v, half);
+        ASSERT_LT(v, o.vocab);
+        ASSERT_EQ(y[2 * u + 1], -1);
+        if (y[2 * u] >= 0) {
+          ++queries;
+          ASSERT_TRUE(latest.count(k)) << "a query of a key never written";
+          ASSERT_EQ(y[2 * u], latest[k]);
+          ASSERT_EQ(v, latest[k]);
+          const auto pos = std::find(order.begin(), order.end(), k);
+          const int64_t age = int64_t(order.end() - pos) - 1;  // distinct keys written since
+          if (task == RecallTask::Capacity) {
+            ASSERT_LT(age, o.pairs);
+          }
+          far += age > 0;
+        } else {
+          ++writes;
+          if (latest.count(k)) {
+            ++rebinds;
+            stale += latest[k] != v;
+            order.erase(std::find(order.begin(), order.end(), k));
+          }
+          latest[k] = v;
+          order.push_back(k);
+          keys.insert(k);
+        }
+      }
+      if (task == RecallTask::Overwrite) {
+        ASSERT_LE(int64_t(keys.size()), o.pairs);
+      }
+    }
+    EXPECT_EQ(b.answers(), queries);
+    EXPECT_GT(queries, 40 * 16);  // about half the units
+    EXPECT_GT(far, queries / 2);  // most queries skip over later writes of other keys
+    if (task == RecallTask::Overwrite) {
+      EXPECT_GT(rebinds, writes / 2);  // 8 keys: most writes rebind one
+      EXPECT_GT(stale, rebinds * 9 / 10);
+    } else {
+      EXPECT_EQ(rebinds, 0);  // 127 keys, 64 units: every write takes a fresh key
+    }
+  }
+  EXPECT_EQ(parse_recall_task("overwrite"), RecallTask::Overwrite);
+  EXPECT_EQ(parse_recall_task("capacity"), RecallTask::Capacity);
+}
+
+// CPU smoke setting: DeltaNet learns the overwrite task well past chance in a few hundred steps.
+TEST(RecallBench, OverwriteSmokeBeatsChance) {
+  RecallBenchOptions o;
+  o.task = opts(RecallTask::Overwrite, 32, 4);
+  o.task.vocab = 32;  // 16 values: chance 1/16
+  o.mixer = "deltanet";
+  o.d_model = 16;
+  o.steps = 150;
+  o.batch = 8;
+  o.test_examples = 64;
+  o.quiet = true;
+  const RecallResult r = run_recall_bench(o);
+  EXPECT_GT(r.accuracy, 3.0 / 16) << "chance is 1/16";  // 0.33 when written
+}
+
 TEST(RecallBench, StateElements) {
   // layers x heads x dk x dv for the recurrent mixers; K and V of every token for attention.
   EXPECT_EQ(recall_state_elements(recall_model_config("deltanet", 64, 32, 16), 32), 2 * 2 * 8 * 8);
