@@ -18,6 +18,7 @@ PY
 expect_error "logits on T = 0" "holds no tokens" "$k3" logits --model "$fixture" --input "$dir/empty.safetensors" --output "$dir/o.safetensors"
 expect_error "serve --timeout 1e10" "--timeout" "$k3" serve --model "$fixture" --timeout 1e10
 expect_error "serve --http-threads 5000" "--http-threads" "$k3" serve --model "$fixture" --http-threads 5000
+expect_error "serve --max-step-tokens 4 --max-batch 8" "--max-step-tokens" "$k3" serve --model "$fixture" --max-step-tokens 4 --max-batch 8
 mkdir -p "$dir/m"
 python3 - "$fixture/config.json" "$dir/m/config.json" <<'PY'
 import json, sys

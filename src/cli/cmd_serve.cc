@@ -23,6 +23,12 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--page-tokens", o.page_tokens, "Tokens per page of KV / latent cache taken from the budget")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--cache-mb", o.cache_mb, "Prefix-cache budget (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--cache-block", o.cache_block, "Snapshot the context every this many prompt tokens (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-step-tokens", o.max_step_tokens,
+                  "Tokens one scheduler step computes: the running sequences' decode rows first, then chunks of new "
+                  "prompts fill the rest, so a long prompt does not stall the streams (0: prefill each prompt whole; "
+                  "else more than --max-batch)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-queue", o.max_queue, "Requests allowed to wait; more get 503")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--timeout", o.timeout_s, "Default and maximum per-request time limit, seconds (at most a week)")
       ->capture_default_str()
@@ -51,6 +57,9 @@ void register_serve(CLI::App& app) {
   add_cache_dtype_option(cmd, cache_dtype);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
+    if (o.max_step_tokens > 0 && o.max_step_tokens <= o.max_batch)
+      throw error("serve", "--max-step-tokens ", o.max_step_tokens, " must exceed --max-batch ", o.max_batch,
+                  " (the decode rows come first, the prompts' chunks after them), or be 0");
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     apply_cache_dtype(cache_dtype, rt, "serve");
     auto model = load_model(o.model_dir);

@@ -562,6 +562,98 @@ TEST_P(ServeScheduler, PreemptionKeepsOutputsEqualGenerate) {
   EXPECT_EQ(m.finished[size_t(Finish::Length)], 3);
 }
 
+// Chunked prefill (a step budget): at several budgets, with prompts shorter and longer than the
+// budget and the cache block, with a shared prefix that hits the cache, and under a memory budget
+// that forces preemption, outputs equal generate() (greedy, and sampled for short prompts).
+TEST_P(ServeScheduler, ChunkedPrefillKeepsOutputsEqualGenerate) {
+  const std::vector<int64_t> shared = prompt(31, 40);
+  std::vector<GenParams> ps;
+  for (int i = 0; i < 6; ++i) {
+    GenParams g;
+    g.prompt = i < 4 ? prompt(200 + uint64_t(i), size_t(5 + 21 * i)) : shared;  // 5, 26, 47, 68 tokens
+    if (i >= 4) g.prompt.push_back(3 + i);
+    g.max_tokens = 20 + 4 * i;  // decoding crosses page boundaries
+    g.sampling.temperature = i == 0 ? 0.8f : 0.0f;
+    g.sampling.seed = uint64_t(i);
+    ps.push_back(g);
+  }
+  std::vector<std::vector<int64_t>> want;
+  for (auto& g : ps) want.push_back(reference(g));
+  MemoryManager pages(model_->memory_layers(), 0, 16);
+  for (const int64_t budget : {int64_t(9), int64_t(17), int64_t(64)}) {
+    for (const bool tight : {false, true}) {
+      SCOPED_TRACE("max_step_tokens " + std::to_string(budget) + (tight ? ", tight memory" : ""));
+      SchedulerOptions so;
+      so.max_batch = 4;
+      so.context = 128;
+      so.cache_block = 16;
+      so.page_tokens = 16;
+      so.max_step_tokens = budget;
+      // Tight: the fixed memories of two sequences and 8 pages, for sequences of up to 7 pages
+      // each, so two running together run out of pages.
+      if (tight) so.memory_budget = 2 * pages.fixed_set_bytes() + 8 * pages.page_set_bytes();
+      Scheduler s(*model_, so);
+      std::vector<std::shared_ptr<Job>> jobs;
+      for (size_t i = 0; i + 1 < ps.size(); ++i) jobs.push_back(s.submit(ps[i]));
+      // The last request shares request 4's prefix: it comes once 4 has prefilled (snapshots taken).
+      std::vector<std::vector<int64_t>> got(ps.size());
+      for (int k = 0; k < 3000 && got[4].empty() && !jobs[4]->poll(got[4], std::chrono::milliseconds(10));) ++k;
+      jobs.push_back(s.submit(ps.back()));
+      for (size_t i = 0; i < ps.size(); ++i) {
+        auto rest = drain(*jobs[i]);
+        got[i].insert(got[i].end(), rest.begin(), rest.end());
+        EXPECT_EQ(got[i], want[i]) << "request " << i;
+        EXPECT_EQ(jobs[i]->finish(), Finish::Length);
+      }
+      const auto m = s.metrics();
+      EXPECT_EQ(m.memory.used, 0u);
+      EXPECT_EQ(m.prefilling, 0);
+      EXPECT_GE(m.cache.hits, 1);  // the second request on the shared prefix
+      if (tight && pages.page_set_bytes() > 0) {
+        EXPECT_GT(m.preemptions, 0);
+      }
+    }
+  }
+  SchedulerOptions bad;
+  bad.max_batch = 8;
+  bad.max_step_tokens = 8;
+  EXPECT_THROW(Scheduler(*model_, bad), Error);
+}
+
+// A long prompt is prefilled chunk by chunk while a running stream keeps decoding: the stream gets
+// decode steps between the chunks, so it finishes before the long prompt's first token.
+TEST_P(ServeScheduler, ChunkedPrefillLetsRunningStreamsDecode) {
+  SchedulerOptions so;
+  so.max_batch = 2;
+  so.context = 256;
+  so.cache_block = 0;
+  so.max_step_tokens = 8;
+  Scheduler s(*model_, so);
+  GenParams running, big;
+  running.prompt = prompt(41, 3);
+  running.max_tokens = 20;
+  running.sampling.temperature = 0;
+  big.prompt = prompt(42, 200);  // 200 tokens: at 7 a step, ~29 steps of prefill
+  big.max_tokens = 2;
+  big.sampling.temperature = 0;
+  const auto want_running = reference(running), want_big = reference(big);
+  auto jr = s.submit(running);
+  std::vector<int64_t> first;
+  for (int i = 0; i < 200 && first.empty(); ++i) jr->poll(first, std::chrono::milliseconds(10));
+  ASSERT_FALSE(first.empty());  // the stream is decoding
+  auto jb = s.submit(big);
+  auto rest = drain(*jr);
+  first.insert(first.end(), rest.begin(), rest.end());
+  EXPECT_EQ(first, want_running);
+  // The stream ended (20 tokens, one per step) while the big prompt still had chunks to go.
+  std::vector<int64_t> big_now;
+  jb->poll(big_now, std::chrono::milliseconds(0));
+  EXPECT_TRUE(big_now.empty()) << "the long prompt's first token came before the stream ended";
+  auto big_all = drain(*jb);
+  big_now.insert(big_now.end(), big_all.begin(), big_all.end());
+  EXPECT_EQ(big_now, want_big);
+}
+
 // Logprobs of new and prompt tokens equal the log-softmax of Model::logits over the whole
 // sequence, computed here in double; asking for them leaves the sampled tokens unchanged.
 TEST_P(ServeScheduler, LogprobsEqualLogSoftmaxOfTheModelsLogits) {

@@ -149,6 +149,7 @@ class Server {
     so.max_queue = o.max_queue;
     so.cache_block = o.cache_block;
     so.cache_budget = size_t(o.cache_mb * 1048576.0);
+    so.max_step_tokens = o.max_step_tokens;
     sched_ = std::make_unique<serve::Scheduler>(*model_, so);
   }
 
@@ -490,6 +491,8 @@ class Server {
           m.tokens_per_second);
     value("k3_queue_depth", "gauge", "Requests waiting for admission", m.queue_depth);
     value("k3_active_sequences", "gauge", "Sequences in the running batch", m.active);
+    value("k3_prefilling_sequences", "gauge", "Admitted sequences whose prompt is still being prefilled (in chunks)",
+          m.prefilling);
     value("k3_decode_steps_total", "counter", "Batched decode steps", m.decode_steps);
     value("k3_decode_batch_rows_total", "counter", "Sequences summed over decode steps (rows / steps = mean batch)",
           m.decode_rows);

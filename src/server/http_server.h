@@ -15,6 +15,7 @@ struct ServeOptions {
   std::string model_dir, host = "127.0.0.1", served_name, chat_template_file;
   int port = 8080;
   int64_t max_batch = 8, ctx = 0, max_queue = 256, cache_block = 64, page_tokens = 16;
+  int64_t max_step_tokens = 512;  // decode rows + prompt chunks per scheduler step (0: whole prompts)
   double memory_mb = 1024, cache_mb = 256, timeout_s = 600;
   int http_threads = 0;
   double header_timeout_s = 10, body_timeout_s = 30;  // a request's head, then its body, must arrive in these

@@ -106,6 +106,9 @@ Scheduler::Scheduler(const Model& model, SchedulerOptions opts)
       mm_(model.memory_layers(), opts.memory_budget, opts.page_tokens) {
   if (o_.max_batch < 1) throw error("serve", "max_batch must be >= 1");
   if (o_.context < 2) throw error("serve", "the context must be >= 2 tokens");
+  if (o_.max_step_tokens > 0 && o_.max_step_tokens <= o_.max_batch)
+    throw error("serve", "max_step_tokens (", o_.max_step_tokens, ") must exceed max_batch (", o_.max_batch,
+                "): the decode rows come first and the prompts need room after them");
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -176,12 +179,12 @@ void Scheduler::count_tokens(int64_t n) {
   while (!recent_.empty() && now - recent_.front().first > std::chrono::seconds(10)) recent_.pop_front();
 }
 
-void Scheduler::prefill(Job& j) {
+void Scheduler::start_prefill(Job& j) {
   const std::vector<int64_t>& p = j.params_.prompt;
   const int64_t n = int64_t(p.size());
-  const bool resume = !j.history_.empty();  // preempted: rebuild its context
+  j.resuming_ = !j.history_.empty();  // preempted: rebuild its context
   const bool score = j.params_.prompt_logprobs;  // every prompt position's logits are needed
-  if (!resume) {
+  if (!j.resuming_) {
     j.sampler_ = std::make_unique<Sampler>(j.params_.sampling);
     j.history_ = p;
     if (j.params_.max_tokens == 0 && !score) {
@@ -191,10 +194,21 @@ void Scheduler::prefill(Job& j) {
   }
   // Resume from the deepest cached snapshot that leaves at least one token to run (a scored
   // prompt runs whole: a snapshot has no logits).
-  int64_t pos = cache_.enabled() && !score ? cache_.lookup(p, n - 1, &j.ctx_) : 0;
+  const int64_t pos = cache_.enabled() && !score ? cache_.lookup(p, n - 1, &j.ctx_) : 0;
   if (pos == 0) j.ctx_ = model_.new_context(o_.context);
-  if (!resume) j.cached_tokens_ = pos;
+  if (!j.resuming_) j.cached_tokens_ = pos;
+  j.prefill_pos_ = pos;
+  j.replay_pos_ = size_t(n);
+  j.prefilling_ = true;
+}
+
+int64_t Scheduler::advance_prefill(Job& j, int64_t budget) {
+  const std::vector<int64_t>& p = j.params_.prompt;
+  const int64_t n = int64_t(p.size());
+  const bool resume = j.resuming_, score = j.params_.prompt_logprobs;
+  int64_t used = 0;
   auto computed = [&](int64_t tokens) {
+    used += tokens;
     std::lock_guard<std::mutex> lock(mu_);
     (resume ? m_.recomputed_tokens : m_.prefill_tokens) += tokens;
   };
@@ -203,10 +217,13 @@ void Scheduler::prefill(Job& j) {
   std::vector<float> logits(static_cast<size_t>(V_ * (score ? kScoreChunk : 1)));
   float* last = logits.data();  // the logits after the prompt's last token
   const int64_t blk = cache_.enabled() ? cache_.block() : 0;
-  while (pos < n) {
-    // Stop at the next block boundary (to snapshot there) or at the end of the prompt.
-    int64_t end = n;
-    if (blk > 0 && (pos / blk + 1) * blk <= n) end = (pos / blk + 1) * blk;
+  int64_t& pos = j.prefill_pos_;
+  while (pos < n && used < budget) {
+    // Stop at the next block boundary (to snapshot there), at the end of the budget, or at the
+    // end of the prompt.
+    const int64_t room = budget - used;
+    int64_t end = room >= n - pos ? n : pos + room;
+    if (blk > 0 && (pos / blk + 1) * blk <= end) end = (pos / blk + 1) * blk;
     if (score) end = std::min(end, pos + kScoreChunk);
     const int64_t T = end - pos;
     model_.forward(p.data() + pos, T, &j.ctx_, logits.data(), score ? Logits::All : Logits::Last);
@@ -221,21 +238,25 @@ void Scheduler::prefill(Job& j) {
     computed(T);
     pos = end;
     if (blk > 0 && pos % blk == 0) cache_.insert(p, pos, j.ctx_);
-    if (pos < n && check_stop(j)) return;
+    if (pos < n && check_stop(j)) return used;
   }
+  if (pos < n) return used;  // the budget ran out: more next iteration
   if (resume) {
     // Replay the generated tokens as the decode steps that first absorbed them (one token each),
     // all but the last, which the next decode step feeds. The sampler already drew them all.
-    for (size_t t = size_t(n); t + 1 < j.history_.size(); ++t) {
-      if (check_stop(j)) return;
+    for (size_t& t = j.replay_pos_; t + 1 < j.history_.size() && used < budget; ++t) {
+      if (check_stop(j)) return used;
       model_.forward(&j.history_[t], 1, &j.ctx_, logits.data(), Logits::Last);
       computed(1);
     }
-    return;
+    if (j.replay_pos_ + 1 < j.history_.size()) return used;
+    j.prefilling_ = false;
+    return used;
   }
+  j.prefilling_ = false;
   if (j.params_.max_tokens == 0) {  // only the prompt was to be scored
     retire(j, Finish::Length);
-    return;
+    return used;
   }
   j.ttft_s_ = std::chrono::duration<double>(clock::now() - j.submitted_).count();
   {
@@ -245,6 +266,7 @@ void Scheduler::prefill(Job& j) {
   }
   count_tokens(1);
   sample(j, last);
+  return used;
 }
 
 std::pair<int64_t, TokenLogprob> Scheduler::draw(Job& j, float* logits) const {
@@ -355,7 +377,7 @@ void Scheduler::loop() {
     std::vector<std::shared_ptr<Job>> admitted;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || !active.empty(); });
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || !active.empty() || !prefilling_.empty(); });
       if (stop_) break;
       // Drop queued requests that were cancelled or ran out of time while waiting.
       for (auto it = queue_.begin(); it != queue_.end();) {
@@ -371,7 +393,7 @@ void Scheduler::loop() {
       }
       // Admission: batch slots and the memory budget (a lone request is always admitted: it
       // fitted the budget at submit).
-      while (!queue_.empty() && int64_t(active.size() + admitted.size()) < o_.max_batch) {
+      while (!queue_.empty() && int64_t(active.size() + prefilling_.size() + admitted.size()) < o_.max_batch) {
         auto& j = queue_.front();
         // A new sequence takes the pages of its prompt. A preempted one comes back only with the
         // pages of its whole run, so it is never preempted twice (no thrashing: each replay of a
@@ -382,18 +404,38 @@ void Scheduler::loop() {
         queue_.pop_front();
       }
     }
-    for (auto& j : admitted) {
+    // A prefill that fails fails its request only; the server and the other requests carry on.
+    auto guarded = [&](Job& j, auto&& f) {
       try {
-        prefill(*j);
+        f();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "k3 serve: request failed in prefill: %s\n", e.what());
-        retire(*j, Finish::Error, e.what());
+        retire(j, Finish::Error, e.what());
       }
-      if (j->finish() == Finish::None) active.push_back(j);
+    };
+    for (auto& j : admitted) {
+      guarded(*j, [&] { start_prefill(*j); });
+      if (j->finish() == Finish::None) prefilling_.push_back(j);
     }
+    // The prompts being prefilled: whole at once without a step budget (before this step's decode,
+    // which they join), else in chunks after it. Done ones join the decoding batch.
+    auto prefill_within = [&](int64_t budget) {
+      for (auto& j : prefilling_)
+        if (j->finish() == Finish::None) check_stop(*j);
+      for (auto& j : prefilling_) {
+        if (budget <= 0) break;
+        if (j->finish() != Finish::None) continue;
+        guarded(*j, [&] { budget -= advance_prefill(*j, budget); });
+      }
+      for (auto& j : prefilling_)
+        if (!j->prefilling_ && j->finish() == Finish::None) active.push_back(j);
+      std::erase_if(prefilling_, [](const std::shared_ptr<Job>& j) { return !j->prefilling_ || j->finish() != Finish::None; });
+    };
+    if (o_.max_step_tokens <= 0) prefill_within(INT64_MAX);
     // Leave out what finished, was cancelled or timed out.
     std::erase_if(active, [&](const std::shared_ptr<Job>& j) { return j->finish() != Finish::None || check_stop(*j); });
     make_room(active);
+    const int64_t decoded = int64_t(active.size());
     if (!active.empty()) {
       try {
         decode(active);
@@ -406,9 +448,11 @@ void Scheduler::loop() {
       }
       std::erase_if(active, [](const std::shared_ptr<Job>& j) { return j->finish() != Finish::None; });
     }
+    if (o_.max_step_tokens > 0) prefill_within(o_.max_step_tokens - decoded);
     if (active.empty()) decoder_.reset(), decoder_jobs_.clear();  // idle: let the finished jobs go
     std::lock_guard<std::mutex> lock(mu_);
     m_.active = int64_t(active.size());
+    m_.prefilling = int64_t(prefilling_.size());
     m_.active_bytes_by_kind = {};
     for (auto& j : active)
       for (const auto& mem : j->ctx_.layers) m_.active_bytes_by_kind[size_t(mem->kind())] += mem->bytes();
@@ -417,8 +461,10 @@ void Scheduler::loop() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& j : queue_) j->done(Finish::Cancelled);
   for (auto& j : active) j->done(Finish::Cancelled);
+  for (auto& j : prefilling_) j->done(Finish::Cancelled);
   queue_.clear();
   active.clear();
+  prefilling_.clear();
 }
 
 SchedulerMetrics Scheduler::metrics() const {

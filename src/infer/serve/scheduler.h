@@ -2,7 +2,9 @@
 // admits queued requests (up to max_batch sequences, against the memory manager's budget),
 // prefills each new one (resuming from the prefix cache's deepest snapshot and
 // taking new snapshots at block boundaries), then runs one decode step for every active
-// sequence together (Model::logits with B = active sequences, T = 1, one Context each).
+// sequence together (Model::logits with B = active sequences, T = 1, one Context each). With
+// max_step_tokens, prefills run in chunks after each decode step, within what the step leaves of
+// the token budget, their states and caches carried from chunk to chunk.
 // Finished, cancelled and timed-out sequences leave the batch at once. No HTTP here.
 //
 // Memory (memory_manager.h): admission reserves a sequence's fixed memories and the pages of
@@ -111,6 +113,11 @@ class Job {
   std::unique_ptr<Sampler> sampler_;
   std::vector<int64_t> history_;  // prompt + generated; empty until the first prefill
   int64_t generated_ = 0, next_ = -1;
+  // Chunked prefill: prompt tokens in the context so far, and for a preempted job the next
+  // generated token to replay; true until the prompt (and replay) is done.
+  int64_t prefill_pos_ = 0;
+  size_t replay_pos_ = 0;
+  bool prefilling_ = false, resuming_ = false;
   MemoryManager::Account mem_;    // under the scheduler's lock
 };
 
@@ -122,6 +129,10 @@ struct SchedulerOptions {
   int64_t max_queue = 1024;
   int64_t cache_block = 64;             // snapshot every this many prompt tokens; 0: no prefix cache
   size_t cache_budget = size_t(256) << 20;
+  // Tokens one iteration computes: the decode rows first, then chunks of the prompts being
+  // prefilled fill the rest, so a long prompt no longer stalls the running streams. 0: each new
+  // prompt is prefilled whole when admitted. Otherwise it must exceed max_batch.
+  int64_t max_step_tokens = 0;
 };
 
 struct SchedulerMetrics {
@@ -131,7 +142,7 @@ struct SchedulerMetrics {
   int64_t decode_steps = 0, decode_rows = 0;
   int64_t replayed_steps = 0;  // decode steps run as one CUDA graph replay (Decoder)
   int64_t preemptions = 0, recomputed_tokens = 0;  // recomputed: tokens run again after a preemption
-  int64_t queue_depth = 0, active = 0;
+  int64_t queue_depth = 0, active = 0, prefilling = 0;  // active: decoding; prefilling: prompts in progress
   MemoryStats memory;                   // the manager's pages and reservations
   std::array<size_t, 4> active_bytes_by_kind{};  // bytes the running contexts allocate
   double tokens_per_second = 0;         // generated tokens over the last few seconds
@@ -157,7 +168,13 @@ class Scheduler {
 
  private:
   void loop();
-  void prefill(Job& j);
+  // Sets a newly admitted (or readmitted) job up for its prefill: sampler, context (from the
+  // prefix cache's deepest snapshot), position.
+  void start_prefill(Job& j);
+  // Runs up to `budget` tokens of the job's prefill (prompt chunks, stopping at cache block
+  // boundaries to snapshot; then a preempted job's replay); on the prompt's end samples the first
+  // token. Returns the tokens computed; clears prefilling_ when done.
+  int64_t advance_prefill(Job& j, int64_t budget);
   void make_room(std::vector<std::shared_ptr<Job>>& active);  // pages for this step, preempting
   void decode(std::vector<std::shared_ptr<Job>>& active);
   bool check_stop(Job& j);  // cancelled / timed out -> finished
@@ -182,6 +199,7 @@ class Scheduler {
   SchedulerMetrics m_;
   std::deque<std::pair<std::chrono::steady_clock::time_point, int64_t>> recent_;  // (time, tokens)
   std::vector<std::shared_ptr<Job>> active_;  // loop thread only, in admission order; sizes mirrored into m_
+  std::vector<std::shared_ptr<Job>> prefilling_;  // admitted, prompt not finished (loop thread only)
   // Batches replay their decode step as a CUDA graph while the batch stays the same jobs (Decoder,
   // picks for greedy batches, logits for the rest; loop thread only). The jobs are held so that no
   // new job takes an old one's address while the decoder lives.
