@@ -291,18 +291,48 @@ TEST(ServePrefixCache, DeepestMatchingSnapshotAndLru) {
   EXPECT_EQ(st.hits, 4);
   EXPECT_EQ(st.lookups, 5);
   EXPECT_GT(st.bytes_by_kind[size_t(MemoryKind::RecurrentState)], 0u);
-  // Budget: a third and fourth entry evict the least recently used ones.
+  // Budget: a third and fourth entry evict. Both of a's entries have served hits (kept), so the
+  // one evicted is the least recently used entry that never did: d[0,4).
+  EXPECT_EQ(st.kept, 2);
   std::vector<int64_t> d = {7, 7, 7, 7, 7, 7, 7, 7, 7};
-  cache.lookup(a, 4, &got);  // a[0,4) is now the most recently used
   cache.insert(d, 4, fake_context(4, 1));
   cache.insert(d, 8, fake_context(8, 2));
   st = cache.stats();
   EXPECT_EQ(st.entries, 3);
   EXPECT_EQ(st.evictions, 1);
   EXPECT_TRUE(cache.contains(a, 4));
-  EXPECT_FALSE(cache.contains(a, 8));
+  EXPECT_TRUE(cache.contains(a, 8));
+  EXPECT_FALSE(cache.contains(d, 4));
   EXPECT_TRUE(cache.contains(d, 8));
   EXPECT_LE(st.bytes, 3u * 1024 + 300);
+}
+
+// Under a stream of one-off prompts, a prefix that has served a hit stays; plain LRU would have
+// evicted it after three inserts. Kept entries are held to 80 % of the budget.
+TEST(ServePrefixCache, SharedPrefixesSurviveOneOffTraffic) {
+  PrefixCache cache(4, 3 * 1024 + 3 * 100);  // three snapshots
+  const std::vector<int64_t> shared = {5, 5, 5, 5, 1};
+  cache.insert(shared, 4, fake_context(4, 1));
+  EXPECT_EQ(cache.lookup(shared, 4, nullptr), 4);  // served a hit: kept
+  for (int64_t i = 0; i < 20; ++i) {
+    const std::vector<int64_t> one_off = {100 + i, 1, 2, 3, 4};
+    cache.insert(one_off, 4, fake_context(4, float(i)));
+  }
+  EXPECT_TRUE(cache.contains(shared, 4));
+  EXPECT_EQ(cache.stats().evictions, 18);
+  // Three kept entries would pass 80 % of the budget: the least recently used is let go again.
+  PrefixCache small(4, 3 * 1024 + 3 * 100);
+  std::vector<std::vector<int64_t>> ps;
+  for (int64_t i = 0; i < 3; ++i) {
+    ps.push_back({200 + i, 1, 2, 3, 4});
+    small.insert(ps.back(), 4, fake_context(4, 0));
+    small.lookup(ps.back(), 4, nullptr);
+  }
+  EXPECT_EQ(small.stats().kept, 2);
+  small.insert({300, 1, 2, 3, 4}, 4, fake_context(4, 0));
+  EXPECT_FALSE(small.contains(ps[0], 4));  // demoted, then the least recently used probationer
+  EXPECT_TRUE(small.contains(ps[1], 4));
+  EXPECT_TRUE(small.contains(ps[2], 4));
 }
 
 // ---- memory manager ----

@@ -531,6 +531,7 @@ class Server {
     value("k3_prefix_cache_hit_rate", "gauge", "hits / lookups", m.cache.hit_rate());
     value("k3_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from snapshots", m.cache.hit_tokens);
     value("k3_prefix_cache_entries", "gauge", "Snapshots held", m.cache.entries);
+    value("k3_prefix_cache_kept_entries", "gauge", "Snapshots that have served a hit (evicted last)", m.cache.kept);
     value("k3_prefix_cache_evictions_total", "counter", "Snapshots evicted (LRU, byte budget)", m.cache.evictions);
     value("k3_process_resident_bytes", "gauge", "Resident set size of the server process", resident_bytes());
     if (http_) {

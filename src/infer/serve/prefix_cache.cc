@@ -41,6 +41,18 @@ int64_t PrefixCache::lookup(const std::vector<int64_t>& tokens, int64_t max_len,
     auto it = find_locked(tokens, k * block_, hs[size_t(k - 1)]);
     if (it == lru_.end()) continue;
     lru_.splice(lru_.begin(), lru_, it);  // most recently used
+    if (!it->kept) {
+      it->kept = true;
+      kept_bytes_ += it->bytes;
+      st_.kept++;
+      // Kept entries hold at most 80 % of the budget: the least recently used goes back.
+      for (auto r = lru_.rbegin(); kept_bytes_ > budget_ / 5 * 4 && r != lru_.rend(); ++r)
+        if (r->kept && &*r != &*it) {
+          r->kept = false;
+          kept_bytes_ -= r->bytes;
+          st_.kept--;
+        }
+    }
     if (out) *out = it->ctx.clone();
     st_.hits++;
     st_.hit_tokens += k * block_;
@@ -83,21 +95,34 @@ void PrefixCache::insert(const std::vector<int64_t>& tokens, int64_t len, const 
   evict_locked();
 }
 
+void PrefixCache::erase_locked(List::iterator e) {
+  const uint64_t h = hash(e->tokens.data(), int64_t(e->tokens.size()));
+  auto range = index_.equal_range(h);
+  for (auto it = range.first; it != range.second; ++it)
+    if (it->second == e) {
+      index_.erase(it);
+      break;
+    }
+  st_.bytes -= e->bytes;
+  for (size_t k = 0; k < 4; ++k) st_.bytes_by_kind[k] -= e->by_kind[k];
+  if (e->kept) kept_bytes_ -= e->bytes, st_.kept--;
+  st_.entries--;
+  st_.evictions++;
+  lru_.erase(e);
+}
+
 void PrefixCache::evict_locked() {
   while (st_.bytes > budget_ && !lru_.empty()) {
-    auto last = std::prev(lru_.end());
-    const uint64_t h = hash(last->tokens.data(), int64_t(last->tokens.size()));
-    auto range = index_.equal_range(h);
-    for (auto it = range.first; it != range.second; ++it)
-      if (it->second == last) {
-        index_.erase(it);
+    // The least recently used entry that never served a hit; else the least recently used one.
+    auto victim = std::prev(lru_.end());
+    for (auto it = lru_.end(); it != lru_.begin();) {
+      --it;
+      if (!it->kept) {
+        victim = it;
         break;
       }
-    st_.bytes -= last->bytes;
-    for (size_t k = 0; k < 4; ++k) st_.bytes_by_kind[k] -= last->by_kind[k];
-    st_.entries--;
-    st_.evictions++;
-    lru_.erase(last);
+    }
+    erase_locked(victim);
   }
 }
 
@@ -108,6 +133,8 @@ void PrefixCache::clear() {
   st_.bytes = 0;
   st_.bytes_by_kind = {};
   st_.entries = 0;
+  st_.kept = 0;
+  kept_bytes_ = 0;
 }
 
 PrefixCacheStats PrefixCache::stats() const {

@@ -2,7 +2,10 @@
 // keeps whole Context snapshots (every Memory of every stateful layer: KV caches, latent caches,
 // recurrent states, conv tails) taken at block boundaries (every `block` prompt tokens). A new
 // request resumes from the deepest snapshot whose token prefix equals the start of its prompt.
-// Entries are evicted least-recently-used first to stay under a byte budget. Thread-safe.
+// Entries stay under a byte budget by segmented LRU: an entry that has served a hit is kept
+// (protected) and is evicted only when no entry that never served one is left, so a stream of
+// one-off prompts cannot flush the prefixes that are shared; kept entries are held to 80 % of
+// the budget (the least recently used one goes back to probation past that). Thread-safe.
 #pragma once
 
 #include <array>
@@ -20,6 +23,7 @@ struct PrefixCacheStats {
   int64_t lookups = 0, hits = 0;           // lookups: prompts at least one block + 1 long
   int64_t hit_tokens = 0, lookup_tokens = 0;  // prompt tokens served from the cache / looked up
   int64_t inserts = 0, evictions = 0, entries = 0;
+  int64_t kept = 0;                         // entries that have served a hit (protected)
   size_t bytes = 0;
   std::array<size_t, 4> bytes_by_kind{};   // indexed by MemoryKind
   double hit_rate() const { return lookups ? double(hits) / double(lookups) : 0.0; }
@@ -47,11 +51,14 @@ class PrefixCache {
     Context ctx;
     size_t bytes = 0;
     std::array<size_t, 4> by_kind{};
+    bool kept = false;  // has served a hit
   };
   using List = std::list<Entry>;
   static uint64_t hash(const int64_t* t, int64_t n);
   List::iterator find_locked(const std::vector<int64_t>& tokens, int64_t len, uint64_t h) const;
   void evict_locked();
+  void erase_locked(List::iterator e);
+  size_t kept_bytes_ = 0;
 
   int64_t block_;
   size_t budget_;
