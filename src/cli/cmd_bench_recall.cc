@@ -47,6 +47,8 @@ const char* kRecallHelp =
     "              query a written key, scored at the key (predict its latest value, not a stale one).\n"
     "  capacity    as overwrite, but every write takes a fresh key, far more than a small state holds, and\n"
     "              a query asks one of the --pairs most recent writes (default seq-len/8).\n"
+    "  niah        needles in a haystack: --pairs needles '<needle> k v' (default 1) at random places in\n"
+    "              random filler, then '<query> k' for one of them, scored at k (predict its v).\n"
     "Vocab 256 by default (--vocab). Batch 32, 1500 steps, AdamW lr 1e-2 for softmax and 3e-3 for the\n"
     "others (wd 0.1, 10% warmup, cosine to 10%), 256 held-out test examples. Models: softmax = GPT-2\n"
     "(learned positions) with the short conv 4 over q|k|v that the others have; linear / deltanet / gdn /\n"
@@ -66,14 +68,14 @@ void register_bench_recall(CLI::App* bench) {
   static float lr = 0;
   static bool sweep = false;
   static RuntimeOptions rt;
-  cmd->add_option("--task", task, "mqar | palindrome | stack | overwrite | capacity")
+  cmd->add_option("--task", task, "mqar | palindrome | stack | overwrite | capacity | niah")
       ->capture_default_str()
-      ->check(CLI::IsMember({"mqar", "palindrome", "stack", "overwrite", "capacity"}));
+      ->check(CLI::IsMember({"mqar", "palindrome", "stack", "overwrite", "capacity", "niah"}));
   cmd->add_option("--mixer", o.mixer, "softmax | linear | deltanet | gdn | kda | k3-hybrid")
       ->capture_default_str()
       ->check(CLI::IsMember(recall_mixers()));
   cmd->add_option("--seq-len", o.task.seq_len, "Tokens per example")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--pairs", o.task.pairs, "MQAR key-value pairs / Palindrome tokens reversed / Stack stacks / Overwrite keys / Capacity query window (0 = task default)")
+  cmd->add_option("--pairs", o.task.pairs, "MQAR key-value pairs / Palindrome tokens reversed / Stack stacks / Overwrite keys / Capacity query window / Niah needles (0 = task default)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--vocab", o.task.vocab, "Vocabulary size (0 = task default, 256)")->capture_default_str()->check(CLI::NonNegativeNumber);

@@ -253,6 +253,7 @@ int64_t default_recall_steps(RecallTask t) {
     case RecallTask::Stack: return 1500;
     case RecallTask::Overwrite: return 1500;
     case RecallTask::Capacity: return 1500;
+    case RecallTask::Niah: return 1500;
   }
   return 1500;
 }

@@ -139,6 +139,30 @@ void key_stream(const RecallTaskOptions& o, Rng& rng, int64_t* ids, int64_t* tgt
   }
 }
 
+// Needles in a haystack (S-NIAH's synthetic form): random filler tokens over the whole sequence,
+// `pairs` needles `<needle> k v` at distinct random places in it, and at the end `<query> k` for
+// one of them, scored at k (predict its v). The state must keep a few bindings across a long run
+// of tokens that matter for nothing.
+void niah(const RecallTaskOptions& o, Rng& rng, int64_t* ids, int64_t* tgt) {
+  using namespace recall_tokens;
+  const int64_t T = o.seq_len, V = o.vocab, P = o.pairs, half = V / 2, kq = V / 2 + V / 4;
+  const int64_t body = T - 2;  // the last two positions hold the query
+  for (int64_t i = 0; i < body; ++i) ids[i] = kNiahFillerBase + int64_t(rng.below(uint64_t(half - kNiahFillerBase)));
+  const std::vector<int64_t> keys = distinct(rng, half, kq, P);
+  // Needle i at slot[i]: distinct, non-overlapping 3-token places in the body.
+  const std::vector<int64_t> slots = distinct(rng, 0, body / 3, P);
+  for (int64_t i = 0; i < P; ++i) {
+    int64_t* p = ids + 3 * slots[size_t(i)];
+    p[0] = kNeedle;
+    p[1] = keys[size_t(i)];
+    p[2] = kq + int64_t(rng.below(uint64_t(V - kq)));
+  }
+  const int64_t asked = int64_t(rng.below(uint64_t(P)));
+  ids[T - 2] = kQuery;
+  ids[T - 1] = keys[size_t(asked)];
+  tgt[T - 1] = ids[3 * slots[size_t(asked)] + 2];
+}
+
 }  // namespace
 
 RecallTask parse_recall_task(const std::string& name) {
@@ -147,7 +171,8 @@ RecallTask parse_recall_task(const std::string& name) {
   if (name == "stack") return RecallTask::Stack;
   if (name == "overwrite") return RecallTask::Overwrite;
   if (name == "capacity") return RecallTask::Capacity;
-  throw error("recall", "unknown task '", name, "' (mqar, palindrome, stack, overwrite, capacity)");
+  if (name == "niah") return RecallTask::Niah;
+  throw error("recall", "unknown task '", name, "' (mqar, palindrome, stack, overwrite, capacity, niah)");
 }
 
 std::string recall_task_name(RecallTask t) {
@@ -157,6 +182,7 @@ std::string recall_task_name(RecallTask t) {
     case RecallTask::Stack: return "stack";
     case RecallTask::Overwrite: return "overwrite";
     case RecallTask::Capacity: return "capacity";
+    case RecallTask::Niah: return "niah";
   }
   return "?";
 }
@@ -168,6 +194,7 @@ int64_t default_pairs(RecallTask t, int64_t seq_len) {
     case RecallTask::Stack: return 64;
     case RecallTask::Overwrite: return 8;
     case RecallTask::Capacity: return std::max<int64_t>(1, seq_len / 8);
+    case RecallTask::Niah: return 1;
   }
   return 1;
 }
@@ -200,6 +227,11 @@ RecallTaskOptions resolved(RecallTaskOptions o) {
       if (o.task == RecallTask::Overwrite && P > V / 2 - 1)
         throw error("recall", "overwrite: vocab ", V, " has ", V / 2 - 1, " keys, fewer than ", P);
       break;
+    case RecallTask::Niah:
+      if (V < 16) throw error("recall", "niah: vocab must be at least 16");
+      if (P > V / 4) throw error("recall", "niah: vocab ", V, " has ", V / 4, " keys, fewer than ", P, " needles");
+      if (3 * P > T - 2) throw error("recall", "niah: ", P, " needles need seq-len >= ", 3 * P + 2);
+      break;
   }
   return o;
 }
@@ -218,6 +250,7 @@ void make_recall_example(const RecallTaskOptions& o, uint64_t seed, uint64_t ind
     case RecallTask::Stack: stack(o, rng, ids, targets); break;
     case RecallTask::Overwrite:
     case RecallTask::Capacity: key_stream(o, rng, ids, targets); break;
+    case RecallTask::Niah: niah(o, rng, ids, targets); break;
   }
 }
 

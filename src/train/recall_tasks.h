@@ -10,7 +10,7 @@
 
 namespace k3 {
 
-enum class RecallTask : uint8_t { Mqar, Palindrome, Stack, Overwrite, Capacity };
+enum class RecallTask : uint8_t { Mqar, Palindrome, Stack, Overwrite, Capacity, Niah };
 
 RecallTask parse_recall_task(const std::string& name);  // k3::Error on an unknown name
 std::string recall_task_name(RecallTask t);
@@ -20,17 +20,20 @@ struct RecallTaskOptions {
   int64_t seq_len = 128;
   // MQAR: key-value pairs; Palindrome: tokens to reverse; Stack: number of stacks; Overwrite:
   // distinct keys, rebound again and again; Capacity: how many of the latest writes a query may
-  // ask about. 0 = the task's default for seq_len (default_pairs).
+  // ask about; Niah: needles hidden in the filler (one is asked). 0 = the task's default for
+  // seq_len (default_pairs).
   int64_t pairs = 0;
   int64_t vocab = 0;          // 0 = the task's default (default_vocab)
   double power_a = 0.01;      // MQAR: query placement p(gap g) ∝ (g+1)^(a-1) (Zoology)
 };
 
 // Task tokens. MQAR: 0 = filler (non-query positions, Zoology's random_non_queries = False),
-// keys [1, V/2), values [V/2, V); Overwrite and Capacity use the same key and value ranges. Palindrome: 0 = pad, 1 = <sep>, content [2, V). Stack: 0 = pad,
+// keys [1, V/2), values [V/2, V); Overwrite and Capacity use the same key and value ranges. Niah:
+// 0 = pad, 1 = <needle>, 2 = <query>, filler [3, V/2), keys [V/2, 3V/4), values [3V/4, V). Palindrome: 0 = pad, 1 = <sep>, content [2, V). Stack: 0 = pad,
 // 1 = <push>, 2 = <pop>, stack ids [3, 3+S), values [3+S, V).
 namespace recall_tokens {
 constexpr int64_t kFiller = 0, kPad = 0, kSep = 1, kPush = 1, kPop = 2, kStackIdBase = 3;
+constexpr int64_t kNeedle = 1, kQuery = 2, kNiahFillerBase = 3;
 }
 
 int64_t default_pairs(RecallTask t, int64_t seq_len);

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "models/registry.h"
 #include "train/recall_bench.h"
 #include "train/recall_tasks.h"
@@ -231,6 +232,45 @@ TEST(RecallTasks, KeyStreamsWellFormed) {
   EXPECT_EQ(parse_recall_task("capacity"), RecallTask::Capacity);
 }
 
+// Niah, replayed: filler in [3, V/2) everywhere but the needles `1 k v` and the final `2 k`,
+// scored at that last k with the value of the needle that holds k.
+TEST(RecallTasks, NiahWellFormed) {
+  const RecallTaskOptions o = opts(RecallTask::Niah, 96, 3);
+  const int64_t T = o.seq_len, V = o.vocab;
+  RecallBatch b = make_recall_batch(o, 3, 0, 30);
+  std::set<int64_t> asked_slots;
+  for (int64_t e = 0; e < b.B; ++e) {
+    const int64_t* x = b.ids.data() + e * T;
+    const int64_t* y = b.targets.data() + e * T;
+    std::map<int64_t, std::pair<int64_t, int64_t>> needles;  // key -> (value, position)
+    for (int64_t i = 0; i < T - 2; ++i) {
+      if (x[i] == 1) {
+        ASSERT_LT(i + 2, T - 2);
+        const int64_t k = x[i + 1], v = x[i + 2];
+        ASSERT_GE(k, V / 2);
+        ASSERT_LT(k, V / 2 + V / 4);
+        ASSERT_GE(v, V / 2 + V / 4);
+        ASSERT_LT(v, V);
+        ASSERT_FALSE(needles.count(k)) << "two needles with one key";
+        needles[k] = {v, i};
+        i += 2;
+        continue;
+      }
+      ASSERT_GE(x[i], 3);
+      ASSERT_LT(x[i], V / 2);
+      ASSERT_EQ(y[i], -1);
+    }
+    ASSERT_EQ(int64_t(needles.size()), o.pairs);
+    ASSERT_EQ(x[T - 2], 2);
+    ASSERT_TRUE(needles.count(x[T - 1]));
+    ASSERT_EQ(y[T - 1], needles[x[T - 1]].first);
+    asked_slots.insert(needles[x[T - 1]].second / 8);
+  }
+  EXPECT_EQ(b.answers(), b.B);
+  EXPECT_GT(asked_slots.size(), 4u);  // the asked needle sits anywhere in the haystack
+  EXPECT_EQ(parse_recall_task("niah"), RecallTask::Niah);
+}
+
 // CPU smoke setting: DeltaNet learns the overwrite task well past chance in a few hundred steps.
 TEST(RecallBench, OverwriteSmokeBeatsChance) {
   RecallBenchOptions o;
@@ -242,8 +282,30 @@ TEST(RecallBench, OverwriteSmokeBeatsChance) {
   o.batch = 8;
   o.test_examples = 64;
   o.quiet = true;
+  const int threads = num_threads();
+  set_num_threads(1);  // one thread: no spinning against the other tests ctest runs beside it
   const RecallResult r = run_recall_bench(o);
+  set_num_threads(threads);
   EXPECT_GT(r.accuracy, 3.0 / 16) << "chance is 1/16";  // 0.33 when written
+}
+
+// CPU smoke setting: Gated DeltaNet finds the needle well past chance in a couple of hundred steps.
+TEST(RecallBench, NiahSmokeBeatsChance) {
+  RecallBenchOptions o;
+  o.task = opts(RecallTask::Niah, 64, 1);
+  o.task.vocab = 32;  // 8 values: chance 1/8
+  o.task = resolved(o.task);
+  o.mixer = "gdn";
+  o.d_model = 16;
+  o.steps = 150;
+  o.batch = 8;
+  o.test_examples = 128;
+  o.quiet = true;
+  const int threads = num_threads();
+  set_num_threads(1);  // one thread: no spinning against the other tests ctest runs beside it
+  const RecallResult r = run_recall_bench(o);
+  set_num_threads(threads);
+  EXPECT_GT(r.accuracy, 2.0 / 8) << "chance is 1/8";  // 0.45 when written
 }
 
 TEST(RecallBench, StateElements) {
