@@ -54,6 +54,15 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--print-ids", print_ids, "Print prompt + generated ids on the last line of stdout");
   cmd->add_flag("--ignore-eos", ignore_eos, "Keep going past the end-of-text token");
   cmd->add_flag("--stats", stats, "Print prefill/decode speed and the sequence's memory to stderr");
+  static std::string speculate = "off";
+  cmd->add_option("--speculate", speculate,
+                  "Speculative decoding: ngram (prompt lookup: the tokens that followed the last n-gram earlier in "
+                  "the sequence are checked in one forward; greedy decoding only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"off", "ngram"}));
+  cmd->add_option("--draft-tokens", g.speculate.draft_tokens, "Tokens drafted per check (--speculate)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
@@ -68,6 +77,9 @@ void register_generate(CLI::App& app) {
     if (prompt.empty() && prompt_ids.empty()) throw error("generate", "give --prompt TEXT or --prompt-ids IDS");
     g.sampling.validate();
     g.stop_at_eos = ignore_eos ? StopAtEos::No : StopAtEos::Yes;
+    g.speculate.ngram = speculate == "ngram";
+    if (g.speculate.ngram && g.sampling.temperature > 0)
+      throw error("generate", "--speculate ngram needs greedy decoding (--temperature 0) for now");
     auto model = load_model(model_dir);
     if (check_weights) check_weights_finite(*model);
     // On CUDA the weights move to the device (fp32) and the context's memories are made there.
@@ -97,6 +109,10 @@ void register_generate(CLI::App& app) {
                    (long long)st.prompt_tokens, st.prefill_seconds, double(st.prompt_tokens) / std::max(st.prefill_seconds, 1e-9),
                    (long long)st.new_tokens, st.decode_seconds,
                    double(std::max<int64_t>(st.new_tokens - 1, 0)) / std::max(st.decode_seconds, 1e-9), st.context_bytes);
+    if (stats && g.speculate.ngram)
+      std::fprintf(stderr, "speculation: %lld checks, %lld of %lld drafted tokens kept (%.0f%%)\n",
+                   (long long)st.verify_steps, (long long)st.accepted, (long long)st.drafted,
+                   st.drafted ? 100.0 * double(st.accepted) / double(st.drafted) : 0.0);
   });
 }
 

@@ -1,8 +1,78 @@
 #include "infer/generate.h"
 
+#include <algorithm>
 #include <chrono>
 
+#include "core/error.h"
+
 namespace k3 {
+
+std::vector<int64_t> ngram_draft(const std::vector<int64_t>& ids, int64_t ngram_max, int64_t k) {
+  const int64_t n_ids = int64_t(ids.size());
+  for (int64_t n = std::min(ngram_max, n_ids - 1); n >= 1; --n) {
+    const int64_t* tail = ids.data() + n_ids - n;
+    for (int64_t p = n_ids - n - 1; p >= 0; --p)  // latest earlier occurrence first
+      if (std::equal(tail, tail + n, ids.data() + p)) {
+        const int64_t from = p + n, to = std::min(n_ids, from + k);
+        if (to > from) return std::vector<int64_t>(ids.begin() + from, ids.begin() + to);
+      }
+  }
+  return {};
+}
+
+namespace {
+
+// Greedy decoding with prompt-lookup speculation (SpeculateOptions). `picked` is the token the
+// prefill chose.
+void speculate_greedy(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t picked,
+                      const GenerateOptions& opts, const std::function<void(int64_t)>& on_token, GenerateStats* stats) {
+  const int64_t V = model.vocab_size();
+  const SpeculateOptions& so = opts.speculate;
+  std::vector<float> logits;
+  Context* ctxs[1] = {&ctx};
+  int64_t made = 0;
+  auto emit = [&](int64_t t) {  // false once generation ends
+    ids.push_back(t);
+    ++made;
+    if (on_token) on_token(t);
+    if (opts.stop_at_eos == StopAtEos::Yes && model.eos_token_id && t == *model.eos_token_id) return false;
+    return made < opts.max_new_tokens;
+  };
+  int64_t next = picked;
+  while (emit(next)) {
+    // Drafts, never past the tokens still to make (the last of them needs no forward after it).
+    std::vector<int64_t> drafts = ngram_draft(ids, so.ngram_max, std::min(so.draft_tokens, opts.max_new_tokens - made - 1));
+    if (drafts.empty()) {
+      model.greedy(TokenBatch{&next, 1, 1, ctxs}, &picked);
+      next = picked;
+      continue;
+    }
+    const int64_t d = int64_t(drafts.size()), T = d + 1;
+    std::vector<int64_t> in{next};
+    in.insert(in.end(), drafts.begin(), drafts.end());
+    const Context before = ctx.clone();
+    logits.resize(size_t(T * V));
+    model.forward(in.data(), T, &ctx, logits.data(), Logits::All);
+    // Row t's pick follows in[0..t]; drafts[t] is kept while it equals the pick before it.
+    std::vector<int64_t> picks(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t)
+      picks[size_t(t)] = int64_t(std::max_element(logits.begin() + t * V, logits.begin() + (t + 1) * V) - (logits.begin() + t * V));
+    int64_t m = 0;
+    while (m < d && drafts[size_t(m)] == picks[size_t(m)]) ++m;
+    if (stats) stats->drafted += d, stats->accepted += m, stats->verify_steps++;
+    if (m < d) {  // roll back to the last kept token: the snapshot, then next and the kept drafts again
+      for (size_t i = 0; i < ctx.layers.size(); ++i) ctx.layers[i]->restore(*before.layers[i]);
+      ctx.position = before.position;
+      model.forward(in.data(), m + 1, &ctx, logits.data(), Logits::Last);
+    }
+    bool go = true;
+    for (int64_t i = 0; i < m && go; ++i) go = emit(drafts[size_t(i)]);
+    if (!go) return;
+    next = picks[size_t(m)];
+  }
+}
+
+}  // namespace
 
 std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                               const std::function<void(int64_t)>& on_token, GenerateStats* stats) {
@@ -38,9 +108,14 @@ std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, 
     else
       model.forward(in, T, &ctx, logits.data(), Logits::Last);
   };
+  if (opts.speculate.ngram && !greedy)
+    throw error("generate", "speculative decoding needs greedy decoding (temperature 0) for now");
+  if (opts.speculate.ngram && (opts.speculate.draft_tokens < 1 || opts.speculate.ngram_max < 1))
+    throw error("generate", "speculation needs at least one draft token and an n-gram of at least 1");
   step_on(prompt.data(), int64_t(prompt.size()));
   auto t1 = clock::now();
-  for (int64_t step = 0; step < opts.max_new_tokens; ++step) {
+  if (opts.speculate.ngram && opts.max_new_tokens > 0) speculate_greedy(model, ctx, ids, picked, opts, on_token, stats);
+  for (int64_t step = 0; step < opts.max_new_tokens && !opts.speculate.ngram; ++step) {
     const int64_t next = greedy ? picked : sampler.sample(logits.data(), V, ids);
     ids.push_back(next);
     if (on_token) on_token(next);

@@ -12,17 +12,34 @@ namespace k3 {
 
 enum class StopAtEos : uint8_t { Yes, No };
 
+// Speculative decoding by prompt lookup (greedy decoding only): the last `ngram` tokens (down to
+// 1) are looked up earlier in the sequence and the `draft_tokens` that followed them there are
+// proposed; one forward of the model over the next token and the drafts checks them all, the
+// drafts that equal its picks are kept with one more token from that forward, and the context is
+// rolled back to the last kept token (snapshot before the check, the kept tokens run again).
+// In exact arithmetic the output is the non-speculative greedy output.
+struct SpeculateOptions {
+  bool ngram = false;
+  int64_t draft_tokens = 4, ngram_max = 3;
+};
+
 struct GenerateOptions {
   int64_t max_new_tokens = 32;
   SamplingOptions sampling;
   StopAtEos stop_at_eos = StopAtEos::Yes;
+  SpeculateOptions speculate;
 };
 
 struct GenerateStats {
   int64_t prompt_tokens = 0, new_tokens = 0;
+  int64_t drafted = 0, accepted = 0, verify_steps = 0;  // speculation: drafts proposed, kept; checks run
   double prefill_seconds = 0, decode_seconds = 0;
   size_t context_bytes = 0;  // the sequence's memory at the end
 };
+
+// Up to `k` tokens that followed the latest earlier occurrence of the sequence's last n tokens
+// (n = ngram_max down to 1); empty when none recurs.
+std::vector<int64_t> ngram_draft(const std::vector<int64_t>& ids, int64_t ngram_max, int64_t k);
 
 // Returns prompt + generated ids. on_token(id) is called for each new token as it is made.
 std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
