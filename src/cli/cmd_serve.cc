@@ -29,6 +29,15 @@ void register_serve(CLI::App& app) {
                   "else more than --max-batch)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  static std::string speculate = "off";
+  cmd->add_option("--speculate", speculate,
+                  "Speculative decoding for greedy requests without logprobs: ngram (prompt lookup; each such "
+                  "request checks its drafts in one forward of its own instead of a row of the batched step)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"off", "ngram"}));
+  cmd->add_option("--draft-tokens", o.draft_tokens, "Tokens drafted per check (--speculate)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--max-queue", o.max_queue, "Requests allowed to wait; more get 503")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--timeout", o.timeout_s, "Default and maximum per-request time limit, seconds (at most a week)")
       ->capture_default_str()
@@ -57,6 +66,7 @@ void register_serve(CLI::App& app) {
   add_cache_dtype_option(cmd, cache_dtype);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
+    o.speculate_ngram = speculate == "ngram";
     if (o.max_step_tokens > 0 && o.max_step_tokens <= o.max_batch)
       throw error("serve", "--max-step-tokens ", o.max_step_tokens, " must exceed --max-batch ", o.max_batch,
                   " (the decode rows come first, the prompts' chunks after them), or be 0");

@@ -650,6 +650,48 @@ TEST_P(ServeScheduler, ChunkedPrefillKeepsOutputsEqualGenerate) {
   EXPECT_THROW(Scheduler(*model_, bad), Error);
 }
 
+// Prompt-lookup speculation in the scheduler: greedy requests on repetitive prompts check drafts
+// on their own while sampled ones decode in the batch; every output equals generate() without
+// speculation, alone and with chunked prefill and a memory budget that forces preemption.
+TEST_P(ServeScheduler, SpeculationKeepsOutputsEqualGenerate) {
+  std::vector<GenParams> ps;
+  for (int i = 0; i < 5; ++i) {
+    GenParams g;
+    for (int r = 0; r < 3 + i; ++r)
+      for (int64_t t : {3, 1, 4, 1, 5, 9, 2, 6}) g.prompt.push_back((t + i) % std::min<int64_t>(model_->vocab_size(), 500));
+    g.max_tokens = 30 + 5 * i;
+    g.sampling.temperature = i == 2 ? 0.8f : 0.0f;  // one sampled request decodes in the batch
+    g.sampling.seed = uint64_t(i);
+    ps.push_back(g);
+  }
+  std::vector<std::vector<int64_t>> want;
+  for (auto& g : ps) want.push_back(reference(g));
+  MemoryManager pages(model_->memory_layers(), 0, 16);
+  for (const bool combined : {false, true}) {
+    SCOPED_TRACE(combined ? "with chunked prefill and a tight memory budget" : "alone");
+    SchedulerOptions so;
+    so.max_batch = 4;
+    so.context = 256;
+    so.cache_block = 16;
+    so.speculate_ngram = true;
+    if (combined) {
+      so.max_step_tokens = 12;
+      so.memory_budget = 2 * pages.fixed_set_bytes() + 10 * pages.page_set_bytes();
+    }
+    Scheduler s(*model_, so);
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (auto& g : ps) jobs.push_back(s.submit(g));
+    for (size_t i = 0; i < ps.size(); ++i) {
+      EXPECT_EQ(drain(*jobs[i]), want[i]) << "request " << i;
+      EXPECT_EQ(jobs[i]->finish(), Finish::Length);
+    }
+    const auto m = s.metrics();
+    EXPECT_GT(m.spec_checks, 0);
+    EXPECT_GT(m.spec_drafted, 0);
+    EXPECT_EQ(m.memory.used, 0u);
+  }
+}
+
 // A long prompt is prefilled chunk by chunk while a running stream keeps decoding: the stream gets
 // decode steps between the chunks, so it finishes before the long prompt's first token.
 TEST_P(ServeScheduler, ChunkedPrefillLetsRunningStreamsDecode) {

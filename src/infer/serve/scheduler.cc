@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "infer/generate.h"
 
 namespace k3::serve {
 
@@ -313,6 +314,47 @@ void Scheduler::make_room(std::vector<std::shared_ptr<Job>>& active) {
   }
 }
 
+bool Scheduler::speculate(Job& j, int64_t* tokens) {
+  if (!j.sampler_->greedy() || j.params_.logprobs >= 0) return false;
+  const int64_t left = j.params_.max_tokens - j.generated_;  // tokens still to make
+  const std::vector<int64_t> drafts = ngram_draft(j.history_, 3, std::min(o_.draft_tokens, left - 1));
+  if (drafts.empty()) return false;
+  const int64_t d = int64_t(drafts.size()), T = d + 1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!mm_.grow(j.mem_, int64_t(j.history_.size()) + d)) return false;  // pages for the drafts
+  }
+  std::vector<int64_t> in{j.next_};
+  in.insert(in.end(), drafts.begin(), drafts.end());
+  const Context before = j.ctx_.clone();
+  std::vector<float> logits(static_cast<size_t>(T * V_));
+  model_.forward(in.data(), T, &j.ctx_, logits.data(), Logits::All);
+  std::vector<int64_t> picks(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t)
+    picks[size_t(t)] = int64_t(std::max_element(logits.begin() + t * V_, logits.begin() + (t + 1) * V_) -
+                               (logits.begin() + t * V_));
+  int64_t m = 0;
+  while (m < d && drafts[size_t(m)] == picks[size_t(m)]) ++m;
+  *tokens = T;
+  if (m < d) {  // roll back to the last kept token (recurrent states cannot be truncated)
+    for (size_t i = 0; i < j.ctx_.layers.size(); ++i) j.ctx_.layers[i]->restore(*before.layers[i]);
+    j.ctx_.position = before.position;
+    model_.forward(in.data(), m + 1, &j.ctx_, logits.data(), Logits::Last);
+    *tokens += m + 1;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m_.spec_checks++;
+    m_.spec_drafted += d;
+    m_.spec_accepted += m;
+  }
+  int64_t made = 0;
+  for (int64_t i = 0; i <= m && j.finish() == Finish::None; ++i, ++made)
+    accept(j, i < m ? drafts[size_t(i)] : picks[size_t(m)], TokenLogprob{});
+  count_tokens(made);
+  return true;
+}
+
 void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
   const int64_t B = int64_t(active.size());
   std::vector<int64_t> ids(static_cast<size_t>(B));
@@ -435,20 +477,38 @@ void Scheduler::loop() {
     // Leave out what finished, was cancelled or timed out.
     std::erase_if(active, [&](const std::shared_ptr<Job>& j) { return j->finish() != Finish::None || check_stop(*j); });
     make_room(active);
-    const int64_t decoded = int64_t(active.size());
-    if (!active.empty()) {
+    // Greedy jobs with a draft check it on their own; the others decode together.
+    int64_t decoded = 0;
+    std::vector<std::shared_ptr<Job>> batch;
+    for (auto& j : active) {
+      int64_t tokens = 0;
+      bool own = false;
+      if (o_.speculate_ngram) {
+        try {
+          own = speculate(*j, &tokens);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "k3 serve: speculative step failed: %s\n", e.what());
+          retire(*j, Finish::Error, e.what());
+          own = true;
+        }
+      }
+      if (own) decoded += tokens;
+      else batch.push_back(j);
+    }
+    decoded += int64_t(batch.size());
+    if (!batch.empty()) {
       try {
-        decode(active);
+        decode(batch);
       } catch (const std::exception& e) {
         // A failed batched step leaves the batch's contexts in an unknown state: those requests
         // fail, the server and later requests carry on.
         std::fprintf(stderr, "k3 serve: decode step failed: %s\n", e.what());
-        for (auto& j : active)
+        for (auto& j : batch)
           if (j->finish() == Finish::None) retire(*j, Finish::Error, e.what());
       }
-      std::erase_if(active, [](const std::shared_ptr<Job>& j) { return j->finish() != Finish::None; });
     }
-    if (o_.max_step_tokens > 0) prefill_within(o_.max_step_tokens - decoded);
+    std::erase_if(active, [](const std::shared_ptr<Job>& j) { return j->finish() != Finish::None; });
+    if (o_.max_step_tokens > 0) prefill_within(std::max<int64_t>(1, o_.max_step_tokens - decoded));
     if (active.empty()) decoder_.reset(), decoder_jobs_.clear();  // idle: let the finished jobs go
     std::lock_guard<std::mutex> lock(mu_);
     m_.active = int64_t(active.size());

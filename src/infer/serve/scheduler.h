@@ -133,6 +133,11 @@ struct SchedulerOptions {
   // prefilled fill the rest, so a long prompt no longer stalls the running streams. 0: each new
   // prompt is prefilled whole when admitted. Otherwise it must exceed max_batch.
   int64_t max_step_tokens = 0;
+  // Prompt-lookup speculation for greedy requests without logprobs (generate.h): a job whose
+  // sequence offers an n-gram draft runs its own check of up to draft_tokens tokens instead of a
+  // row of the batched decode step.
+  bool speculate_ngram = false;
+  int64_t draft_tokens = 4;
 };
 
 struct SchedulerMetrics {
@@ -140,6 +145,7 @@ struct SchedulerMetrics {
   int64_t finished[7] = {};             // by Finish
   int64_t prompt_tokens = 0, prefill_tokens = 0, generated_tokens = 0;
   int64_t decode_steps = 0, decode_rows = 0;
+  int64_t spec_checks = 0, spec_drafted = 0, spec_accepted = 0;  // speculation: checks, drafts proposed, kept
   int64_t replayed_steps = 0;  // decode steps run as one CUDA graph replay (Decoder)
   int64_t preemptions = 0, recomputed_tokens = 0;  // recomputed: tokens run again after a preemption
   int64_t queue_depth = 0, active = 0, prefilling = 0;  // active: decoding; prefilling: prompts in progress
@@ -177,6 +183,10 @@ class Scheduler {
   int64_t advance_prefill(Job& j, int64_t budget);
   void make_room(std::vector<std::shared_ptr<Job>>& active);  // pages for this step, preempting
   void decode(std::vector<std::shared_ptr<Job>>& active);
+  // One speculative check of a greedy job (SchedulerOptions::speculate_ngram); false when it has
+  // no draft or no pages for one, and decodes with the batch instead. Returns the tokens computed
+  // through *tokens.
+  bool speculate(Job& j, int64_t* tokens);
   bool check_stop(Job& j);  // cancelled / timed out -> finished
   void sample(Job& j, float* logits);  // draws, emits and records the next token
   // The draw alone (the job's sampler and its logprobs), no shared state touched: a decode
