@@ -20,15 +20,38 @@ std::vector<int64_t> ngram_draft(const std::vector<int64_t>& ids, int64_t ngram_
   return {};
 }
 
+DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const std::vector<int64_t>& drafts) {
+  const int64_t V = model.vocab_size(), d = int64_t(drafts.size()), T = d + 1;
+  std::vector<int64_t> in{next};
+  in.insert(in.end(), drafts.begin(), drafts.end());
+  const Context before = ctx.clone();
+  std::vector<float> logits(static_cast<size_t>(T * V));
+  model.forward(in.data(), T, &ctx, logits.data(), Logits::All);
+  // Row t's pick follows in[0..t]; drafts[t] is kept while it equals the pick before it.
+  auto pick = [&](int64_t t) {
+    const auto row = logits.begin() + t * V;
+    return int64_t(std::max_element(row, row + V) - row);
+  };
+  DraftCheck c;
+  while (c.kept < d && drafts[size_t(c.kept)] == pick(c.kept)) ++c.kept;
+  c.bonus = pick(c.kept);
+  c.tokens = T;
+  if (c.kept < d) {
+    for (size_t i = 0; i < ctx.layers.size(); ++i) ctx.layers[i]->restore(*before.layers[i]);
+    ctx.position = before.position;
+    model.forward(in.data(), c.kept + 1, &ctx, logits.data(), Logits::Last);
+    c.tokens += c.kept + 1;
+  }
+  return c;
+}
+
 namespace {
 
 // Greedy decoding with prompt-lookup speculation (SpeculateOptions). `picked` is the token the
 // prefill chose.
 void speculate_greedy(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t picked,
                       const GenerateOptions& opts, const std::function<void(int64_t)>& on_token, GenerateStats* stats) {
-  const int64_t V = model.vocab_size();
   const SpeculateOptions& so = opts.speculate;
-  std::vector<float> logits;
   Context* ctxs[1] = {&ctx};
   int64_t made = 0;
   auto emit = [&](int64_t t) {  // false once generation ends
@@ -47,28 +70,13 @@ void speculate_greedy(Model& model, Context& ctx, std::vector<int64_t>& ids, int
       next = picked;
       continue;
     }
-    const int64_t d = int64_t(drafts.size()), T = d + 1;
-    std::vector<int64_t> in{next};
-    in.insert(in.end(), drafts.begin(), drafts.end());
-    const Context before = ctx.clone();
-    logits.resize(size_t(T * V));
-    model.forward(in.data(), T, &ctx, logits.data(), Logits::All);
-    // Row t's pick follows in[0..t]; drafts[t] is kept while it equals the pick before it.
-    std::vector<int64_t> picks(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t)
-      picks[size_t(t)] = int64_t(std::max_element(logits.begin() + t * V, logits.begin() + (t + 1) * V) - (logits.begin() + t * V));
-    int64_t m = 0;
-    while (m < d && drafts[size_t(m)] == picks[size_t(m)]) ++m;
-    if (stats) stats->drafted += d, stats->accepted += m, stats->verify_steps++;
-    if (m < d) {  // roll back to the last kept token: the snapshot, then next and the kept drafts again
-      for (size_t i = 0; i < ctx.layers.size(); ++i) ctx.layers[i]->restore(*before.layers[i]);
-      ctx.position = before.position;
-      model.forward(in.data(), m + 1, &ctx, logits.data(), Logits::Last);
-    }
+    const DraftCheck c = check_drafts(model, ctx, next, drafts);
+    if (stats) stats->drafted += int64_t(drafts.size()), stats->accepted += c.kept, stats->verify_steps++;
+    const int64_t m = c.kept;
     bool go = true;
     for (int64_t i = 0; i < m && go; ++i) go = emit(drafts[size_t(i)]);
     if (!go) return;
-    next = picks[size_t(m)];
+    next = c.bonus;
   }
 }
 

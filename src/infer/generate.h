@@ -41,6 +41,17 @@ struct GenerateStats {
 // (n = ngram_max down to 1); empty when none recurs.
 std::vector<int64_t> ngram_draft(const std::vector<int64_t>& ids, int64_t ngram_max, int64_t k);
 
+// One speculative check: `next` and the drafts go through the model in one forward over ctx
+// (which has absorbed everything before `next`); the drafts equal to the model's greedy picks are
+// kept, and `bonus` is the pick after the last kept one. On a rejection ctx is restored from a
+// snapshot taken before the check and `next` and the kept drafts run again (recurrent states
+// cannot be truncated), so ctx ends having absorbed exactly `next` and the kept drafts.
+struct DraftCheck {
+  int64_t kept = 0, bonus = -1;
+  int64_t tokens = 0;  // tokens the model computed (the check, and the rerun after a rejection)
+};
+DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const std::vector<int64_t>& drafts);
+
 // Returns prompt + generated ids. on_token(id) is called for each new token as it is made.
 std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                               const std::function<void(int64_t)>& on_token = {}, GenerateStats* stats = nullptr);

@@ -319,29 +319,14 @@ bool Scheduler::speculate(Job& j, int64_t* tokens) {
   const int64_t left = j.params_.max_tokens - j.generated_;  // tokens still to make
   const std::vector<int64_t> drafts = ngram_draft(j.history_, 3, std::min(o_.draft_tokens, left - 1));
   if (drafts.empty()) return false;
-  const int64_t d = int64_t(drafts.size()), T = d + 1;
+  const int64_t d = int64_t(drafts.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!mm_.grow(j.mem_, int64_t(j.history_.size()) + d)) return false;  // pages for the drafts
   }
-  std::vector<int64_t> in{j.next_};
-  in.insert(in.end(), drafts.begin(), drafts.end());
-  const Context before = j.ctx_.clone();
-  std::vector<float> logits(static_cast<size_t>(T * V_));
-  model_.forward(in.data(), T, &j.ctx_, logits.data(), Logits::All);
-  std::vector<int64_t> picks(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t)
-    picks[size_t(t)] = int64_t(std::max_element(logits.begin() + t * V_, logits.begin() + (t + 1) * V_) -
-                               (logits.begin() + t * V_));
-  int64_t m = 0;
-  while (m < d && drafts[size_t(m)] == picks[size_t(m)]) ++m;
-  *tokens = T;
-  if (m < d) {  // roll back to the last kept token (recurrent states cannot be truncated)
-    for (size_t i = 0; i < j.ctx_.layers.size(); ++i) j.ctx_.layers[i]->restore(*before.layers[i]);
-    j.ctx_.position = before.position;
-    model_.forward(in.data(), m + 1, &j.ctx_, logits.data(), Logits::Last);
-    *tokens += m + 1;
-  }
+  const DraftCheck c = check_drafts(model_, j.ctx_, j.next_, drafts);
+  *tokens = c.tokens;
+  const int64_t m = c.kept;
   {
     std::lock_guard<std::mutex> lock(mu_);
     m_.spec_checks++;
@@ -350,7 +335,7 @@ bool Scheduler::speculate(Job& j, int64_t* tokens) {
   }
   int64_t made = 0;
   for (int64_t i = 0; i <= m && j.finish() == Finish::None; ++i, ++made)
-    accept(j, i < m ? drafts[size_t(i)] : picks[size_t(m)], TokenLogprob{});
+    accept(j, i < m ? drafts[size_t(i)] : c.bonus, TokenLogprob{});
   count_tokens(made);
   return true;
 }
