@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Bounded load test of `k3 serve` on loopback (not part of CI).
 
-Starts a server (or uses --url), then runs ROUNDS rounds of N concurrent clients for SECONDS each
-(every loop bounded in count and time), and reports throughput, p50/p99 latency, errors, the
-server's resident memory after each round (growth across rounds), and on a shared-prefix workload
-the prefix-cache hit rate and the time-to-first-token with and without a cache hit.
+Starts a server, then runs ROUNDS rounds of N concurrent clients for SECONDS each (every loop
+bounded in count and time), and reports throughput, p50/p99 latency, errors, the server's
+resident memory after each round (growth across rounds), on a shared-prefix workload the
+prefix-cache hit rate and the time-to-first-token with and without a cache hit, and on a mixed
+workload (multi-turn chats that extend their earlier turns, a long shared system prompt,
+repetitive code-like prompts decoded greedily, a few very long prompts among the short ones)
+TTFT and the gaps between streamed chunks (p50/p99), the hit rate and the speculation's
+acceptance rate.
 
   tools/serve_load.py --k3 build/k3 --model DIR [--clients 16] [--seconds 15] [--rounds 3]
+                      [--max-step-tokens 512] [--speculate ngram]
 Only 127.0.0.1 is ever contacted.
 """
 import argparse
@@ -119,6 +124,86 @@ def shared_prefix(port, vocab, prefix_len, n):
             "ttft_gain": statistics.median(cold) / statistics.median(warm)}
 
 
+def stream_gaps(port, body):
+    """(status, TTFT s, gaps between data chunks in s, token ids) of one streamed completion."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    times, ids = [], []
+    while True:
+        line = r.readline()
+        if not line or line.strip() == b"data: [DONE]":
+            break
+        if line.startswith(b"data: {"):
+            times.append(time.perf_counter())
+            ch = json.loads(line[6:])["choices"]
+            if ch:
+                ids += ch[0].get("token_ids", [])
+    c.close()
+    ttft = times[0] - t0 if times else float("nan")
+    return r.status, ttft, [b - a for a, b in zip(times, times[1:])], ids
+
+
+def mixed_traffic(port, clients, seconds, vocab, ctx):
+    """Realistic mixes: multi-turn chats, a shared system prompt, repetitive code, rare long prompts."""
+    before = metrics(port)
+    system = [random.Random(1).randrange(1, vocab) for _ in range(min(256, ctx // 4))]
+    ttft, gaps, errors, done = [], [], [], [0]
+    lock = threading.Lock()
+    deadline = time.time() + seconds
+
+    def client(i):
+        rng = random.Random(100 + i)
+        convo = []
+        for _ in range(1000):  # bounded
+            if time.time() >= deadline:
+                break
+            kind = rng.random()
+            if kind < 0.35:  # a chat turn extending the earlier ones (their tokens are a cached prefix)
+                if len(convo) > ctx // 2:
+                    convo = []
+                prompt = convo + [rng.randrange(1, vocab) for _ in range(12)]
+                body = {"prompt": prompt, "max_tokens": 16, "temperature": 0.7, "seed": rng.randrange(1 << 30)}
+            elif kind < 0.65:  # the shared system prompt and a short question
+                body = {"prompt": system + [rng.randrange(1, vocab) for _ in range(8)], "max_tokens": 16,
+                        "temperature": 0.0}
+            elif kind < 0.95:  # code-like: repeated spans, greedy (speculation drafts from them)
+                span = [rng.randrange(1, vocab) for _ in range(6)]
+                body = {"prompt": span * 6, "max_tokens": 32, "temperature": 0.0}
+            else:  # a rare very long prompt
+                body = {"prompt": [rng.randrange(1, vocab) for _ in range(ctx - 40)], "max_tokens": 8,
+                        "temperature": 0.0}
+            body["ignore_eos"] = True
+            try:
+                st, t, g, ids = stream_gaps(port, body)
+            except Exception as e:  # noqa: BLE001
+                with lock:
+                    errors.append(repr(e))
+                continue
+            with lock:
+                if st != 200:
+                    errors.append(st)
+                    continue
+                ttft.append(t)
+                gaps.extend(g)
+                done[0] += 1
+            if kind < 0.35:
+                convo = body["prompt"] + ids
+
+    ths = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    [t.start() for t in ths]
+    [t.join() for t in ths]
+    after = metrics(port)
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return {"requests": done[0], "errors": len(errors), "error_examples": errors[:3],
+            "ttft_p50_ms": 1e3 * pct(ttft, 50), "ttft_p99_ms": 1e3 * pct(ttft, 99),
+            "gap_p50_ms": 1e3 * pct(gaps, 50), "gap_p99_ms": 1e3 * pct(gaps, 99),
+            "hit_rate": d.get("k3_prefix_cache_hits_total", 0) / max(d.get("k3_prefix_cache_lookups_total", 0), 1),
+            "drafted": d.get("k3_speculation_drafted_tokens_total", 0),
+            "accepted": d.get("k3_speculation_accepted_tokens_total", 0)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--k3", default="build/k3")
@@ -130,9 +215,12 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--prefix-len", type=int, default=448)
     ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--max-step-tokens", type=int, default=512, help="k3 serve --max-step-tokens")
+    ap.add_argument("--speculate", default="off", choices=["off", "ngram"], help="k3 serve --speculate")
     args = ap.parse_args()
     srv = subprocess.Popen([args.k3, "serve", "--model", args.model, "--port", "0", "--host", "127.0.0.1",
-                            "--max-batch", str(args.max_batch), "--ctx", str(args.ctx), "--cache-block", "64"],
+                            "--max-batch", str(args.max_batch), "--ctx", str(args.ctx), "--cache-block", "64",
+                            "--max-step-tokens", str(args.max_step_tokens), "--speculate", args.speculate],
                            stdout=subprocess.PIPE, text=True)
     try:
         port = int(srv.stdout.readline().strip().rsplit(":", 1)[1])
@@ -156,6 +244,11 @@ def main():
         sp = shared_prefix(port, vocab, args.prefix_len, 16)
         print(f"shared prefix ({args.prefix_len} tokens): hit rate {sp['hit_rate']:.2f}, TTFT cold "
               f"{sp['ttft_cold_ms']:.1f} ms vs cache hit {sp['ttft_hit_ms']:.1f} ms ({sp['ttft_gain']:.1f}x)")
+        mx = mixed_traffic(port, args.clients, args.seconds, vocab, args.ctx)
+        acc = f"{mx['accepted'] / mx['drafted']:.0%} of {mx['drafted']:.0f} drafts kept" if mx["drafted"] else "no drafts"
+        print(f"mixed traffic: {mx['requests']} requests, {mx['errors']} errors {mx['error_examples']}, TTFT p50 "
+              f"{mx['ttft_p50_ms']:.0f} ms p99 {mx['ttft_p99_ms']:.0f} ms, chunk gaps p50 {mx['gap_p50_ms']:.1f} ms "
+              f"p99 {mx['gap_p99_ms']:.1f} ms, prefix-cache hit rate {mx['hit_rate']:.2f}, speculation: {acc}")
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         c.request("GET", "/health")
         print("health after load:", c.getresponse().read().decode())
