@@ -271,41 +271,37 @@ TEST(RecallTasks, NiahWellFormed) {
   EXPECT_EQ(parse_recall_task("niah"), RecallTask::Niah);
 }
 
-// CPU smoke setting: DeltaNet learns the overwrite task well past chance in a few hundred steps.
-TEST(RecallBench, OverwriteSmokeBeatsChance) {
+// Test accuracy after a CPU smoke run (d_model 16, 150 steps of batch 8) on one thread: no spinning
+// against the other tests ctest runs beside it, and the same run whatever the core count.
+double smoke_accuracy(RecallTask task, int64_t T, int64_t pairs, int64_t vocab, const std::string& mixer,
+                      int64_t test_examples) {
   RecallBenchOptions o;
-  o.task = opts(RecallTask::Overwrite, 32, 4);
-  o.task.vocab = 32;  // 16 values: chance 1/16
-  o.mixer = "deltanet";
+  o.task.task = task;
+  o.task.seq_len = T;
+  o.task.pairs = pairs;
+  o.task.vocab = vocab;
+  o.task = resolved(o.task);
+  o.mixer = mixer;
   o.d_model = 16;
   o.steps = 150;
   o.batch = 8;
-  o.test_examples = 64;
+  o.test_examples = test_examples;
   o.quiet = true;
   const int threads = num_threads();
-  set_num_threads(1);  // one thread: no spinning against the other tests ctest runs beside it
-  const RecallResult r = run_recall_bench(o);
+  set_num_threads(1);
+  const double accuracy = run_recall_bench(o).accuracy;
   set_num_threads(threads);
-  EXPECT_GT(r.accuracy, 3.0 / 16) << "chance is 1/16";  // 0.33 when written
+  return accuracy;
 }
 
-// CPU smoke setting: Gated DeltaNet finds the needle well past chance in a couple of hundred steps.
+// DeltaNet learns the overwrite task well past chance (16 values: 1/16); 0.33 when written.
+TEST(RecallBench, OverwriteSmokeBeatsChance) {
+  EXPECT_GT(smoke_accuracy(RecallTask::Overwrite, 32, 4, 32, "deltanet", 64), 3.0 / 16);
+}
+
+// Gated DeltaNet finds the needle well past chance (8 values: 1/8); 0.45 when written.
 TEST(RecallBench, NiahSmokeBeatsChance) {
-  RecallBenchOptions o;
-  o.task = opts(RecallTask::Niah, 64, 1);
-  o.task.vocab = 32;  // 8 values: chance 1/8
-  o.task = resolved(o.task);
-  o.mixer = "gdn";
-  o.d_model = 16;
-  o.steps = 150;
-  o.batch = 8;
-  o.test_examples = 128;
-  o.quiet = true;
-  const int threads = num_threads();
-  set_num_threads(1);  // one thread: no spinning against the other tests ctest runs beside it
-  const RecallResult r = run_recall_bench(o);
-  set_num_threads(threads);
-  EXPECT_GT(r.accuracy, 2.0 / 8) << "chance is 1/8";  // 0.45 when written
+  EXPECT_GT(smoke_accuracy(RecallTask::Niah, 64, 1, 32, "gdn", 128), 2.0 / 8);
 }
 
 TEST(RecallBench, StateElements) {

@@ -317,7 +317,8 @@ void Scheduler::make_room(std::vector<std::shared_ptr<Job>>& active) {
 bool Scheduler::speculate(Job& j, int64_t* tokens) {
   if (!j.sampler_->greedy() || j.params_.logprobs >= 0) return false;
   const int64_t left = j.params_.max_tokens - j.generated_;  // tokens still to make
-  const std::vector<int64_t> drafts = ngram_draft(j.history_, 3, std::min(o_.draft_tokens, left - 1));
+  const std::vector<int64_t> drafts =
+      ngram_draft(j.history_, SpeculateOptions{}.ngram_max, std::min(o_.draft_tokens, left - 1));
   if (drafts.empty()) return false;
   const int64_t d = int64_t(drafts.size());
   {
