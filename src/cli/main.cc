@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #if defined(K3_HAS_CUDA)
-#include "mixers/mixers_cuda.h"
+#include "mixers/mla/mla.h"
 #endif
 
 namespace k3::cli {
@@ -50,9 +50,7 @@ void add_cache_dtype_option(CLI::App* cmd, std::string& dtype) {
 void apply_cache_dtype(const std::string& dtype, const RuntimeOptions& opts, const char* who) {
   if (dtype == "bf16" && opts.device != "cuda")
     throw error(who, "--cache-dtype bf16 applies to --device cuda (the CPU caches are fp32)");
-#if defined(K3_HAS_CUDA)
-  gpu::set_latent_storage(dtype == "bf16" ? device::Storage::BF16 : device::Storage::F32);
-#endif
+  set_latent_storage(dtype == "bf16" ? DType::BF16 : DType::F32);
 }
 
 }  // namespace k3::cli

@@ -42,6 +42,9 @@ void upload(void*, const void*, size_t, Refresh) { unavailable(); }
 void download(void*, const void*, size_t) { unavailable(); }
 void zero(void*, size_t) { unavailable(); }
 void copy(void*, const void*, size_t) { unavailable(); }
+void copy_rows(void*, size_t, const void*, size_t, size_t, size_t rows) {
+  if (rows) unavailable();
+}
 void synchronize() {}
 Buffer upload_new(const void*, size_t bytes, Refresh) {
   if (bytes) unavailable();

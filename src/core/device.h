@@ -82,6 +82,9 @@ void upload(void* dst_device, const void* src_host, size_t bytes, Refresh refres
 void download(void* dst_host, const void* src_device, size_t bytes);
 void zero(void* dst_device, size_t bytes);
 void copy(void* dst_device, const void* src_device, size_t bytes);  // device to device, queued
+// `rows` rows of `row_bytes` each, device to device, between pitched layouts; queued.
+void copy_rows(void* dst_device, size_t dst_pitch, const void* src_device, size_t src_pitch, size_t row_bytes,
+               size_t rows);
 void synchronize();  // waits for everything queued on k3's stream; throws on a kernel fault
 
 // Upload a host array into a fresh buffer (nullptr/0 bytes gives an empty buffer).

@@ -316,6 +316,10 @@ void zero(void* dst, size_t bytes) {
 void copy(void* dst, const void* src, size_t bytes) {
   if (bytes) K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
 }
+void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows) {
+  if (rows && row_bytes)
+    K3_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, stream()));
+}
 void synchronize() { K3_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
 Buffer upload_new(const void* src, size_t bytes, Refresh refresh) {

@@ -65,6 +65,21 @@ Tensor Tensor::empty_on(Device device, Shape shape, DType dtype) {
   return t;
 }
 
+Tensor Tensor::zeros_on(Device device, Shape shape, DType dtype) {
+  Tensor t = empty_on(device, std::move(shape), dtype);
+  t.zero();
+  return t;
+}
+
+void Tensor::zero() {
+  K3_CHECK(is_contiguous(), "zero of a non-contiguous tensor ", describe());
+  if (!numel_) return;
+  if (device_ == Device::CUDA)
+    device::zero(data_, nbytes());
+  else
+    std::memset(data_, 0, nbytes());
+}
+
 Tensor Tensor::to_device(Device device) const {
   if (device == device_) return *this;
   K3_CHECK(has_storage(), "to_device of a tensor without storage: ", describe());
@@ -249,6 +264,12 @@ Tensor Tensor::to(DType dtype) const {
 
 void Tensor::copy_from(const Tensor& src) {
   K3_CHECK(src.shape_ == shape_, "copy_from: shape ", src.describe(), " into ", describe());
+  if (device_ == Device::CUDA && src.device_ == Device::CUDA) {
+    K3_CHECK(src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous(), "copy_from on CUDA: ", src.describe(),
+             " into ", describe(), " (same dtype, contiguous)");
+    if (numel_) device::copy(data_, src.data_, nbytes());
+    return;
+  }
   K3_CHECK(device_ == Device::CPU && src.device_ == Device::CPU, "copy_from between devices: ", src.describe(),
            " into ", describe(), " (use to_device)");
   K3_CHECK(is_contiguous(), "copy_from into a non-contiguous tensor");

@@ -30,6 +30,7 @@ class Tensor {
   // Fresh storage on `device` (CUDA: from the caching allocator of core/device.h).
   static Tensor empty_on(Device device, Shape shape, DType dtype = DType::F32);
   static Tensor zeros(Shape shape, DType dtype = DType::F32);
+  static Tensor zeros_on(Device device, Shape shape, DType dtype = DType::F32);
   static Tensor full(Shape shape, float value);
   // A view of external memory kept alive by `owner` (for example an mmap'd file).
   static Tensor external(void* data, Shape shape, DType dtype, std::shared_ptr<void> owner);
@@ -65,7 +66,8 @@ class Tensor {
   // Copies.
   Tensor clone() const;                  // contiguous copy, same dtype
   Tensor to(DType dtype) const;          // contiguous copy converted (float types)
-  void copy_from(const Tensor& src);     // same shape; converts dtype
+  void copy_from(const Tensor& src);     // same shape; converts dtype (on the host; on CUDA same dtype)
+  void zero();                           // contiguous tensors, either device
   void fill(float value);                // F32 only
   // A contiguous copy on `device`, same dtype; a tensor already there is returned as it is (a
   // view, possibly strided). A copy to the host waits for the device.

@@ -6,7 +6,10 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/profile.h"
+#include "mixers/attention/kv_cache.h"
 #include "mixers/linear/delta_cuda.h"
+#include "mixers/linear/recurrent_state.h"
+#include "mixers/mla/mla.h"
 #include "mixers/mixers_cuda.h"
 #include "ops/ops_cuda.h"
 
@@ -14,169 +17,22 @@ namespace k3::gpu {
 
 namespace {
 
-Tensor dev_zeros(Shape s) {
-  Tensor t = Tensor::empty_on(Device::CUDA, std::move(s));
-  if (t.numel()) device::zero(t.raw(), t.nbytes());
-  return t;
-}
 Tensor dev_empty(Shape s) { return Tensor::empty_on(Device::CUDA, std::move(s)); }
-void copy_into(Tensor& dst, const Tensor& src) {
-  K3_CHECK(dst.shape() == src.shape(), "device memory: restore from a different layer's memory");
-  if (src.numel()) device::copy(dst.raw(), src.raw(), src.nbytes());
-}
 
-// Tokens stored row by row ([max_tokens, width] per array), allocated up front; fp32, or bf16
-// (rows rounded as they are appended).
-class DeviceRows : public Memory {
- public:
-  DeviceRows(MemoryKind kind, std::vector<int64_t> widths, int64_t max_tokens,
-             device::Storage storage = device::Storage::F32)
-      : kind_(kind), storage_(storage), max_(max_tokens) {
-    const DType dt = storage == device::Storage::BF16 ? DType::BF16 : DType::F32;
-    for (int64_t w : widths) arrays_.push_back(Tensor::empty_on(Device::CUDA, {max_tokens, w}, dt));
-  }
-  MemoryKind kind() const override { return kind_; }
-  void reset() override { length_ = 0; }
-  std::unique_ptr<Memory> clone() const override {
-    auto c = std::make_unique<DeviceRows>(*this);
-    for (size_t i = 0; i < arrays_.size(); ++i) c->arrays_[i] = arrays_[i].clone();
-    return c;
-  }
-  void restore(const Memory& snapshot) override {
-    const auto* s = dynamic_cast<const DeviceRows*>(&snapshot);
-    K3_CHECK(s && s->kind_ == kind_ && s->storage_ == storage_ && s->arrays_.size() == arrays_.size(),
-             "device memory: restore from another kind or storage");
-    for (size_t i = 0; i < arrays_.size(); ++i) copy_into(arrays_[i], s->arrays_[i]);
-    length_ = s->length_;
-  }
-  size_t bytes() const override {
-    size_t b = 0;
-    for (const Tensor& a : arrays_) b += a.nbytes();
-    return b;
-  }
-  int64_t length() const override { return length_; }
-  int64_t capacity() const override { return max_; }
-  void set_length(int64_t n) override {
-    if (n < 0 || n > max_)
-      throw error(std::string(memory_kind_name(kind_)), "length ", n, " outside the capacity of ", max_, " tokens");
-    length_ = n;
-  }
-  void extend_zeros(int64_t n) override {
-    reserve(n);
-    for (Tensor& a : arrays_) {
-      const int64_t w = a.dim(1);
-      const size_t esz = dtype_size(a.dtype());
-      if (n) device::zero(static_cast<char*>(a.raw()) + size_t(length_ * w) * esz, size_t(n * w) * esz);
-    }
-    length_ += n;
-  }
-  void reserve(int64_t n) const {
-    if (length_ + n > max_)
-      throw error(std::string(memory_kind_name(kind_)), "context of ", length_ + n, " tokens exceeds the limit of ", max_);
-  }
-  // Appends n rows to fp32 array i from device rows src (leading dimension ld); call advance
-  // after. (Latent caches, fp32 or bf16, take every sequence's rows at once: cuda::append_rows.)
-  void append(size_t i, const float* src, int64_t ld, int64_t n) {
-    Tensor& a = arrays_[i];
-    const int64_t w = a.dim(1);
-    k3::cuda::copy_blocks(src, ld, 0, a.cuda_f32() + length_ * w, w, 0, n, 1, w);
-  }
-  void advance(int64_t n) { length_ += n; }
-  device::Storage storage() const { return storage_; }
-  const void* raw(size_t i) const { return arrays_[i].raw(); }
-  void* raw_mut(size_t i) { return arrays_[i].raw(); }
-  const float* data(size_t i) const {
-    K3_CHECK(storage_ == device::Storage::F32, "device memory: fp32 rows asked of a bf16 cache");
-    return arrays_[i].cuda_f32();
-  }
-
- private:
-  MemoryKind kind_;
-  device::Storage storage_;
-  int64_t max_, length_ = 0;
-  std::vector<Tensor> arrays_;
-};
-
-// A recurrent state [HV, K, V] plus one conv tail [W−1, C] per convolved stream.
-class DeviceState : public Memory {
- public:
-  DeviceState(int64_t HV, int64_t K, int64_t V, const std::vector<int64_t>& channels, int64_t conv_size)
-      : conv_size_(conv_size) {
-    S_ = dev_zeros({HV, K, V});
-    if (conv_size > 1)
-      for (int64_t c : channels) tails_.push_back(dev_zeros({conv_size - 1, c}));
-  }
-  MemoryKind kind() const override { return MemoryKind::RecurrentState; }
-  void reset() override {
-    device::zero(S_.raw(), S_.nbytes());
-    for (Tensor& t : tails_) device::zero(t.raw(), t.nbytes());
-    length_ = 0;
-  }
-  std::unique_ptr<Memory> clone() const override {
-    auto c = std::make_unique<DeviceState>(*this);
-    c->S_ = S_.clone();
-    for (size_t i = 0; i < tails_.size(); ++i) c->tails_[i] = tails_[i].clone();
-    return c;
-  }
-  void restore(const Memory& snapshot) override {
-    const auto* s = dynamic_cast<const DeviceState*>(&snapshot);
-    K3_CHECK(s && s->tails_.size() == tails_.size(), "device state: restore from a different layer's memory");
-    copy_into(S_, s->S_);
-    for (size_t i = 0; i < tails_.size(); ++i) copy_into(tails_[i], s->tails_[i]);
-    length_ = s->length_;
-  }
-  size_t bytes() const override {
-    size_t b = S_.nbytes();
-    for (const Tensor& t : tails_) b += t.nbytes();
-    return b;
-  }
-  int64_t length() const override { return length_; }
-  void set_length(int64_t n) override { length_ = n; }
-  void extend_zeros(int64_t n) override { length_ += n; }
-  float* state() { return S_.cuda_f32(); }
-  float* tail(size_t stream) { return tails_.at(stream).cuda_f32(); }
-  int64_t tail_width(size_t stream) const { return tails_.at(stream).dim(1); }
-  int64_t conv_size() const { return conv_size_; }
-  void advance(int64_t n) { length_ += n; }
-
- private:
-  int64_t conv_size_, length_ = 0;
-  Tensor S_;
-  std::vector<Tensor> tails_;
-};
-
+// A memory of kind M whose buffers live on the device.
 template <class M>
 M* device_memory(Memory* m, const char* who) {
   auto* d = dynamic_cast<M*>(m);
-  if (!d) throw error(who, "a host memory given to a model on CUDA (make contexts after move_to)");
+  if (!d) throw error(who, "a sequence's memory is of another kind (", memory_kind_name(m->kind()), ")");
+  if (d->device() != Device::CUDA) throw error(who, "a host memory given to a model on CUDA (make contexts after move_to)");
   return d;
 }
+TokenRows* device_rows(Memory* m, const char* who) {
+  if (m && m->kind() == MemoryKind::KVCache) return &device_memory<KVCache>(m, who)->rows();
+  return &device_memory<LatentCache>(m, who)->rows();
+}
 
 }  // namespace
-
-std::unique_ptr<Memory> kv_cache(int64_t heads, int64_t head_dim, int64_t max_tokens) {
-  return std::make_unique<DeviceRows>(MemoryKind::KVCache, std::vector<int64_t>{heads * head_dim, heads * head_dim},
-                                      max_tokens);
-}
-
-std::unique_ptr<Memory> latent_cache(int64_t width, int64_t max_tokens, device::Storage storage) {
-  return std::make_unique<DeviceRows>(MemoryKind::LatentCache, std::vector<int64_t>{width}, max_tokens, storage);
-}
-
-namespace {
-device::Storage g_latent_storage = device::Storage::F32;
-}  // namespace
-void set_latent_storage(device::Storage storage) { g_latent_storage = storage; }
-device::Storage latent_storage() { return g_latent_storage; }
-
-std::unique_ptr<Memory> recurrent_state(int64_t HV, int64_t K, int64_t V, std::vector<int64_t> conv_channels,
-                                        int64_t conv_size) {
-  return std::make_unique<DeviceState>(HV, K, V, conv_channels, conv_size);
-}
-
-bool is_device_memory(const Memory* m) {
-  return dynamic_cast<const DeviceRows*>(m) || dynamic_cast<const DeviceState*>(m);
-}
 
 Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
                         Memory* const* memories) {
@@ -184,9 +40,9 @@ Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int6
   const int64_t D = H * hd;
   K3_CHECK(qkv.numel() == B * T * 3 * D, "attention: qkv ", qkv.describe(), " for B=", B, " T=", T, " width ", 3 * D);
   // Every cache must take the new tokens before any changes: a failure leaves the batch intact.
-  std::vector<DeviceRows*> caches(static_cast<size_t>(B));
+  std::vector<TokenRows*> caches(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
-    caches[size_t(b)] = device_memory<DeviceRows>(memories[b], "attention");
+    caches[size_t(b)] = device_rows(memories[b], "attention");
     caches[size_t(b)]->reserve(T);
   }
   Tensor att = dev_empty({B * T, D});
@@ -197,8 +53,8 @@ Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int6
     std::vector<int64_t> p0s(static_cast<size_t>(B));
     int64_t longest = 1;
     for (int64_t b = 0; b < B; ++b) {
-      DeviceRows* cache = caches[size_t(b)];
-      ks[size_t(b)] = cache->raw_mut(0), vs[size_t(b)] = cache->raw_mut(1);
+      TokenRows* cache = caches[size_t(b)];
+      ks[size_t(b)] = cache->raw(0), vs[size_t(b)] = cache->raw(1);
       p0s[size_t(b)] = cache->length();
       longest = std::max(longest, device::capturing() ? cache->capacity() : cache->length() + 1);
     }
@@ -212,7 +68,7 @@ Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int6
     k3::cuda::attention_cached(base, 3 * D, d_ks.as<const void* const>(), d_vs.as<const void* const>(),
                                d_p0s.as<int64_t>(), longest, att.cuda_f32(), B, 1, H, hd, hd, scale,
                                device::Storage::F32);
-    for (DeviceRows* cache : caches) cache->advance(1);
+    for (TokenRows* cache : caches) cache->advance(1);
     return att;
   }
   // A prefill: sequence by sequence through the flash kernels, each launch taking its cache's
@@ -220,7 +76,7 @@ Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int6
   if (device::capturing()) throw error("attention", "a KV-cache prefill cannot be captured in a graph");
   Tensor q = dev_empty({T, D});
   for (int64_t b = 0; b < B; ++b) {
-    DeviceRows* cache = caches[size_t(b)];
+    TokenRows* cache = caches[size_t(b)];
     const float* base = qkv.cuda_f32() + b * T * 3 * D;
     k3::cuda::copy_blocks(base, 3 * D, 0, q.cuda_f32(), D, 0, T, 1, D);
     cache->append(0, base + D, 3 * D, T);
@@ -228,7 +84,7 @@ Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int6
     cache->advance(T);
     const int64_t S = cache->length();
     const k3::cuda::AttnShape a{1, T, S, H, hd, hd, S - T, scale};
-    k3::cuda::attention_forward(q.cuda_f32(), cache->data(0), cache->data(1), att.cuda_f32() + b * T * D, nullptr, a,
+    k3::cuda::attention_forward(q.cuda_f32(), cache->f32(0), cache->f32(1), att.cuda_f32() + b * T * D, nullptr, a,
                                 device::Storage::F32);
   }
   return att;
@@ -241,18 +97,20 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
   const int64_t M = s.B * T;
   K3_CHECK(q.numel() == M * H * qd && rows.numel() == M * W && kv_b.numel() == H * wrow * R, "mla: q ", q.describe(),
            " rows ", rows.describe(), " kv_b ", kv_b.describe(), " do not fit B=", s.B, " T=", T, " H=", H);
-  const device::Storage storage =
-      s.B ? device_memory<DeviceRows>(memories[0], "mla")->storage() : device::Storage::F32;
-  std::vector<DeviceRows*> caches(static_cast<size_t>(s.B));
+  auto storage_of = [](const TokenRows* r) {
+    return r->dtype() == DType::BF16 ? device::Storage::BF16 : device::Storage::F32;
+  };
+  const device::Storage storage = s.B ? storage_of(device_rows(memories[0], "mla")) : device::Storage::F32;
+  std::vector<TokenRows*> caches(static_cast<size_t>(s.B));
   std::vector<void*> lats(static_cast<size_t>(s.B));
   std::vector<int64_t> p0s(static_cast<size_t>(s.B));
   int64_t longest = 0;
   for (int64_t b = 0; b < s.B; ++b) {  // all or none
-    DeviceRows* cache = caches[size_t(b)] = device_memory<DeviceRows>(memories[b], "mla");
+    TokenRows* cache = caches[size_t(b)] = device_rows(memories[b], "mla");
     cache->reserve(T);
-    K3_CHECK(cache->storage() == storage, "mla: a batch mixes fp32 and bf16 latent caches");
+    K3_CHECK(storage_of(cache) == storage, "mla: a batch mixes fp32 and bf16 latent caches");
     p0s[size_t(b)] = cache->length();
-    lats[size_t(b)] = cache->raw_mut(0);
+    lats[size_t(b)] = cache->raw(0);
     // Captured for replays: a grid for the caches' capacity, which later steps stay within.
     longest = std::max(longest, device::capturing() ? cache->capacity() : cache->length() + T);
   }
@@ -271,7 +129,7 @@ Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b,
   k3::cuda::append_rows(rows.cuda_f32(), W, s.B, T, W, d_lats.as<void* const>(), d_p0s.as<int64_t>(), storage);
   k3::cuda::latent_attention(qt.cuda_f32(), d_lats.as<const void* const>(), storage, d_p0s.as<int64_t>(), longest,
                              ob.cuda_f32(), s.B, T, H, W, R, s.scale);
-  for (DeviceRows* cache : caches) cache->advance(T);
+  for (TokenRows* cache : caches) cache->advance(T);
   // o_h = W_UV ō, one batched call over the heads.
   k3::cuda::gemm_strided(k3::cuda::Op::N, k3::cuda::Op::T, M, s.v, R, 1.0f, ob.cuda_f32(), H * R, R, wkv + s.nope * R, R,
                          wrow * R, 0.0f, att.cuda_f32(), H * s.v, s.v, H);
@@ -298,12 +156,12 @@ std::vector<Tensor> convs_with_tails(const std::vector<Tensor>& xs, const std::v
   }
   std::vector<float*> tails(static_cast<size_t>(W > 1 ? B * S : 0));  // a width-1 convolution keeps no tail
   for (int64_t b = 0; W > 1 && b < B; ++b) {
-    auto* state = device_memory<DeviceState>(memories[b], "short_conv");
+    auto* state = device_memory<RecurrentState>(memories[b], "short_conv");
     K3_CHECK(state->conv_size() == W, "short_conv: a state kept for width ", state->conv_size(), " given width ", W);
     for (int s = 0; s < S; ++s) {
       K3_CHECK(state->tail_width(size_t(s)) == st.start[s + 1] - st.start[s], "short_conv: stream ", s, "'s tail holds ",
                state->tail_width(size_t(s)), " channels, not ", st.start[s + 1] - st.start[s]);
-      tails[size_t(b * S + s)] = state->tail(size_t(s));
+      tails[size_t(b * S + s)] = state->conv_tail(size_t(s));
     }
   }
   const device::Buffer d_tails = device::upload_new(tails.data(), tails.size() * sizeof(float*), device::Refresh::Constant);
@@ -312,8 +170,8 @@ std::vector<Tensor> convs_with_tails(const std::vector<Tensor>& xs, const std::v
 }
 
 Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
-                         const linear::DeltaOptions& opts, const DeltaBatch& s, Memory* const* memories,
-                         const DecodeActivations* act) {
+                         const linear::DeltaOptions& opts, const linear::DeltaBatch& s, Memory* const* memories,
+                         const linear::DecodeActivations* act) {
   if (opts.normalize == linear::Normalize::On)
     throw error("delta_rule", "the normalised linear attention has no CUDA decode yet");
   linear::cuda::check_supported(s.K, s.V);
@@ -326,7 +184,7 @@ Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, cons
   const int64_t SS = s.HV * s.K * s.V;
   std::vector<float*> states(static_cast<size_t>(s.B));
   for (int64_t b = 0; b < s.B; ++b) {
-    states[size_t(b)] = device_memory<DeviceState>(memories[b], "delta_rule")->state();
+    states[size_t(b)] = device_memory<RecurrentState>(memories[b], "delta_rule")->state();
     // The decode kernel reads each state as float4s (linear::cuda::DeviceArgs::states).
     K3_CHECK(reinterpret_cast<uintptr_t>(states[size_t(b)]) % 16 == 0, "delta_rule: sequence ", b,
              "'s state is not 16-byte aligned");
@@ -379,7 +237,7 @@ Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, cons
     linear::cuda::forward(a);
     k3::cuda::scatter_blocks(S.cuda_f32(), s.B, SS, d_states.as<float*>());
   }
-  for (int64_t b = 0; b < s.B; ++b) device_memory<DeviceState>(memories[b], "delta_rule")->advance(s.T);
+  for (int64_t b = 0; b < s.B; ++b) device_memory<RecurrentState>(memories[b], "delta_rule")->advance(s.T);
   return o;
 }
 

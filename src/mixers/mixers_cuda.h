@@ -1,8 +1,7 @@
-// The mixers' memories on the GPU: device forms of the KV cache, the MLA latent cache and the
-// recurrent state with its conv tails (same MemoryKinds, so contexts, prefix snapshots and the
-// memory report treat them alike), and the cached forward paths that continue them. A mixer whose
-// weights are on the device (models' move_to) makes these in new_memory and takes these paths
-// when given memories. Inference only; fp32 (latent caches fp32 or bf16). Built with K3_CUDA only.
+// The mixers' cached forward paths on the GPU: softmax attention, absorbed MLA, the short
+// convolutions and the delta rule continuing each sequence's memory (KVCache, LatentCache,
+// RecurrentState made on CUDA by a mixer whose weights are on the device). Inference only; fp32
+// (latent caches fp32 or bf16). Built with K3_CUDA only.
 #pragma once
 
 #include <memory>
@@ -12,7 +11,9 @@
 #include "core/tensor.h"
 #include "mixers/linear/delta_core.h"
 #include "mixers/linear/delta_cuda.h"
+#include "mixers/linear/delta_states.h"
 #include "mixers/memory.h"
+#include "mixers/mla/latent_attention.h"
 
 namespace k3 {
 
@@ -55,29 +56,6 @@ void scatter_blocks(const float* src, int64_t B, int64_t n, float* const* dsts);
 
 namespace gpu {
 
-// Preallocated for max_tokens (no growth on the device); bytes() is what is allocated.
-std::unique_ptr<Memory> kv_cache(int64_t heads, int64_t head_dim, int64_t max_tokens);
-// A latent cache stores its rows as `storage`: fp32, or bf16 (half the bytes, rows rounded to
-// nearest even as they are written; the absorbed attention reads them exactly).
-std::unique_ptr<Memory> latent_cache(int64_t width, int64_t max_tokens, device::Storage storage = device::Storage::F32);
-// The storage of the latent caches that MLA layers on the device make from now on (new_memory);
-// fp32 unless set. LatentStorage sets it for a scope.
-void set_latent_storage(device::Storage storage);
-device::Storage latent_storage();
-class LatentStorage {
- public:
-  explicit LatentStorage(device::Storage storage) : saved_(latent_storage()) { set_latent_storage(storage); }
-  ~LatentStorage() { set_latent_storage(saved_); }
-  LatentStorage(const LatentStorage&) = delete;
-  LatentStorage& operator=(const LatentStorage&) = delete;
-
- private:
-  device::Storage saved_;
-};
-std::unique_ptr<Memory> recurrent_state(int64_t HV, int64_t K, int64_t V, std::vector<int64_t> conv_channels,
-                                        int64_t conv_size);
-bool is_device_memory(const Memory* m);
-
 // Softmax attention of B sequences of T new tokens continuing their KV caches: qkv [B*T, 3·H·hd]
 // (q | k | v) on the device; returns [B*T, H·hd].
 Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
@@ -86,36 +64,15 @@ Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int6
 // Absorbed MLA (spec §6) continuing latent caches: q [B*T, H·(nope+rope)] (rope applied), the new
 // latent rows [B*T, R + rope] (normalised c, rotated k_rope), kv_b weight [H·(nope+v), R] on the
 // device; returns [B*T, H·v].
-struct LatentShape {
-  int64_t B, T, H, nope, rope, v, R;
-  float scale;
-};
 Tensor latent_attention(const Tensor& q, const Tensor& rows, const Tensor& kv_b, const LatentShape& s,
                         Memory* const* memories);
 
-// The delta layer's conv streams (q, k, v: tails 0, 1, 2 of each sequence's state) continuing each
-// sequence's tails, in one launch: xs[s] [B*T, C_s], ws[s] [C_s, W]; silu applies y·σ(y).
+// The forms on CUDA of the delta layer's ops (mixers/linear/delta_states.h).
 std::vector<Tensor> convs_with_tails(const std::vector<Tensor>& xs, const std::vector<Tensor>& ws, int64_t B, int64_t T,
                                      int64_t W, bool silu, Memory* const* memories);
-// The delta rule continuing each sequence's state (and counting the tokens into its length).
-struct DeltaBatch {
-  int64_t B, T, H, HV, K, V;
-};
-// A delta layer's activations done inside the decode step (T = 1), so that the step is one launch:
-// q and k normalised over K (l2norm, eps 1e-6), β = σ(beta) (beta holds its logits), and, unless
-// `gate` is LogDecay, g computed from the gate's pre-activations by that KDA gate form
-// (`lower_bound` for LowerBound) with A_log [≥ HV] and dt_bias [HV·K] (per channel) or [HV]
-// (scalar decay). The tensors' form of linear::cuda::DecodePrologue.
-struct DecodeActivations {
-  bool l2norm = false;
-  bool beta_logit = false;
-  linear::cuda::GateInput gate = linear::cuda::GateInput::LogDecay;
-  float lower_bound = -5.0f;
-  Tensor A_log, dt_bias;
-};
 Tensor delta_with_states(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
-                         const linear::DeltaOptions& opts, const DeltaBatch& s, Memory* const* memories,
-                         const DecodeActivations* act = nullptr);
+                         const linear::DeltaOptions& opts, const linear::DeltaBatch& s, Memory* const* memories,
+                         const linear::DecodeActivations* act = nullptr);
 
 }  // namespace gpu
 }  // namespace k3

@@ -10,6 +10,7 @@
 
 #include "infer/generate.h"
 #include "mixers/mixers_cuda.h"
+#include "mixers/mla/mla.h"
 #include "models/registry.h"
 #include "models/testing.h"
 
@@ -226,7 +227,7 @@ TEST_P(FixtureModelCuda, Bf16GemmWeightsStayWithinTheirRoundingError) {
   std::printf("%s bf16 GEMM weights: rel L2 %.2e (CPU with the same rounding %.2e)\n", GetParam().c_str(), e_gpu, e_cpu);
 }
 
-// bf16 latent caches (gpu::LatentStorage): a 5-token prefill then one token at a time stays within
+// bf16 latent caches (LatentStorage): a 5-token prefill then one token at a time stays within
 // 5e-3 of the reference logits, k3::generate still gives the reference's greedy ids, and every
 // latent cache takes half the bytes of its fp32 form (models without MLA layers are unchanged).
 TEST_P(FixtureModelCuda, Bf16LatentCachesStayNearTheReference) {
@@ -237,7 +238,7 @@ TEST_P(FixtureModelCuda, Bf16LatentCachesStayNearTheReference) {
   const int64_t T = greedy.numel(), V = model->vocab_size();
   const int64_t* ids = greedy.data<int64_t>();
   Context f32 = model->new_context(T);
-  gpu::LatentStorage bf16(device::Storage::BF16);
+  LatentStorage bf16(DType::BF16);
   Context ctx = model->new_context(T);
   ASSERT_EQ(ctx.layers.size(), f32.layers.size());
   for (size_t l = 0; l < ctx.layers.size(); ++l)

@@ -3,65 +3,102 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/device.h"
 #include "core/error.h"
+#include "mixers/mixers_cuda.h"
 
 namespace k3 {
 
-KVCache::KVCache(int64_t heads, int64_t head_dim, int64_t max_tokens, int64_t conv_channels, int64_t conv_size)
-    : heads_(heads), head_dim_(head_dim), max_tokens_(max_tokens), conv_channels_(conv_channels), conv_size_(conv_size) {
-  if (conv_size > 1) tail_.assign(size_t((conv_size - 1) * conv_channels), 0.0f);
+KVCache::KVCache(int64_t heads, int64_t head_dim, int64_t max_tokens, int64_t conv_channels, int64_t conv_size,
+                 Device device)
+    : heads_(heads),
+      head_dim_(head_dim),
+      conv_channels_(conv_channels),
+      conv_size_(conv_size),
+      rows_("kv-cache", {heads * head_dim, heads * head_dim}, max_tokens, device) {
+  if (conv_size > 1) {
+    if (device != Device::CPU)
+      throw error("attention", "the short-conv attention variant keeps its conv tails on the CPU: decode it with --device cpu");
+    tail_ = Tensor::zeros({conv_size - 1, conv_channels});
+  }
 }
 
 void KVCache::reset() {
-  length_ = 0;
-  std::fill(tail_.begin(), tail_.end(), 0.0f);
+  rows_.reset();
+  if (tail_.numel()) tail_.zero();
+}
+
+std::unique_ptr<Memory> KVCache::clone() const {
+  auto c = std::make_unique<KVCache>(*this);
+  c->rows_ = rows_.clone();
+  if (tail_.numel()) c->tail_ = tail_.clone();
+  return c;
 }
 
 void KVCache::restore(const Memory& snapshot) {
   const auto* s = dynamic_cast<const KVCache*>(&snapshot);
-  K3_CHECK(s && s->heads_ == heads_ && s->head_dim_ == head_dim_ && s->tail_.size() == tail_.size(),
+  K3_CHECK(s && s->heads_ == heads_ && s->head_dim_ == head_dim_ && s->tail_.numel() == tail_.numel(),
            "KVCache::restore from another kind");
-  *this = *s;
+  rows_.restore(s->rows_);
+  if (tail_.numel()) tail_.copy_from(s->tail_);
 }
 
-void KVCache::grow(int64_t need) {
-  int64_t cap = std::max<int64_t>(capacity_, 16);
-  while (cap < need) cap *= 2;
-  cap = std::min(cap, std::max(max_tokens_, need));
-  std::vector<float> nk(size_t(heads_ * cap * head_dim_)), nv(nk.size());
-  for (int64_t h = 0; length_ > 0 && h < heads_; ++h) {
-    std::memcpy(nk.data() + h * cap * head_dim_, k_.data() + h * capacity_ * head_dim_, size_t(length_ * head_dim_) * 4);
-    std::memcpy(nv.data() + h * cap * head_dim_, v_.data() + h * capacity_ * head_dim_, size_t(length_ * head_dim_) * 4);
-  }
-  k_.swap(nk);
-  v_.swap(nv);
-  capacity_ = cap;
+void KVCache::set_length(int64_t n) {
+  if (rows_.device() != Device::CUDA) Memory::set_length(n);
+  rows_.set_length(n);
 }
 
 void KVCache::extend_zeros(int64_t n) {
-  if (length_ + n > max_tokens_) throw error("kv-cache", "context of ", length_ + n, " exceeds ", max_tokens_);
-  if (length_ + n > capacity_) grow(length_ + n);
-  length_ += n;  // grow() zero-fills new capacity
+  rows_.extend_zeros(n);
   // The conv tail shifts in n zero inputs.
-  const int64_t keep = std::max<int64_t>(0, conv_size_ - 1 - n);
-  if (!tail_.empty()) {
-    const size_t C = size_t(conv_channels_);
-    std::memmove(tail_.data(), tail_.data() + tail_.size() - size_t(keep) * C, size_t(keep) * C * sizeof(float));
-    std::fill(tail_.begin() + std::ptrdiff_t(size_t(keep) * C), tail_.end(), 0.0f);
+  if (tail_.numel()) {
+    float* tail = tail_.f32();
+    const int64_t C = conv_channels_, rows = conv_size_ - 1, keep = std::max<int64_t>(0, rows - n);
+    std::memmove(tail, tail + (rows - keep) * C, size_t(keep * C) * sizeof(float));
+    std::fill(tail + keep * C, tail + rows * C, 0.0f);
   }
 }
 
 void KVCache::append(const HeadView& k, const HeadView& v, int64_t n) {
-  if (length_ + n > max_tokens_)
-    throw error("kv-cache", "context of ", length_ + n, " tokens exceeds the model's maximum of ", max_tokens_,
-                " positions");
-  if (length_ + n > capacity_) grow(length_ + n);
+  K3_CHECK(rows_.device() == Device::CPU, "kv-cache: host rows appended to a CUDA cache");
+  rows_.reserve(n);
+  const int64_t D = heads_ * head_dim_, t0 = rows_.length();
+  float* ks = rows_.f32(0) + t0 * D;
+  float* vs = rows_.f32(1) + t0 * D;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t h = 0; h < heads_; ++h) {
-      std::memcpy(k_.data() + (h * capacity_ + length_ + t) * head_dim_, k.at(t, h), size_t(head_dim_) * 4);
-      std::memcpy(v_.data() + (h * capacity_ + length_ + t) * head_dim_, v.at(t, h), size_t(head_dim_) * 4);
+      std::memcpy(ks + t * D + h * head_dim_, k.at(t, h), size_t(head_dim_) * 4);
+      std::memcpy(vs + t * D + h * head_dim_, v.at(t, h), size_t(head_dim_) * 4);
     }
-  length_ += n;
+  rows_.advance(n);
+}
+
+Tensor attend_cached(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
+                     Memory* const* memories) {
+  const int64_t D = H * hd;
+  K3_CHECK(qkv.numel() == B * T * 3 * D && qkv.is_contiguous(), "attention: qkv ", qkv.describe(), " for B=", B,
+           " T=", T, " width ", 3 * D);
+  if (qkv.device() == Device::CUDA) {
+    if constexpr (device::kCudaBuilt) return gpu::cached_attention(qkv, B, T, H, hd, scale, memories);
+  }
+  std::vector<KVCache*> caches(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {  // all or none
+    caches[size_t(b)] = dynamic_cast<KVCache*>(memories[b]);
+    K3_CHECK(caches[size_t(b)] && caches[size_t(b)]->rows().device() == Device::CPU, "attention: sequence ", b,
+             "'s memory is not a host KV cache");
+    caches[size_t(b)]->rows().reserve(T);
+  }
+  Tensor att = Tensor::empty({B * T, D});  // [B*T, H, hd]
+  for (int64_t b = 0; b < B; ++b) {
+    KVCache* cache = caches[size_t(b)];
+    float* base = qkv.f32() + b * T * 3 * D;
+    HeadView q{base, 3 * D, hd}, k{base + D, 3 * D, hd}, v{base + 2 * D, 3 * D, hd};
+    AttentionShape s{T, 0, H, hd, cache->length(), scale};
+    cache->append(k, v, T);
+    s.S = cache->length();
+    attention_forward(q, cache->keys(), cache->values(), HeadView{att.f32() + b * T * D, D, hd}, s);
+  }
+  return att;
 }
 
 }  // namespace k3

@@ -1,39 +1,49 @@
-// KV cache of softmax attention: K and V of every past token, head-major [H, capacity, hd] so
-// that one head's keys are contiguous for the decode kernel. Grows by doubling. Optionally also
-// the conv tail [W−1, C] of a short convolution in front of attention (conv_size W > 1).
+// KV cache of softmax attention: K and V of every past token, token-major rows [capacity, H·hd]
+// (mixers/token_rows.h: grown on the host, allocated up front on CUDA), on the device of the layer
+// that made it. Optionally also the conv tail [W−1, C] of a short convolution in front of
+// attention (conv_size W > 1; host only).
 #pragma once
 
-#include <vector>
-
 #include "mixers/memory.h"
+#include "mixers/token_rows.h"
 #include "ops/attention.h"
 
 namespace k3 {
 
 class KVCache final : public Memory {
  public:
-  KVCache(int64_t heads, int64_t head_dim, int64_t max_tokens, int64_t conv_channels = 0, int64_t conv_size = 0);
+  KVCache(int64_t heads, int64_t head_dim, int64_t max_tokens, int64_t conv_channels = 0, int64_t conv_size = 0,
+          Device device = Device::CPU);
   MemoryKind kind() const override { return MemoryKind::KVCache; }
   void reset() override;
-  std::unique_ptr<Memory> clone() const override { return std::make_unique<KVCache>(*this); }
+  std::unique_ptr<Memory> clone() const override;
   void restore(const Memory& snapshot) override;
-  size_t bytes() const override { return (k_.capacity() + v_.capacity() + tail_.size()) * sizeof(float); }
-  int64_t length() const override { return length_; }
+  size_t bytes() const override { return rows_.bytes() + tail_.nbytes(); }
+  int64_t length() const override { return rows_.length(); }
+  int64_t capacity() const override { return rows_.max_tokens(); }
   void extend_zeros(int64_t n) override;
+  void set_length(int64_t n) override;
 
-  // Appends n tokens read from [n, H, hd] views.
+  // Appends n tokens read from [n, H, hd] host views.
   void append(const HeadView& k, const HeadView& v, int64_t n);
-  HeadView keys() { return {k_.data(), head_dim_, capacity_ * head_dim_}; }
-  HeadView values() { return {v_.data(), head_dim_, capacity_ * head_dim_}; }
-  int64_t max_tokens() const { return max_tokens_; }
-  float* conv_tail() { return tail_.empty() ? nullptr : tail_.data(); }  // [W−1, C], oldest first
+  HeadView keys() { return {rows_.f32(0), heads_ * head_dim_, head_dim_}; }
+  HeadView values() { return {rows_.f32(1), heads_ * head_dim_, head_dim_}; }
+  TokenRows& rows() { return rows_; }  // array 0 keys, 1 values
+  Device device() const { return rows_.device(); }
+  int64_t max_tokens() const { return rows_.max_tokens(); }
+  float* conv_tail() { return tail_.numel() ? tail_.f32() : nullptr; }  // [W−1, C], oldest first
 
  private:
-  void grow(int64_t need);
-  int64_t heads_, head_dim_, max_tokens_, conv_channels_, conv_size_;
-  int64_t capacity_ = 0, length_ = 0;
-  std::vector<float> k_, v_;  // [H, capacity, hd]
-  std::vector<float> tail_;   // [conv_size − 1, conv_channels] or empty
+  int64_t heads_, head_dim_, conv_channels_, conv_size_;
+  TokenRows rows_;
+  Tensor tail_;  // [conv_size − 1, conv_channels] or empty
 };
+
+// Softmax attention of B sequences of T new tokens continuing their KV caches, on the device where
+// the caches live: qkv [B·T, 3·H·hd] (q | k | v) appends its keys and values to each cache, then
+// every query attends causally over its cache. Returns [B·T, H·hd]. Every cache takes its tokens,
+// or (a cache full) none does. Inference only.
+Tensor attend_cached(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
+                     Memory* const* memories);
 
 }  // namespace k3

@@ -4,7 +4,6 @@
 
 #include "ops/ag_conv.h"
 
-#include "mixers/mixers_cuda.h"
 
 namespace k3 {
 
@@ -24,8 +23,6 @@ Var SoftmaxAttention::conv(const Var& qkv, const SeqBatch& batch) const {
   if (!c_attn_conv) return qkv;
   if (!batch.memories) return ag::silu(ag::short_conv(qkv, c_attn_conv, batch.B, batch.T));
   const int64_t T = batch.T, C = 3 * o_.d_model, W = o_.conv_size;
-  if (qkv->value.device() != Device::CPU)
-    throw error("attention", "the short-conv attention variant keeps its conv tails on the CPU: decode it with --device cpu");
   Tensor y = Tensor::empty(qkv->value.shape());
   for (int64_t b = 0; b < batch.B; ++b) {
     auto* cache = static_cast<KVCache*>(batch.memories[b]);
@@ -48,31 +45,12 @@ Var SoftmaxAttention::forward(const Var& x, const SeqBatch& batch) const {
     return c_proj(att);
   }
   // Continue each sequence from its KV cache (inference: no graph through the cache).
-  if constexpr (device::kCudaBuilt)
-    if (qkv->value.device() == Device::CUDA)
-      return c_proj(constant(gpu::cached_attention(qkv->value, B, T, H, hd_, scale, batch.memories)));
-  Tensor att = Tensor::empty({B * T, D});  // [B*T, H, hd]
-  for (int64_t b = 0; b < B; ++b) {
-    auto* cache = static_cast<KVCache*>(batch.memories[b]);
-    float* base = qkv->value.f32() + b * T * 3 * D;
-    HeadView q{base, 3 * D, hd_}, k{base + D, 3 * D, hd_}, v{base + 2 * D, 3 * D, hd_};
-    AttentionShape s{T, 0, H, hd_, cache->length(), scale};
-    cache->append(k, v, T);
-    s.S = cache->length();
-    attention_forward(q, cache->keys(), cache->values(), HeadView{att.f32() + b * T * D, D, hd_}, s);
-  }
-  return c_proj(constant(std::move(att)));
+  return c_proj(constant(attend_cached(qkv->value, B, T, H, hd_, scale, batch.memories)));
 }
 
 std::unique_ptr<Memory> SoftmaxAttention::new_memory(int64_t max_tokens) const {
-  if constexpr (device::kCudaBuilt)
-    if (c_attn.weight->value.device() == Device::CUDA) {
-      if (c_attn_conv)
-        throw error("attention", "the short-conv attention variant keeps its conv tails on the CPU: decode it with --device cpu");
-      return gpu::kv_cache(o_.heads, hd_, std::min(max_tokens, o_.max_positions));
-    }
   return std::make_unique<KVCache>(o_.heads, hd_, std::min(max_tokens, o_.max_positions), 3 * o_.d_model,
-                                   o_.conv_size);
+                                   o_.conv_size, c_attn.weight->value.device());
 }
 
 std::vector<MemorySpec> SoftmaxAttention::memory_spec() const {

@@ -5,18 +5,9 @@
 
 #include "core/profile.h"
 #include "ops/ag_conv.h"
-#include "mixers/linear/delta_cuda.h"
-#include "mixers/mixers_cuda.h"
+#include "mixers/linear/delta_states.h"
 
 namespace k3 {
-
-namespace {
-RecurrentState* state_of(const SeqBatch& batch, int64_t b) {
-  auto* s = dynamic_cast<RecurrentState*>(batch.memories[b]);
-  K3_CHECK(s, "delta layer: sequence ", b, "'s memory is not a RecurrentState");
-  return s;
-}
-}  // namespace
 
 DeltaLayerOptions DeltaLayerOptions::kimi_linear_kda(int64_t d_model, int64_t heads, int64_t head_dim, float eps) {
   DeltaLayerOptions o;
@@ -153,22 +144,11 @@ linear::DeltaOptions DeltaLayer::core_options() const {
   return c;
 }
 
-// Short conv of one stream: from zero padding (no memories, differentiable) or continuing each
-// sequence's conv tail (memories; inference, no graph through the tail).
-Var DeltaLayer::conv(const Var& x, size_t stream, const Var& w, const SeqBatch& batch) const {
+// Short conv of one stream from zero padding (no memories, differentiable).
+Var DeltaLayer::conv(const Var& x, const Var& w, const SeqBatch& batch) const {
   if (!w) return x;
-  if (!batch.memories) return ag::short_conv(x, w, batch.B, batch.T);
-  profile::Scope scope("short conv");
-  const int64_t T = batch.T, C = x->value.dim(-1), W = o_.conv_size;
-  Tensor y = Tensor::empty(x->value.shape());
-  for (int64_t b = 0; b < batch.B; ++b) {
-    auto* mem = state_of(batch, b);
-    const float* xb = x->value.f32() + b * T * C;
-    float* tail = W > 1 ? mem->conv_tail(stream) : nullptr;
-    short_conv_forward(xb, w->value.f32(), tail, T, C, W, y.f32() + b * T * C);
-    if (tail) short_conv_update_tail(xb, T, C, W, tail);
-  }
-  return constant(std::move(y));
+  K3_CHECK(!batch.memories, "delta layer: the conv streams continue their tails through linear::convs_with_tails");
+  return ag::short_conv(x, w, batch.B, batch.T);
 }
 
 Var DeltaLayer::core(const Var& q, const Var& k, const Var& v, const Var& beta, const Var& g,
@@ -176,52 +156,10 @@ Var DeltaLayer::core(const Var& q, const Var& k, const Var& v, const Var& beta, 
   const linear::DeltaOptions c = core_options();
   const int64_t B = batch.B, T = batch.T;
   if (!batch.memories) return ag::delta_rule(q, k, v, beta, g, c, ag::DeltaShape{B, T, H_, HV_, K_, V_});
-  profile::Scope scope("state step");
   // Continue each sequence from its recurrent state (inference: no graph through the state).
-  if constexpr (device::kCudaBuilt) {
-    if (q->value.device() == Device::CUDA)
-      return constant(gpu::delta_with_states(q->value, k->value, v->value, beta ? beta->value : Tensor(),
-                                             g ? g->value : Tensor(), c, gpu::DeltaBatch{B, T, H_, HV_, K_, V_},
-                                             batch.memories));
-  }
-  const int64_t SS = HV_ * K_ * V_, ZS = HV_ * K_;
-  linear::DeltaInputs in;
-  in.q = q->value.reshape({B, T, H_, K_});
-  in.k = k->value.reshape({B, T, H_, K_});
-  in.v = v->value.reshape({B, T, HV_, V_});
-  if (c.write == linear::Write::Delta) in.beta = beta->value.reshape({B, T, HV_});
-  if (c.decay == linear::Decay::Scalar) in.g = g->value.reshape({B, T, HV_});
-  if (c.decay == linear::Decay::PerChannel) in.g = g->value.reshape({B, T, HV_, K_});
-  Tensor o;
-  if (T == 1) {  // the decode step updates each sequence's state where it lives
-    linear::DeltaState st;
-    for (int64_t b = 0; b < B; ++b) {
-      auto* mem = state_of(batch, b);
-      st.S_seq.push_back(mem->state());
-      if (o_.normalize) st.z_seq.push_back(mem->normalizer());
-    }
-    o = linear::delta_step(in, st, c);
-  } else {  // a continued prefill: the chunked core takes the states as one batch (h0) and returns them
-    Tensor S = Tensor::empty({B, HV_, K_, V_});
-    Tensor z = o_.normalize ? Tensor::empty({B, HV_, K_}) : Tensor();
-    for (int64_t b = 0; b < B; ++b) {
-      auto* mem = state_of(batch, b);
-      std::memcpy(S.f32() + b * SS, mem->state(), static_cast<size_t>(SS) * sizeof(float));
-      if (o_.normalize) std::memcpy(z.f32() + b * ZS, mem->normalizer(), static_cast<size_t>(ZS) * sizeof(float));
-    }
-    in.h0 = S;
-    in.z0 = z;
-    linear::DeltaOutputs out = linear::delta_forward(in, c, linear::Impl::Chunked);
-    o = out.o;
-    for (int64_t b = 0; b < B; ++b) {
-      auto* mem = state_of(batch, b);
-      std::memcpy(mem->state(), out.ht.f32() + b * SS, static_cast<size_t>(SS) * sizeof(float));
-      if (o_.normalize)
-        std::memcpy(mem->normalizer(), out.zt.f32() + b * ZS, static_cast<size_t>(ZS) * sizeof(float));
-    }
-  }
-  for (int64_t b = 0; b < B; ++b) state_of(batch, b)->advance(T);
-  return constant(o.reshape({B * T, HV_ * V_}));
+  return constant(linear::delta_with_states(q->value, k->value, v->value, beta ? beta->value : Tensor(),
+                                            g ? g->value : Tensor(), c, linear::DeltaBatch{B, T, H_, HV_, K_, V_},
+                                            batch.memories));
 }
 
 Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
@@ -250,55 +188,49 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   scope.emplace("q k v");
   Var q, k, v;
   bool silu_done = false;
-  if constexpr (device::kCudaBuilt) {
-    if (batch.memories && q_conv_ && x->value.device() == Device::CUDA) {
-      // Decode on the device: the three streams' convolutions (and their SiLU) in one launch. The
-      // state step's kernels must take the heads before the tails move on, or a refused shape would
-      // leave the tails a token ahead of the state.
-      linear::cuda::check_supported(K_, V_);
-      const std::vector<Tensor> xs = {proj(kQ, q_proj_)->value, proj(kK, k_proj_)->value, proj(kV, v_proj_)->value};
-      profile::Scope conv_scope("short conv");
-      const std::vector<Tensor> ys = gpu::convs_with_tails(xs, {q_conv_->value, k_conv_->value, v_conv_->value}, batch.B,
-                                                           batch.T, o_.conv_size, o_.silu, batch.memories);
-      q = constant(ys[0]), k = constant(ys[1]), v = constant(ys[2]);
-      silu_done = o_.silu;
-    }
-  }
-  if (!q) {
-    q = conv(proj(kQ, q_proj_), 0, q_conv_, batch);
-    k = conv(proj(kK, k_proj_), 1, k_conv_, batch);
-    v = conv(proj(kV, v_proj_), 2, v_conv_, batch);
+  if (batch.memories && q_conv_) {
+    // Decoding: the three streams' convolutions (and their SiLU) continuing each sequence's tails,
+    // one launch on CUDA. The state step must take the heads before the tails move on, or a
+    // refused shape would leave the tails a token ahead of the state.
+    linear::check_state_step(x->value.device(), K_, V_);
+    const std::vector<Tensor> ys =
+        linear::convs_with_tails({proj(kQ, q_proj_)->value, proj(kK, k_proj_)->value, proj(kV, v_proj_)->value},
+                                 {q_conv_->value, k_conv_->value, v_conv_->value}, batch.B, batch.T, o_.conv_size,
+                                 o_.silu, batch.memories);
+    q = constant(ys[0]), k = constant(ys[1]), v = constant(ys[2]);
+    silu_done = o_.silu;
+  } else {
+    q = conv(proj(kQ, q_proj_), q_conv_, batch);
+    k = conv(proj(kK, k_proj_), k_conv_, batch);
+    v = conv(proj(kV, v_proj_), v_conv_, batch);
   }
   // The decay gate's pre-activations (GDN: a_proj; KDA: the low-rank f_a, f_b).
   auto gate_input = [&] { return o_.kind == DeltaKind::Kda ? f_b_proj_(proj(kDecay, f_a_proj_)) : proj(kDecay, a_proj_); };
   Var o;
-  if constexpr (device::kCudaBuilt) {
-    // The decode step on the device: q/k normalisation, β's sigmoid and the decay gate inside the
-    // state step's kernel, one launch where there were five.
-    if (batch.memories && batch.T == 1 && x->value.device() == Device::CUDA && (silu_done || !o_.silu) &&
-        o_.feature_map != FeatureMap::Elu1 && !o_.normalize &&
-        (o_.kind == DeltaKind::LinearAttention || o_.use_beta)) {
-      scope.emplace("gates");
-      gpu::DecodeActivations act;
-      act.l2norm = o_.qk_l2norm;
-      Var beta, g;
-      if (o_.kind != DeltaKind::LinearAttention) {
-        beta = proj(kBeta, b_proj_);
-        act.beta_logit = true;
-      }
-      if (o_.kind == DeltaKind::GatedDeltaNet || o_.kind == DeltaKind::Kda) {
-        g = gate_input();
-        const bool lb = o_.kind == DeltaKind::Kda && o_.gate_form == KdaGateForm::LowerBound;
-        act.gate = lb ? linear::cuda::GateInput::LowerBound : linear::cuda::GateInput::Softplus;
-        act.lower_bound = o_.gate_lower_bound;
-        act.A_log = A_log_->value;
-        act.dt_bias = dt_bias_->value;
-      }
-      scope.emplace("state step");
-      o = constant(gpu::delta_with_states(q->value, k->value, v->value, beta ? beta->value : Tensor(),
-                                          g ? g->value : Tensor(), core_options(),
-                                          gpu::DeltaBatch{batch.B, batch.T, H_, HV_, K_, V_}, batch.memories, &act));
+  // The decode step: q/k normalisation, β's sigmoid and the decay gate handed to the state step
+  // (on CUDA inside its kernel, one launch where there were five).
+  if (batch.memories && batch.T == 1 && (silu_done || !o_.silu) && o_.feature_map != FeatureMap::Elu1 &&
+      !o_.normalize && (o_.kind == DeltaKind::LinearAttention || o_.use_beta)) {
+    scope.emplace("gates");
+    linear::DecodeActivations act;
+    act.l2norm = o_.qk_l2norm;
+    Var beta, g;
+    if (o_.kind != DeltaKind::LinearAttention) {
+      beta = proj(kBeta, b_proj_);
+      act.beta_logit = true;
     }
+    if (o_.kind == DeltaKind::GatedDeltaNet || o_.kind == DeltaKind::Kda) {
+      g = gate_input();
+      const bool lb = o_.kind == DeltaKind::Kda && o_.gate_form == KdaGateForm::LowerBound;
+      act.gate = lb ? linear::cuda::GateInput::LowerBound : linear::cuda::GateInput::Softplus;
+      act.lower_bound = o_.gate_lower_bound;
+      act.A_log = A_log_->value;
+      act.dt_bias = dt_bias_->value;
+    }
+    scope.reset();
+    o = constant(linear::delta_with_states(q->value, k->value, v->value, beta ? beta->value : Tensor(),
+                                           g ? g->value : Tensor(), core_options(),
+                                           linear::DeltaBatch{batch.B, batch.T, H_, HV_, K_, V_}, batch.memories, &act));
   }
   if (!o) {
     if (o_.silu && !silu_done) {
@@ -352,11 +284,8 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
 std::unique_ptr<Memory> DeltaLayer::new_memory(int64_t) const {
   std::vector<int64_t> channels;
   if (o_.conv_size > 1) channels = {H_ * K_, H_ * K_, HV_ * V_};
-  if constexpr (device::kCudaBuilt) {
-    if (q_proj_.weight->value.device() == Device::CUDA)
-      return gpu::recurrent_state(HV_, K_, V_, std::move(channels), o_.conv_size);
-  }
-  return std::make_unique<RecurrentState>(HV_, K_, V_, o_.normalize, std::move(channels), o_.conv_size);
+  return std::make_unique<RecurrentState>(HV_, K_, V_, o_.normalize, std::move(channels), o_.conv_size,
+                                          q_proj_.weight->value.device());
 }
 
 std::vector<MemorySpec> DeltaLayer::memory_spec() const {

@@ -83,7 +83,7 @@ class DeltaLayer final : public Mixer {
   linear::DeltaOptions core_options() const;
 
  private:
-  Var conv(const Var& x, size_t stream, const Var& w, const SeqBatch& batch) const;
+  Var conv(const Var& x, const Var& w, const SeqBatch& batch) const;
   Var core(const Var& q, const Var& k, const Var& v, const Var& beta, const Var& g, const SeqBatch& batch) const;
 
   DeltaLayerOptions o_;

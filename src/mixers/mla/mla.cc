@@ -6,29 +6,49 @@
 
 #include "core/profile.h"
 #include "ops/ag_heads.h"
-#include "mixers/mixers_cuda.h"
+#include "mixers/mla/latent_attention.h"
 #include "ops/gemm.h"
 
 namespace k3 {
 
-void LatentCache::restore(const Memory& snapshot) {
-  const auto* s = dynamic_cast<const LatentCache*>(&snapshot);
-  K3_CHECK(s && s->width_ == width_, "LatentCache::restore from another kind");
-  *this = *s;
+namespace {
+DType g_latent_storage = DType::F32;
+}  // namespace
+void set_latent_storage(DType dtype) {
+  K3_CHECK(dtype == DType::F32 || dtype == DType::BF16, "mla: latent caches of ", dtype_name(dtype));
+  g_latent_storage = dtype;
+}
+DType latent_storage() { return g_latent_storage; }
+
+LatentCache::LatentCache(int64_t width, int64_t max_tokens, Device device)
+    : rows_("mla", {width}, max_tokens, device, device == Device::CUDA ? latent_storage() : DType::F32) {}
+
+size_t LatentCache::value_bytes(Device device) {
+  return dtype_size(device == Device::CUDA ? latent_storage() : DType::F32);
 }
 
-void LatentCache::extend_zeros(int64_t n) {
-  if (length_ + n > max_tokens_) throw error("mla", "context of ", length_ + n, " exceeds ", max_tokens_);
-  rows_.resize(size_t((length_ + n) * width_), 0.0f);
-  length_ += n;
+std::unique_ptr<Memory> LatentCache::clone() const {
+  auto c = std::make_unique<LatentCache>(*this);
+  c->rows_ = rows_.clone();
+  return c;
+}
+
+void LatentCache::restore(const Memory& snapshot) {
+  const auto* s = dynamic_cast<const LatentCache*>(&snapshot);
+  K3_CHECK(s, "LatentCache::restore from another kind");
+  rows_.restore(s->rows_);
+}
+
+void LatentCache::set_length(int64_t n) {
+  if (rows_.device() != Device::CUDA) Memory::set_length(n);
+  rows_.set_length(n);
 }
 
 void LatentCache::append(const float* rows, int64_t n) {
-  if (length_ + n > max_tokens_)
-    throw error("mla", "context of ", length_ + n, " tokens exceeds the limit of ", max_tokens_);
-  rows_.resize(size_t((length_ + n) * width_));
-  std::memcpy(rows_.data() + length_ * width_, rows, size_t(n * width_) * 4);
-  length_ += n;
+  K3_CHECK(rows_.device() == Device::CPU, "mla: host rows appended to a CUDA latent cache");
+  rows_.reserve(n);
+  rows_.append(0, rows, width(), n);
+  rows_.advance(n);
 }
 
 Mla::Mla(const MlaOptions& o) : o_(o) {
@@ -87,92 +107,35 @@ Var Mla::forward(const Var& x, const SeqBatch& batch) const {
 // Weight absorption (spec §6): score_h(s) = (W_UK[h]ᵀ q_nope_h · c_s + q_rope_h · k_rope_s)·scale,
 // o_h = W_UV[h] Σ_s p_h(s) c_s. Inference only: no graph through the cache.
 Var Mla::absorbed(const Var& x, const SeqBatch& batch) const {
-  const int64_t H = o_.heads, B = batch.B, T = batch.T, R = o_.kv_lora_rank, rd = o_.qk_rope_head_dim;
-  const int64_t nope = o_.qk_nope_head_dim, vd = o_.v_head_dim, qd = nope + rd, W = R + rd;
-  if constexpr (device::kCudaBuilt) {
-    if (x->value.device() == Device::CUDA) {
-      // Every sequence's positions continue its own cache; the new latent rows [c ; k_rope] and
-      // the absorbed attention over them run on the device (mixers_cuda.h).
-      std::vector<int64_t> pos(static_cast<size_t>(B * T));
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = batch.memories[b]->length() + t;
-      // x's projections (query, latent rows, output gate) in one grouped GEMM (apply_each).
-      std::vector<const Linear*> ls = {o_.q_lora_rank ? &q_a_proj_ : &q_proj_, &kv_a_proj_};
-      if (o_.gate == OutputGate::Sigmoid) ls.push_back(&g_proj_);
-      const std::vector<Var> px = apply_each(ls, x);
-      Var q = queries_from(px[0], pos);
-      Var kv = px[1];
-      Var c = kv_a_norm_(ag::slice_last(kv, 0, R));
-      Var k_rope = ag::slice_last(kv, R, R + rd);
-      if (o_.position == MlaPosition::Rope) k_rope = ag::rope(k_rope, pos, 1, 0, rope_);
-      Var rows = ag::concat_last({c, k_rope});
-      Var a = constant(gpu::latent_attention(q->value, rows->value, kv_b_proj_.weight->value,
-                                             gpu::LatentShape{B, T, H, nope, rd, vd, R, scale_}, batch.memories));
-      if (o_.gate == OutputGate::Sigmoid) a = ag::mul(a, ag::sigmoid(px[2]));
-      return o_proj_(a);
-    }
-  }
-  const float* wkv = kv_b_proj_.weight->value.f32();  // [H*(nope+v), R]
-  Tensor att = Tensor::empty({B * T, H * vd});
-  std::optional<profile::Scope> scope(std::in_place, "latent attention");  // the projections included
-  for (int64_t b = 0; b < B; ++b) {
-    auto* cache = static_cast<LatentCache*>(batch.memories[b]);
-    const int64_t p0 = cache->length();
-    std::vector<int64_t> pos(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = p0 + t;
-    Var xb = constant(x->value.slice(0, b * T, (b + 1) * T).clone());
-    Var q = queries(xb, pos);  // [T, H*qd]
-    Var kv = kv_a_proj_(xb);
-    Var c = kv_a_norm_(ag::slice_last(kv, 0, R));
-    Var k_rope = ag::slice_last(kv, R, R + rd);
-    if (o_.position == MlaPosition::Rope) k_rope = ag::rope(k_rope, pos, 1, 0, rope_);
-    std::vector<float> rows(static_cast<size_t>(T * W));
-    for (int64_t t = 0; t < T; ++t) {
-      std::memcpy(rows.data() + t * W, c->value.f32() + t * R, size_t(R) * 4);
-      std::memcpy(rows.data() + t * W + R, k_rope->value.f32() + t * rd, size_t(rd) * 4);
-    }
-    cache->append(rows.data(), T);
-    const int64_t S = cache->length();
-    const float* lat = cache->data();  // [S, W]
-    std::vector<float> qt(static_cast<size_t>(W)), p(static_cast<size_t>(S)), ob(static_cast<size_t>(R));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const float* qh = q->value.f32() + (t * H + h) * qd;
-        const float* wuk = wkv + h * (nope + vd) * R;  // [nope, R]
-        // q̃ = W_UKᵀ q_nope (R values), then the rope part unchanged: a query over [c ; k_rope].
-        gemm(Trans::No, Trans::No, 1, R, nope, 1.0f, qh, nope, wuk, R, 0.0f, qt.data(), R);
-        std::memcpy(qt.data() + R, qh + nope, size_t(rd) * 4);
-        const int64_t n = p0 + t + 1;
-        gemm(Trans::No, Trans::Yes, 1, n, W, scale_, qt.data(), W, lat, W, 0.0f, p.data(), n);
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, p[size_t(j)]);
-        double z = 0;
-        for (int64_t j = 0; j < n; ++j) z += p[size_t(j)] = std::exp(p[size_t(j)] - mx);
-        for (int64_t j = 0; j < n; ++j) p[size_t(j)] = float(p[size_t(j)] / z);
-        // ō = Σ p_s c_s (R), then o_h = W_UV ō.
-        gemm(Trans::No, Trans::No, 1, R, n, 1.0f, p.data(), n, lat, W, 0.0f, ob.data(), R);
-        const float* wuv = wuk + nope * R;  // [v, R]
-        gemm(Trans::No, Trans::Yes, 1, vd, R, 1.0f, ob.data(), R, wuv, R, 0.0f, att.f32() + (b * T + t) * H * vd + h * vd, vd);
-      }
-  }
-  scope.reset();
-  Var a = constant(std::move(att));
-  if (o_.gate == OutputGate::Sigmoid) a = ag::mul(a, ag::sigmoid(g_proj_(x)));
+  const int64_t B = batch.B, T = batch.T;
+  // Every sequence's positions continue its own cache.
+  std::vector<int64_t> pos(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = batch.memories[b]->length() + t;
+  // x's projections (query, latent rows, output gate) in one grouped GEMM (apply_each).
+  std::vector<const Linear*> ls = {o_.q_lora_rank ? &q_a_proj_ : &q_proj_, &kv_a_proj_};
+  if (o_.gate == OutputGate::Sigmoid) ls.push_back(&g_proj_);
+  const std::vector<Var> px = apply_each(ls, x);
+  const int64_t R = o_.kv_lora_rank, rd = o_.qk_rope_head_dim;
+  Var q = queries_from(px[0], pos);
+  Var c = kv_a_norm_(ag::slice_last(px[1], 0, R));
+  Var k_rope = ag::slice_last(px[1], R, R + rd);
+  if (o_.position == MlaPosition::Rope) k_rope = ag::rope(k_rope, pos, 1, 0, rope_);
+  Var rows = ag::concat_last({c, k_rope});  // the new latent rows [c ; k_rope]
+  Var a = constant(attend_latents(q->value, rows->value, kv_b_proj_.weight->value,
+                                  LatentShape{B, T, o_.heads, o_.qk_nope_head_dim, rd, o_.v_head_dim, R, scale_},
+                                  batch.memories));
+  if (o_.gate == OutputGate::Sigmoid) a = ag::mul(a, ag::sigmoid(px[2]));
   return o_proj_(a);
 }
 
 std::unique_ptr<Memory> Mla::new_memory(int64_t max_tokens) const {
-  if constexpr (device::kCudaBuilt)
-    if (kv_a_proj_.weight->value.device() == Device::CUDA)
-      return gpu::latent_cache(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions),
-                               gpu::latent_storage());
-  return std::make_unique<LatentCache>(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions));
+  return std::make_unique<LatentCache>(o_.kv_lora_rank + o_.qk_rope_head_dim, std::min(max_tokens, o_.max_positions),
+                                       kv_a_proj_.weight->value.device());
 }
 
 std::vector<MemorySpec> Mla::memory_spec() const {
-  double bytes = sizeof(float);  // per latent value
-  if constexpr (device::kCudaBuilt)
-    if (kv_a_proj_.weight->value.device() == Device::CUDA && gpu::latent_storage() == device::Storage::BF16) bytes = 2;
+  const double bytes = double(LatentCache::value_bytes(kv_a_proj_.weight->value.device()));
   return {{MemoryKind::LatentCache, double(o_.kv_lora_rank + o_.qk_rope_head_dim) * bytes, 0}};
 }
 

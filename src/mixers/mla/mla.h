@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "mixers/mixer.h"
+#include "mixers/token_rows.h"
 #include "ops/linear.h"
 #include "ops/rope.h"
 
@@ -28,24 +29,47 @@ struct MlaOptions {
   int64_t max_positions = 1 << 20;
 };
 
-// The latent cache of one sequence for one MLA layer: [capacity, kv_lora + rope] rows.
+// The latent cache of one sequence for one MLA layer: rows [capacity, kv_lora + rope]
+// (mixers/token_rows.h) on the device of the layer that made it; fp32, or on CUDA bf16 when
+// latent_storage() says so (half the bytes, rows rounded to nearest even as they are written; the
+// absorbed attention reads them exactly).
 class LatentCache final : public Memory {
  public:
-  LatentCache(int64_t width, int64_t max_tokens) : width_(width), max_tokens_(max_tokens) {}
+  LatentCache(int64_t width, int64_t max_tokens, Device device = Device::CPU);
   MemoryKind kind() const override { return MemoryKind::LatentCache; }
-  void reset() override { length_ = 0; }
-  std::unique_ptr<Memory> clone() const override { return std::make_unique<LatentCache>(*this); }
+  void reset() override { rows_.reset(); }
+  std::unique_ptr<Memory> clone() const override;
   void restore(const Memory& snapshot) override;
-  size_t bytes() const override { return rows_.capacity() * sizeof(float); }
-  int64_t length() const override { return length_; }
-  void extend_zeros(int64_t n) override;
-  void append(const float* rows, int64_t n);  // n rows of `width`
-  const float* data() const { return rows_.data(); }
-  int64_t width() const { return width_; }
+  size_t bytes() const override { return rows_.bytes(); }
+  int64_t length() const override { return rows_.length(); }
+  int64_t capacity() const override { return rows_.max_tokens(); }
+  void extend_zeros(int64_t n) override { rows_.extend_zeros(n); }
+  void set_length(int64_t n) override;
+  void append(const float* rows, int64_t n);  // n host rows of `width`
+  const float* data() const { return rows_.f32(0); }
+  int64_t width() const { return rows_.width(0); }
+  TokenRows& rows() { return rows_; }
+  Device device() const { return rows_.device(); }
+  // Bytes per latent value of the caches made on `device`.
+  static size_t value_bytes(Device device);
 
  private:
-  int64_t width_, max_tokens_, length_ = 0;
-  std::vector<float> rows_;
+  TokenRows rows_;
+};
+
+// The dtype of the latent caches that MLA layers on CUDA make from now on (new_memory): F32 unless
+// set; host caches are always fp32. LatentStorage sets it for a scope.
+void set_latent_storage(DType dtype);
+DType latent_storage();
+class LatentStorage {
+ public:
+  explicit LatentStorage(DType dtype) : saved_(latent_storage()) { set_latent_storage(dtype); }
+  ~LatentStorage() { set_latent_storage(saved_); }
+  LatentStorage(const LatentStorage&) = delete;
+  LatentStorage& operator=(const LatentStorage&) = delete;
+
+ private:
+  DType saved_;
 };
 
 class Mla final : public Mixer {

@@ -141,7 +141,7 @@ TEST_P(MlaCuda, LatentWidthsOfEveryKernelMatchTheCpu) {
 // fp32 CPU layer: the cache's rounding (2^-9 relative) is the only difference, so outputs agree to
 // about 1e-3; DeepSeek/K3's width with two head groups and k3-small's narrow latent.
 TEST_P(MlaCuda, Bf16LatentCacheStaysWithinItsRounding) {
-  gpu::LatentStorage bf16(device::Storage::BF16);
+  LatentStorage bf16(DType::BF16);
   for (const int64_t rank : {512, 96}) {
     SCOPED_TRACE("kv_lora_rank " + std::to_string(rank));
     MlaOptions o;
