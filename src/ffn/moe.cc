@@ -1,7 +1,6 @@
 #include "ffn/moe.h"
 
-#include "ffn/moe_cuda.h"
-#include "ops/ag_cuda.h"
+#include "ffn/moe_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -105,29 +104,15 @@ MoE::MoE(const MoeOptions& options) : opts(options) {
   acc_load_.assign(static_cast<size_t>(E), 0);
 }
 
-std::vector<int64_t> MoE::route(const Tensor& device_scores) const {
-  const int64_t M = device_scores.dim(0), E = opts.n_experts;
-  if constexpr (device::kCudaBuilt) {
-    if (device_scores.device() == Device::CUDA && fixed_.empty())  // selection on the GPU, ids back
-      return gpu::select_experts(device_scores, router_bias ? router_bias->value : Tensor(), opts.top_k, opts.n_group,
-                                 opts.topk_group);
-  }
-  const Tensor scores = device_scores.to_device(Device::CPU);
-  if (!fixed_.empty()) {
-    if (static_cast<int64_t>(fixed_.size()) != M * opts.top_k)
-      throw error("moe", "fixed routing has ", fixed_.size(), " indices for ", M, " tokens × top-", opts.top_k);
-    for (int64_t e : fixed_)
-      if (e < 0 || e >= E) throw error("moe", "fixed routing names expert ", e, " of ", E);
-    return fixed_;
-  }
-  if (!router_bias) return select_experts(scores.f32(), M, E, opts.top_k, opts.n_group, opts.topk_group);
-  // s' = s + b, used for selection only (§8.1 steps 2–5).
-  std::vector<float> choice(static_cast<size_t>(M * E));
-  const Tensor bias = router_bias->value.to_device(Device::CPU);
-  const float *ps = scores.f32(), *pb = bias.f32();
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t e = 0; e < E; ++e) choice[size_t(m * E + e)] = ps[m * E + e] + pb[e];
-  return select_experts(choice.data(), M, E, opts.top_k, opts.n_group, opts.topk_group);
+std::vector<int64_t> MoE::route(const Tensor& scores) const {
+  const int64_t M = scores.dim(0), E = opts.n_experts;
+  if (fixed_.empty()) return moe::select(scores, router_bias ? router_bias->value : Tensor(), opts.top_k, opts.n_group,
+                                         opts.topk_group);
+  if (static_cast<int64_t>(fixed_.size()) != M * opts.top_k)
+    throw error("moe", "fixed routing has ", fixed_.size(), " indices for ", M, " tokens × top-", opts.top_k);
+  for (int64_t e : fixed_)
+    if (e < 0 || e >= E) throw error("moe", "fixed routing names expert ", e, " of ", E);
+  return fixed_;
 }
 
 Var MoE::forward(const Var& x) const {
@@ -141,10 +126,8 @@ Var MoE::forward(const Var& x) const {
   Var scores = opts.score == ScoreFunction::Sigmoid ? ag::sigmoid(logits) : ag::softmax_last(logits);  // [M, E]
   const Tensor offset = opts.combine == CombineWeights::Biased && router_bias ? router_bias->value : Tensor();
   Var r;  // [M, ℓ] or [M, D]
-  if constexpr (device::kCudaBuilt) {
-    if (X.device() == Device::CUDA && !recording() && fixed_.empty() && runs_dense(X.dim(0)))
-      r = routed_dense(x, scores, offset, scope);
-  }
+  if (moe::has_dense_form(X) && !recording() && fixed_.empty() && runs_dense(X.dim(0)))
+    r = routed_dense(x, scores, offset, scope);
   if (!r) r = routed_rows(x, scores, offset, scope);
   if (opts.latent_dim > 0) {
     if (latent_norm) r = (*latent_norm)(r);
@@ -159,31 +142,24 @@ Var MoE::forward(const Var& x) const {
 
 Var MoE::routed_dense(const Var& x, const Var& scores, const Tensor& offset,
                       std::optional<profile::Scope>& scope) const {
-  if constexpr (device::kCudaBuilt) {
-    const int64_t M = x->value.dim(0), K = opts.top_k;
-    // Every expert on every row, the ids kept on the device (kDenseRows).
-    device::Buffer ids = gpu::select_experts_on_device(scores->value, router_bias ? router_bias->value : Tensor(), K,
-                                                       opts.n_group, opts.topk_group);
-    Tensor w, dense;
-    gpu::dense_weights(scores->value, ids, offset, K, opts.renormalize == Renormalize::Yes, opts.renorm_eps,
-                       opts.routed_scaling, w, dense);
-    scope.emplace("routed experts");
-    Var xr = opts.latent_dim > 0 ? latent_down(x) : x;
-    Var r = constant(gpu::moe_dense(xr->value, dense, experts));
-    // Bookkeeping: the ids and weights come to the host when last_routing() asks.
-    std::fill(rows_processed_.begin(), rows_processed_.end(), M);
-    last_ = Routing{};
-    last_.tokens = M;
-    last_.top_k = K;
-    last_weights_ = std::move(w);
-    weights_pending_ = true;
-    last_ids_ = std::move(ids);
-    ids_pending_ = true;
-    return r;
-  } else {
-    device::require_cuda("moe");
-    return nullptr;
-  }
+  const int64_t M = x->value.dim(0), K = opts.top_k;
+  // Every expert on every row, the ids kept on the device (kDenseRows).
+  moe::DenseRouting dr =
+      moe::dense_routing(scores->value, router_bias ? router_bias->value : Tensor(), offset, K, opts.n_group,
+                         opts.topk_group, opts.renormalize == Renormalize::Yes, opts.renorm_eps, opts.routed_scaling);
+  scope.emplace("routed experts");
+  Var xr = opts.latent_dim > 0 ? latent_down(x) : x;
+  Var r = constant(moe::dense_experts(xr->value, dr.dense, experts));
+  // Bookkeeping: the ids and weights come to the host when last_routing() asks.
+  std::fill(rows_processed_.begin(), rows_processed_.end(), M);
+  last_ = Routing{};
+  last_.tokens = M;
+  last_.top_k = K;
+  last_weights_ = std::move(dr.weights);
+  weights_pending_ = true;
+  last_ids_ = std::move(dr.ids);
+  ids_pending_ = true;
+  return r;
 }
 
 Var MoE::routed_rows(const Var& x, const Var& scores, const Tensor& offset,
@@ -204,14 +180,13 @@ Var MoE::routed_rows(const Var& x, const Var& scores, const Tensor& offset,
   for (int64_t j = 0; j < d.active(); ++j)
     rows_processed_[size_t(d.experts[size_t(j)])] += d.offsets[size_t(j + 1)] - d.offsets[size_t(j)];
   Var r;
-  if constexpr (device::kCudaBuilt) {
-    // Inference: all experts in one pass (moe_cuda.h); training takes the per-expert ops below,
-    // whose CUDA forms have a backward.
-    bool train = recording() && (needs_grad(xr) || needs_grad(w));
-    if (recording() && !train)  // frozen input and router, trainable experts
-      for (const auto& e : experts) e.visit("", [&](const std::string&, Node& p, ParamKind) { train |= p.requires_grad; });
-    if (xr->value.device() == Device::CUDA && !train) r = constant(gpu::moe_routed(xr->value, d, w->value, experts, M));
-  }
+  // Inference: all experts in one pass where the device has that form; training takes the
+  // per-expert ops below, which have a backward.
+  bool train = recording() && (needs_grad(xr) || needs_grad(w));
+  if (recording() && !train)  // frozen input and router, trainable experts
+    for (const auto& e : experts) e.visit("", [&](const std::string&, Node& p, ParamKind) { train |= p.requires_grad; });
+  if (!train)
+    if (std::optional<Tensor> fused = moe::routed_experts(xr->value, d, w->value, experts, M)) r = constant(std::move(*fused));
   if (!r) {
     std::vector<Var> ys;
     ys.reserve(static_cast<size_t>(d.active()));

@@ -29,7 +29,7 @@ class Memory {
   // count the tokens.
   virtual void extend_zeros(int64_t n) = 0;
   // Sets the count of tokens absorbed without touching the contents: for a decode step replayed
-  // as a CUDA graph, whose kernels already wrote the device memory (models/decode_graph.h), and
+  // as a CUDA graph, whose kernels already wrote the device memory (models/decoder.cc), and
   // to take back a capture that never ran. Device memories only.
   virtual void set_length(int64_t n);
   // Tokens it can hold (fixed-size states: no limit).

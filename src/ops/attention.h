@@ -7,7 +7,7 @@ namespace k3 {
 
 // A [T, H, hd] view with arbitrary token and head strides (in elements): element (t, h, i) is
 // base[t * token_stride + h * head_stride + i]. Lets q/k/v be read straight out of a fused qkv
-// buffer or a head-major KV cache without copies.
+// buffer or a token-major KV cache without copies.
 struct HeadView {
   float* base;
   int64_t token_stride;

@@ -2,7 +2,14 @@
 
 #include <cblas.h>
 
+#include "core/device.h"
+#include "ops/ops_cuda.h"
+
 namespace k3 {
+
+void set_device_gemm_tuning(bool on) {
+  if constexpr (device::kCudaBuilt) cuda::set_gemm_tuning(on);
+}
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {

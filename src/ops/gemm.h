@@ -11,6 +11,9 @@ enum class Trans : uint8_t { No, Yes };
 
 // C[M,N] = alpha * op(A) op(B) + beta * C, all row-major; op(A) is [M,K], op(B) is [K,N].
 // lda/ldb/ldc are row strides in elements (0: tight).
+// The CUDA GEMMs' algorithm tuning (cuda::set_gemm_tuning in ops_cuda.h); the host's BLAS has none.
+void set_device_gemm_tuning(bool on);
+
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 

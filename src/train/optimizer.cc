@@ -5,14 +5,13 @@
 #include "core/device.h"
 #include "core/parallel.h"
 #include "io/safetensors.h"
-#include "ops/ops_cuda.h"
+#include "ops/optim.h"
 
 namespace k3 {
 
 void AdamW::step(const Model& model, float lr) {
   ++t_;
   const float b1 = o_.beta1, b2 = o_.beta2;
-  const double c1 = 1.0 - std::pow(double(b1), double(t_)), c2 = 1.0 - std::pow(double(b2), double(t_));
   model.visit([&](const std::string& name, Node& p, ParamKind kind) {
     if (!p.grad.defined() || !p.grad.has_storage()) return;
     auto& [m, v] = state_[name];
@@ -22,27 +21,10 @@ void AdamW::step(const Model& model, float lr) {
     }
     const bool decay = kind == ParamKind::Weight || (kind == ParamKind::Embedding && o_.decay_embeddings);
     const float wd = decay ? o_.weight_decay : 0.0f;
-    if (p.value.device() == Device::CUDA) {  // the moments live beside the parameter
-      if constexpr (device::kCudaBuilt) {
-        if (p.value.dtype() != DType::F32) throw error("optimizer", "parameter '", name, "' is not fp32 on the device");
-        if (m.device() != Device::CUDA) m = m.to_device(Device::CUDA), v = v.to_device(Device::CUDA);
-        cuda::adamw(p.value.cuda_f32(), p.grad.cuda_f32(), m.cuda_f32(), v.cuda_f32(), p.value.numel(),
-                    cuda::AdamWStep{lr, b1, b2, o_.eps, wd, t_});
-        return;
-      }
-    }
-    float* w = p.value.f32();
-    const float* g = p.grad.f32();
-    float* pm = m.f32();
-    float* pv = v.f32();
-    parallel_for(p.value.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {  // elementwise: any split, same values
-      for (int64_t i = i0; i < i1; ++i) {
-        pm[i] = b1 * pm[i] + (1 - b1) * g[i];
-        pv[i] = b2 * pv[i] + (1 - b2) * g[i] * g[i];
-        double mhat = pm[i] / c1, vhat = pv[i] / c2;
-        w[i] -= lr * float(mhat / (std::sqrt(vhat) + o_.eps) + wd * w[i]);
-      }
-    });
+    if (p.value.dtype() != DType::F32) throw error("optimizer", "parameter '", name, "' is not fp32");
+    // The moments live beside the parameter.
+    if (m.device() != p.value.device()) m = m.to_device(p.value.device()), v = v.to_device(p.value.device());
+    adamw_update(p.value, p.grad, m, v, AdamWHyper{lr, b1, b2, o_.eps, wd, t_});
   });
 }
 
@@ -76,40 +58,15 @@ void zero_grad(const Model& model) {
 }
 
 double clip_grad_norm(const Model& model, double max_norm) {
-  double sq = 0;
-  device::Buffer dev_sq;  // Σ g² of the device gradients, read back once
+  SquareSum sq;
   model.visit([&](const std::string&, Node& p, ParamKind) {
-    if (!p.grad.defined()) return;
-    if (p.grad.device() == Device::CUDA) {
-      if constexpr (device::kCudaBuilt) {
-        if (!dev_sq.get()) dev_sq = device::zeros_f32(2);
-        cuda::sum_squares(p.grad.cuda_f32(), p.grad.numel(), dev_sq.as<double>());
-      }
-      return;
-    }
-    const float* g = p.grad.f32();
-    for (int64_t i = 0, n = p.grad.numel(); i < n; ++i) sq += double(g[i]) * g[i];  // in order: reproducible
+    if (p.grad.defined()) sq.add(p.grad);
   });
-  if constexpr (device::kCudaBuilt) {
-    if (dev_sq.get()) {
-      double d = 0;
-      device::download(&d, dev_sq.get(), sizeof d);
-      sq += d;
-    }
-  }
-  double norm = std::sqrt(sq);
+  double norm = std::sqrt(sq.total());
   if (max_norm > 0 && norm > max_norm) {
     float s = float(max_norm / (norm + 1e-6));
     model.visit([&](const std::string&, Node& p, ParamKind) {
-      if (!p.grad.defined()) return;
-      if (p.grad.device() == Device::CUDA) {
-        if constexpr (device::kCudaBuilt) {
-          cuda::unary(p.grad.cuda_f32(), p.grad.cuda_f32(), p.grad.numel(), cuda::Unary::Scale, s);
-        }
-        return;
-      }
-      float* g = p.grad.f32();
-      for (int64_t i = 0, n = p.grad.numel(); i < n; ++i) g[i] *= s;
+      if (p.grad.defined()) scale_inplace(p.grad, s);
     });
   }
   return norm;

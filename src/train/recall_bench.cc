@@ -169,7 +169,7 @@ RecallRun train_once(const RecallBenchOptions& o, const Json& config, float lr) 
   auto model = build_model(config, "recall-" + o.mixer);
   model->init_random(o.seed);
   if (o.mixer == "gdn") slow_forgetting_init(*model, o.seed);
-  if (o.cuda) move_to(*model, Device::CUDA);
+  move_to(*model, o.cuda ? Device::CUDA : Device::CPU);
   AdamWOptions ao;
   ao.lr = lr;
   ao.weight_decay = o.weight_decay;

@@ -14,7 +14,7 @@
 #include "core/device.h"
 #include "core/profile.h"
 #include "ops/ag.h"
-#include "ops/ops_cuda.h"
+#include "ops/gemm.h"
 #include "ops/precision.h"
 #include "models/presets.h"
 #include "models/registry.h"
@@ -270,10 +270,9 @@ TrainResult run_training(TrainConfig cfg) {
     model = build_model(config, cfg.preset);
     model->init_random(cfg.seed);
   }
-  if (cfg.device == "cuda") move_to(*model, Device::CUDA);  // fp32 parameters; gradients and AdamW moments follow
-  if constexpr (device::kCudaBuilt) {
-    if (cfg.device == "cuda") cuda::set_gemm_tuning(cfg.gemm_tuning);
-  }
+  // fp32 parameters where the run asks; gradients and AdamW moments follow them.
+  move_to(*model, cfg.device == "cuda" ? Device::CUDA : Device::CPU);
+  set_device_gemm_tuning(cfg.gemm_tuning);
   if (cfg.seq_len > model->max_positions())
     throw error("train", "--seq-len ", cfg.seq_len, " exceeds the model's ", model->max_positions(), " positions");
   AdamWOptions ao;
@@ -467,7 +466,7 @@ TrainResult run_training(TrainConfig cfg) {
 EvalResult evaluate_model(const std::string& model_dir, const std::vector<std::string>& data_paths, int64_t seq_len,
                           int64_t batches, uint64_t seed, Device device) {
   auto model = load_model(model_dir);
-  if (device == Device::CUDA) move_to(*model, Device::CUDA);  // the loss's logits are made there too
+  move_to(*model, device);  // the loss's logits are made there too
   Tokenizer tok = Tokenizer::from_dir(model_dir);
   std::vector<std::string> paths = data_paths;
   Json st;
