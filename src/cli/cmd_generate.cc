@@ -57,7 +57,8 @@ void register_generate(CLI::App& app) {
   static std::string speculate = "off";
   cmd->add_option("--speculate", speculate,
                   "Speculative decoding: ngram (prompt lookup: the tokens that followed the last n-gram earlier in "
-                  "the sequence are checked in one forward; greedy decoding only)")
+                  "the sequence are checked in one forward; greedy output is unchanged, sampled output keeps the model's "
+                  "distribution)")
       ->capture_default_str()
       ->check(CLI::IsMember({"off", "ngram"}));
   cmd->add_option("--draft-tokens", g.speculate.draft_tokens, "Tokens drafted per check (--speculate)")

@@ -31,8 +31,9 @@ void register_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   static std::string speculate = "off";
   cmd->add_option("--speculate", speculate,
-                  "Speculative decoding for greedy requests without logprobs: ngram (prompt lookup; each such "
-                  "request checks its drafts in one forward of its own instead of a row of the batched step)")
+                  "Speculative decoding for requests without logprobs: ngram (prompt lookup; each such request checks "
+                  "its drafts in one forward of its own instead of a row of the batched step; sampled requests keep "
+                  "the target's distribution)")
       ->capture_default_str()
       ->check(CLI::IsMember({"off", "ngram"}));
   cmd->add_option("--draft-tokens", o.draft_tokens, "Tokens drafted per check (--speculate)")

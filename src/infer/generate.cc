@@ -20,7 +20,8 @@ std::vector<int64_t> ngram_draft(const std::vector<int64_t>& ids, int64_t ngram_
   return {};
 }
 
-DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const std::vector<int64_t>& drafts) {
+DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const std::vector<int64_t>& drafts,
+                        Sampler* sampler, const std::vector<int64_t>& history) {
   const int64_t V = model.vocab_size(), d = int64_t(drafts.size()), T = d + 1;
   std::vector<int64_t> in{next};
   in.insert(in.end(), drafts.begin(), drafts.end());
@@ -33,8 +34,21 @@ DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const st
     return int64_t(std::max_element(row, row + V) - row);
   };
   DraftCheck c;
-  while (c.kept < d && drafts[size_t(c.kept)] == pick(c.kept)) ++c.kept;
-  c.bonus = pick(c.kept);
+  if (!sampler || sampler->greedy()) {
+    while (c.kept < d && drafts[size_t(c.kept)] == pick(c.kept)) ++c.kept;
+    c.bonus = pick(c.kept);
+  } else {  // speculative sampling: each draft kept with its probability, else a draw from the rest
+    std::vector<int64_t> hist = history;
+    for (; c.kept < d; ++c.kept) {
+      const int64_t tok = sampler->verify(logits.data() + c.kept * V, V, hist, drafts[size_t(c.kept)]);
+      if (tok != drafts[size_t(c.kept)]) {
+        c.bonus = tok;
+        break;
+      }
+      hist.push_back(tok);
+    }
+    if (c.kept == d) c.bonus = sampler->sample(logits.data() + d * V, V, hist);
+  }
   c.tokens = T;
   if (c.kept < d) {
     for (size_t i = 0; i < ctx.layers.size(); ++i) ctx.layers[i]->restore(*before.layers[i]);
@@ -47,10 +61,10 @@ DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const st
 
 namespace {
 
-// Greedy decoding with prompt-lookup speculation (SpeculateOptions). `picked` is the token the
-// prefill chose.
-void speculate_greedy(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t picked,
-                      const GenerateOptions& opts, const std::function<void(int64_t)>& on_token, GenerateStats* stats) {
+// Decoding with prompt-lookup speculation (SpeculateOptions), greedy or sampled. `first` is the
+// token the prefill chose.
+void speculate(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t first, Sampler& sampler,
+               const GenerateOptions& opts, const std::function<void(int64_t)>& on_token, GenerateStats* stats) {
   const SpeculateOptions& so = opts.speculate;
   Context* ctxs[1] = {&ctx};
   int64_t made = 0;
@@ -61,16 +75,23 @@ void speculate_greedy(Model& model, Context& ctx, std::vector<int64_t>& ids, int
     if (opts.stop_at_eos == StopAtEos::Yes && model.eos_token_id && t == *model.eos_token_id) return false;
     return made < opts.max_new_tokens;
   };
-  int64_t next = picked;
+  const int64_t V = model.vocab_size();
+  std::vector<float> logits(static_cast<size_t>(V));
+  int64_t next = first;
   while (emit(next)) {
     // Drafts, never past the tokens still to make (the last of them needs no forward after it).
     std::vector<int64_t> drafts = ngram_draft(ids, so.ngram_max, std::min(so.draft_tokens, opts.max_new_tokens - made - 1));
     if (drafts.empty()) {
-      model.greedy(TokenBatch{&next, 1, 1, ctxs}, &picked);
-      next = picked;
+      const int64_t in = next;
+      if (sampler.greedy()) {
+        model.greedy(TokenBatch{&in, 1, 1, ctxs}, &next);
+      } else {
+        model.forward(&in, 1, &ctx, logits.data(), Logits::Last);
+        next = sampler.sample(logits.data(), V, ids);
+      }
       continue;
     }
-    const DraftCheck c = check_drafts(model, ctx, next, drafts);
+    const DraftCheck c = check_drafts(model, ctx, next, drafts, &sampler, ids);
     if (stats) stats->drafted += int64_t(drafts.size()), stats->accepted += c.kept, stats->verify_steps++;
     const int64_t m = c.kept;
     bool go = true;
@@ -116,13 +137,12 @@ std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, 
     else
       model.forward(in, T, &ctx, logits.data(), Logits::Last);
   };
-  if (opts.speculate.ngram && !greedy)
-    throw error("generate", "speculative decoding needs greedy decoding (temperature 0) for now");
   if (opts.speculate.ngram && (opts.speculate.draft_tokens < 1 || opts.speculate.ngram_max < 1))
     throw error("generate", "speculation needs at least one draft token and an n-gram of at least 1");
   step_on(prompt.data(), int64_t(prompt.size()));
   auto t1 = clock::now();
-  if (opts.speculate.ngram && opts.max_new_tokens > 0) speculate_greedy(model, ctx, ids, picked, opts, on_token, stats);
+  if (opts.speculate.ngram && opts.max_new_tokens > 0)
+    speculate(model, ctx, ids, greedy ? picked : sampler.sample(logits.data(), V, ids), sampler, opts, on_token, stats);
   for (int64_t step = 0; step < opts.max_new_tokens && !opts.speculate.ngram; ++step) {
     const int64_t next = greedy ? picked : sampler.sample(logits.data(), V, ids);
     ids.push_back(next);

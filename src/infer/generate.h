@@ -12,12 +12,15 @@ namespace k3 {
 
 enum class StopAtEos : uint8_t { Yes, No };
 
-// Speculative decoding by prompt lookup (greedy decoding only): the last `ngram` tokens (down to
-// 1) are looked up earlier in the sequence and the `draft_tokens` that followed them there are
-// proposed; one forward of the model over the next token and the drafts checks them all, the
-// drafts that equal its picks are kept with one more token from that forward, and the context is
-// rolled back to the last kept token (snapshot before the check, the kept tokens run again).
-// In exact arithmetic the output is the non-speculative greedy output.
+// Speculative decoding by prompt lookup: the last `ngram` tokens (down to 1) are looked up earlier
+// in the sequence and the `draft_tokens` that followed them there are proposed; one forward of the
+// model over the next token and the drafts checks them all, the drafts it keeps are kept with one
+// more token from that forward, and the context is rolled back to the last kept token (snapshot
+// before the check, the kept tokens run again). Greedy decoding keeps the drafts equal to its
+// picks: in exact arithmetic the output is the non-speculative greedy output. Sampling keeps each
+// draft with the target's probability of it and otherwise draws from the rest of the target's
+// distribution (Sampler::verify), so the tokens follow the target's distribution exactly (the
+// draws differ from a non-speculative run of the same seed).
 struct SpeculateOptions {
   bool ngram = false;
   int64_t draft_tokens = 4, ngram_max = 3;
@@ -42,15 +45,18 @@ struct GenerateStats {
 std::vector<int64_t> ngram_draft(const std::vector<int64_t>& ids, int64_t ngram_max, int64_t k);
 
 // One speculative check: `next` and the drafts go through the model in one forward over ctx
-// (which has absorbed everything before `next`); the drafts equal to the model's greedy picks are
-// kept, and `bonus` is the pick after the last kept one. On a rejection ctx is restored from a
+// (which has absorbed everything before `next`); without a sampler (or a greedy one) the drafts
+// equal to the model's greedy picks are kept and `bonus` is the pick after the last kept one; with
+// a sampler each draft is verified (Sampler::verify; history: the tokens up to and including
+// `next`) and `bonus` is the replacement draw at the first rejection, or a draw after the last. On a rejection ctx is restored from a
 // snapshot taken before the check and `next` and the kept drafts run again (recurrent states
 // cannot be truncated), so ctx ends having absorbed exactly `next` and the kept drafts.
 struct DraftCheck {
   int64_t kept = 0, bonus = -1;
   int64_t tokens = 0;  // tokens the model computed (the check, and the rerun after a rejection)
 };
-DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const std::vector<int64_t>& drafts);
+DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const std::vector<int64_t>& drafts,
+                        Sampler* sampler = nullptr, const std::vector<int64_t>& history = {});
 
 // Returns prompt + generated ids. on_token(id) is called for each new token as it is made.
 std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,

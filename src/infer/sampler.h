@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/random.h"
@@ -26,6 +27,14 @@ class Sampler {
   // True when sample() is the plain argmax (temperature 0, no repetition penalty): the caller may
   // then take Model::greedy's pick instead, which on the device brings back ids, not logits.
   bool greedy() const { return o_.temperature == 0.0f && o_.repetition_penalty == 1.0f; }
+  // The distribution sample() draws from, as (id, probability) pairs of its support: the
+  // repetition penalty, temperature, top-k and top-p applied (one-hot at the argmax for
+  // temperature 0). logits are modified in place.
+  std::vector<std::pair<int64_t, double>> distribution(float* logits, int64_t V, const std::vector<int64_t>& history);
+  // Speculative sampling with a deterministic draft (q = one-hot at `draft`): keeps the draft with
+  // probability p(draft), else draws from p with the draft removed and renormalised, so the token
+  // returned follows p exactly. Returns the draft when kept.
+  int64_t verify(float* logits, int64_t V, const std::vector<int64_t>& history, int64_t draft);
 
  private:
   SamplingOptions o_;

@@ -113,6 +113,90 @@ TEST(Sampler, SameSeedSameDraws) {
   }
 }
 
+// Speculative sampling with a deterministic draft: whatever the draft (likely, unlikely, outside
+// the top-k, the argmax, absent at temperature 0), verify()'s tokens follow the target
+// distribution. The target is computed here in closed form: softmax of the scaled logits over the
+// kept prefix; a Pearson χ² over the support stays under its 1e-5 critical value (fixed seeds).
+double chi2_critical(int df) {  // Wilson–Hilferty, z for p = 1e-5
+  const double z = 4.265, a = 2.0 / (9.0 * df);
+  return df * std::pow(1 - a + z * std::sqrt(a), 3);
+}
+TEST(Sampler, VerifyFollowsTheTargetForAnyDraft) {
+  struct Case {
+    SamplingOptions o;
+    size_t keep;  // the closed form's support: the first `keep` of kLogits
+    int64_t draft;
+  };
+  auto opts = [](float temp, int64_t k, float p) {
+    SamplingOptions o;
+    o.temperature = temp, o.top_k = k, o.top_p = p, o.seed = 11;
+    return o;
+  };
+  // top_p 0.8 at temperature 1: cumulative masses 0.43, 0.70, 0.86, ... keep 3.
+  const std::vector<Case> cases = {{opts(1.0f, 0, 1.0f), 5, 0}, {opts(1.0f, 0, 1.0f), 5, 4},
+                                   {opts(0.7f, 3, 1.0f), 3, 1}, {opts(0.7f, 3, 1.0f), 3, 4},
+                                   {opts(1.0f, 0, 0.8f), 3, 2}, {opts(1.5f, 0, 1.0f), 5, 3}};
+  const int draws = 200000;
+  for (const Case& c : cases) {
+    Sampler s(c.o);
+    std::vector<double> count(kLogits.size(), 0);
+    int kept = 0;
+    for (int i = 0; i < draws; ++i) {
+      std::vector<float> l = kLogits;
+      const int64_t t = s.verify(l.data(), int64_t(l.size()), {}, c.draft);
+      count[size_t(t)] += 1;
+      kept += t == c.draft;
+    }
+    const std::vector<double> p = softmax(kLogits, c.o.temperature, c.keep);
+    std::vector<double> want = p;
+    if (c.o.top_p < 1.0f) {  // renormalised over the kept prefix
+      double z = 0;
+      for (size_t i = 0; i < c.keep; ++i) z += p[i];
+      for (auto& x : want) x /= z;
+    }
+    double chi2 = 0;
+    for (size_t i = 0; i < kLogits.size(); ++i) {
+      if (i >= c.keep) {
+        EXPECT_EQ(count[i], 0) << "token " << i << " outside the support, draft " << c.draft;
+        continue;
+      }
+      const double e = want[i] * draws;
+      chi2 += (count[i] - e) * (count[i] - e) / e;
+    }
+    EXPECT_LT(chi2, chi2_critical(int(c.keep) - 1)) << "draft " << c.draft << " top_k " << c.o.top_k;
+    // The draft is kept exactly as often as the target draws it.
+    const double pd = size_t(c.draft) < c.keep ? want[size_t(c.draft)] : 0.0;
+    EXPECT_NEAR(double(kept) / draws, pd, 5 * std::sqrt(pd * (1 - pd) / draws) + 1e-9);
+  }
+  // Temperature 0: the argmax whatever the draft.
+  SamplingOptions g;
+  g.temperature = 0;
+  Sampler s(g);
+  for (int64_t d : {0, 2, 4}) {
+    std::vector<float> l = kLogits;
+    EXPECT_EQ(s.verify(l.data(), 5, {}, d), 0);
+  }
+}
+
+// distribution() is the closed form sample() draws from, repetition penalty included.
+TEST(Sampler, DistributionIsTheClosedForm) {
+  SamplingOptions o;
+  o.temperature = 0.5f, o.top_k = 4, o.repetition_penalty = 2.0f;
+  Sampler s(o);
+  std::vector<float> l = kLogits;
+  const auto d = s.distribution(l.data(), 5, {0, 3});  // token 0: 2 → 1; token 3: 0 → 0
+  // Penalised and scaled: {2, 3, 2, 0, -2}; top 4 in logit order: 1, 0, 2, 3 (ties by id).
+  const std::vector<float> pen = {1.0f, 1.5f, 1.0f, 0.0f};
+  double z = 0;
+  for (float x : pen) z += std::exp(double(x) / 0.5);
+  ASSERT_EQ(d.size(), 4u);
+  const int64_t order[4] = {1, 0, 2, 3};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(d[i].first, order[i]);
+    EXPECT_NEAR(d[i].second, std::exp(double(pen[size_t(order[i])]) / 0.5) / z, 1e-12);
+  }
+}
+
 TEST(Sampler, RejectsInvalidSettings) {
   SamplingOptions o;
   o.top_p = 0;

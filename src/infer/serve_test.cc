@@ -419,10 +419,11 @@ class ServeScheduler : public ::testing::TestWithParam<std::string> {
   }
   // generate() on the same model. A model runs one forward at a time (MoE keeps routing
   // bookkeeping in the module), so tests compute references before the scheduler's thread works.
-  std::vector<int64_t> reference(const GenParams& g) const {
+  std::vector<int64_t> reference(const GenParams& g, bool speculate = false) const {
     GenerateOptions o;
     o.max_new_tokens = g.max_tokens;
     o.sampling = g.sampling;
+    o.speculate.ngram = speculate;
     auto all = generate(*model_, g.prompt, o);
     return std::vector<int64_t>(all.begin() + int64_t(g.prompt.size()), all.end());
   }
@@ -650,9 +651,10 @@ TEST_P(ServeScheduler, ChunkedPrefillKeepsOutputsEqualGenerate) {
   EXPECT_THROW(Scheduler(*model_, bad), Error);
 }
 
-// Prompt-lookup speculation in the scheduler: greedy requests on repetitive prompts check drafts
-// on their own while sampled ones decode in the batch; every output equals generate() without
-// speculation, alone and with chunked prefill and a memory budget that forces preemption.
+// Prompt-lookup speculation in the scheduler: requests on repetitive prompts check drafts on their
+// own; every greedy output equals generate() without speculation and the sampled one generate()
+// with it (the same draws), alone and with chunked prefill and a memory budget that forces
+// preemption.
 TEST_P(ServeScheduler, SpeculationKeepsOutputsEqualGenerate) {
   std::vector<GenParams> ps;
   for (int i = 0; i < 5; ++i) {
@@ -660,12 +662,12 @@ TEST_P(ServeScheduler, SpeculationKeepsOutputsEqualGenerate) {
     for (int r = 0; r < 3 + i; ++r)
       for (int64_t t : {3, 1, 4, 1, 5, 9, 2, 6}) g.prompt.push_back((t + i) % std::min<int64_t>(model_->vocab_size(), 500));
     g.max_tokens = 30 + 5 * i;
-    g.sampling.temperature = i == 2 ? 0.8f : 0.0f;  // one sampled request decodes in the batch
+    g.sampling.temperature = i == 2 ? 0.8f : 0.0f;  // one sampled request
     g.sampling.seed = uint64_t(i);
     ps.push_back(g);
   }
   std::vector<std::vector<int64_t>> want;
-  for (auto& g : ps) want.push_back(reference(g));
+  for (auto& g : ps) want.push_back(reference(g, g.sampling.temperature > 0));
   MemoryManager pages(model_->memory_layers(), 0, 16);
   for (const bool combined : {false, true}) {
     SCOPED_TRACE(combined ? "with chunked prefill and a tight memory budget" : "alone");

@@ -498,7 +498,7 @@ class Server {
     value("k3_decode_steps_total", "counter", "Batched decode steps", m.decode_steps);
     value("k3_decode_batch_rows_total", "counter", "Sequences summed over decode steps (rows / steps = mean batch)",
           m.decode_rows);
-    value("k3_speculation_checks_total", "counter", "Speculative checks run (greedy requests, --speculate ngram)",
+    value("k3_speculation_checks_total", "counter", "Speculative checks run (--speculate ngram)",
           m.spec_checks);
     value("k3_speculation_drafted_tokens_total", "counter", "Draft tokens proposed to the checks", m.spec_drafted);
     value("k3_speculation_accepted_tokens_total", "counter", "Draft tokens the checks kept", m.spec_accepted);

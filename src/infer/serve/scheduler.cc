@@ -315,7 +315,7 @@ void Scheduler::make_room(std::vector<std::shared_ptr<Job>>& active) {
 }
 
 bool Scheduler::speculate(Job& j, int64_t* tokens) {
-  if (!j.sampler_->greedy() || j.params_.logprobs >= 0) return false;
+  if (j.params_.logprobs >= 0) return false;
   const int64_t left = j.params_.max_tokens - j.generated_;  // tokens still to make
   const std::vector<int64_t> drafts =
       ngram_draft(j.history_, SpeculateOptions{}.ngram_max, std::min(o_.draft_tokens, left - 1));
@@ -325,7 +325,7 @@ bool Scheduler::speculate(Job& j, int64_t* tokens) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!mm_.grow(j.mem_, int64_t(j.history_.size()) + d)) return false;  // pages for the drafts
   }
-  const DraftCheck c = check_drafts(model_, j.ctx_, j.next_, drafts);
+  const DraftCheck c = check_drafts(model_, j.ctx_, j.next_, drafts, j.sampler_.get(), j.history_);
   *tokens = c.tokens;
   const int64_t m = c.kept;
   {

@@ -133,7 +133,7 @@ struct SchedulerOptions {
   // prefilled fill the rest, so a long prompt no longer stalls the running streams. 0: each new
   // prompt is prefilled whole when admitted. Otherwise it must exceed max_batch.
   int64_t max_step_tokens = 0;
-  // Prompt-lookup speculation for greedy requests without logprobs (generate.h): a job whose
+  // Prompt-lookup speculation for requests without logprobs, greedy or sampled (generate.h): a job whose
   // sequence offers an n-gram draft runs its own check of up to draft_tokens tokens instead of a
   // row of the batched decode step.
   bool speculate_ngram = false;
@@ -183,7 +183,7 @@ class Scheduler {
   int64_t advance_prefill(Job& j, int64_t budget);
   void make_room(std::vector<std::shared_ptr<Job>>& active);  // pages for this step, preempting
   void decode(std::vector<std::shared_ptr<Job>>& active);
-  // One speculative check of a greedy job (SchedulerOptions::speculate_ngram); false when it has
+  // One speculative check of a job (SchedulerOptions::speculate_ngram); false when it has
   // no draft or no pages for one, and decodes with the batch instead. Returns the tokens computed
   // through *tokens.
   bool speculate(Job& j, int64_t* tokens);
