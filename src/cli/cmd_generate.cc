@@ -61,7 +61,11 @@ void register_generate(CLI::App& app) {
                   "distribution)")
       ->capture_default_str()
       ->check(CLI::IsMember({"off", "ngram"}));
-  cmd->add_option("--draft-tokens", g.speculate.draft_tokens, "Tokens drafted per check (--speculate)")
+  static std::string draft_model_dir;
+  cmd->add_option("--draft-model", draft_model_dir,
+                  "Speculative decoding with a smaller model of the same tokenizer (Hugging Face folder): it drafts "
+                  "greedily, the model checks its drafts in one forward (the same rule as --speculate)");
+  cmd->add_option("--draft-tokens", g.speculate.draft_tokens, "Tokens drafted per check (--speculate, --draft-model)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   cmd->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation)")
@@ -79,12 +83,21 @@ void register_generate(CLI::App& app) {
     g.sampling.validate();
     g.stop_at_eos = ignore_eos ? StopAtEos::No : StopAtEos::Yes;
     g.speculate.ngram = speculate == "ngram";
-    if (g.speculate.ngram && g.sampling.temperature > 0)
-      throw error("generate", "--speculate ngram needs greedy decoding (--temperature 0) for now");
+    if (g.speculate.ngram && !draft_model_dir.empty())
+      throw error("generate", "give --speculate ngram or --draft-model, not both");
     auto model = load_model(model_dir);
     if (check_weights) check_weights_finite(*model);
     // On CUDA the weights move to the device (fp32) and the context's memories are made there.
-    if (rt.device == "cuda") move_to(*model, Device::CUDA, dtype == "bf16" ? DType::BF16 : DType::F32);
+    const Device device = rt.device == "cuda" ? Device::CUDA : Device::CPU;
+    const DType gemm = dtype == "bf16" ? DType::BF16 : DType::F32;
+    move_to(*model, device, gemm);
+    std::unique_ptr<Model> draft;
+    if (!draft_model_dir.empty()) {
+      draft = load_model(draft_model_dir);
+      if (check_weights) check_weights_finite(*draft);
+      move_to(*draft, device, gemm);
+      g.speculate.draft_model = draft.get();
+    }
     std::vector<int64_t> ids;
     std::optional<Tokenizer> tok;
     std::optional<StreamDecoder> stream;
@@ -110,7 +123,7 @@ void register_generate(CLI::App& app) {
                    (long long)st.prompt_tokens, st.prefill_seconds, double(st.prompt_tokens) / std::max(st.prefill_seconds, 1e-9),
                    (long long)st.new_tokens, st.decode_seconds,
                    double(std::max<int64_t>(st.new_tokens - 1, 0)) / std::max(st.decode_seconds, 1e-9), st.context_bytes);
-    if (stats && g.speculate.ngram)
+    if (stats && (g.speculate.ngram || draft))
       std::fprintf(stderr, "speculation: %lld checks, %lld of %lld drafted tokens kept (%.0f%%)\n",
                    (long long)st.verify_steps, (long long)st.accepted, (long long)st.drafted,
                    st.drafted ? 100.0 * double(st.accepted) / double(st.drafted) : 0.0);

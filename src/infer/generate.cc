@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/error.h"
 
@@ -61,11 +62,59 @@ DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const st
 
 namespace {
 
-// Decoding with prompt-lookup speculation (SpeculateOptions), greedy or sampled. `first` is the
-// token the prefill chose.
+// Greedy drafts from a smaller model of the same vocabulary. Its context trails the target's: the
+// tokens the target has confirmed but the draft model has not absorbed wait in pending_, and are
+// fed with the next token when the next drafts are made.
+class ModelDrafter {
+ public:
+  ModelDrafter(const Model& m, const std::vector<int64_t>& prompt, int64_t total)
+      : m_(m), ctx_(m.new_context(total)), pending_(prompt) {}
+  // Up to k drafts after `next` (which the target has emitted).
+  std::vector<int64_t> draft(int64_t next, int64_t k) {
+    if (k < 1) return {};
+    pending_.push_back(next);
+    Context* ctxs[1] = {&ctx_};
+    int64_t pick = 0;
+    m_.greedy(TokenBatch{pending_.data(), 1, int64_t(pending_.size()), ctxs}, &pick);
+    pending_.clear();
+    snapshot_ = ctx_.clone();  // everything confirmed, nothing drafted
+    std::vector<int64_t> d = {pick};
+    while (int64_t(d.size()) < k) {
+      const int64_t in = d.back();
+      m_.greedy(TokenBatch{&in, 1, 1, ctxs}, &pick);
+      d.push_back(pick);
+    }
+    return d;
+  }
+  // The target kept the first `kept` of `drafts`: the draft context goes back to the snapshot and
+  // those wait to be fed (one forward next time), unless it absorbed exactly them.
+  void kept(const std::vector<int64_t>& drafts, int64_t kept) {
+    const int64_t absorbed = int64_t(drafts.size()) - 1;  // the last draft was never fed
+    if (kept == absorbed) return;
+    if (kept > absorbed) {
+      pending_.push_back(drafts.back());
+      return;
+    }
+    for (size_t i = 0; i < ctx_.layers.size(); ++i) ctx_.layers[i]->restore(*snapshot_.layers[i]);
+    ctx_.position = snapshot_.position;
+    pending_.assign(drafts.begin(), drafts.begin() + kept);
+  }
+  // The target decoded `t` without a check: the draft model absorbs it with the next drafts.
+  void confirmed(int64_t t) { pending_.push_back(t); }
+
+ private:
+  const Model& m_;
+  Context ctx_, snapshot_;
+  std::vector<int64_t> pending_;
+};
+
+// Decoding with speculation (SpeculateOptions: prompt lookup or a draft model), greedy or
+// sampled. `first` is the token the prefill chose.
 void speculate(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t first, Sampler& sampler,
                const GenerateOptions& opts, const std::function<void(int64_t)>& on_token, GenerateStats* stats) {
   const SpeculateOptions& so = opts.speculate;
+  std::optional<ModelDrafter> drafter;
+  if (so.draft_model) drafter.emplace(*so.draft_model, ids, int64_t(ids.size()) + opts.max_new_tokens);
   Context* ctxs[1] = {&ctx};
   int64_t made = 0;
   auto emit = [&](int64_t t) {  // false once generation ends
@@ -80,8 +129,10 @@ void speculate(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t fi
   int64_t next = first;
   while (emit(next)) {
     // Drafts, never past the tokens still to make (the last of them needs no forward after it).
-    std::vector<int64_t> drafts = ngram_draft(ids, so.ngram_max, std::min(so.draft_tokens, opts.max_new_tokens - made - 1));
+    const int64_t k = std::min(so.draft_tokens, opts.max_new_tokens - made - 1);
+    std::vector<int64_t> drafts = drafter ? drafter->draft(next, k) : ngram_draft(ids, so.ngram_max, k);
     if (drafts.empty()) {
+      if (drafter) drafter->confirmed(next);
       const int64_t in = next;
       if (sampler.greedy()) {
         model.greedy(TokenBatch{&in, 1, 1, ctxs}, &next);
@@ -92,6 +143,7 @@ void speculate(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t fi
       continue;
     }
     const DraftCheck c = check_drafts(model, ctx, next, drafts, &sampler, ids);
+    if (drafter) drafter->kept(drafts, c.kept);
     if (stats) stats->drafted += int64_t(drafts.size()), stats->accepted += c.kept, stats->verify_steps++;
     const int64_t m = c.kept;
     bool go = true;
@@ -137,13 +189,22 @@ std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, 
     else
       model.forward(in, T, &ctx, logits.data(), Logits::Last);
   };
-  if (opts.speculate.ngram && (opts.speculate.draft_tokens < 1 || opts.speculate.ngram_max < 1))
+  const SpeculateOptions& so = opts.speculate;
+  const bool speculating = so.ngram || so.draft_model;
+  if (so.ngram && so.draft_model) throw error("generate", "speculation drafts by prompt lookup or by a draft model, not both");
+  if (speculating && (so.draft_tokens < 1 || so.ngram_max < 1))
     throw error("generate", "speculation needs at least one draft token and an n-gram of at least 1");
+  if (so.draft_model && so.draft_model->vocab_size() != V)
+    throw error("generate", "the draft model's vocabulary (", so.draft_model->vocab_size(), ") differs from the model's (",
+                V, "): it must share the tokenizer");
+  if (so.draft_model && so.draft_model->max_positions() < total)
+    throw error("generate", "prompt + max_new_tokens = ", total, " exceeds the draft model's ",
+                so.draft_model->max_positions(), " positions");
   step_on(prompt.data(), int64_t(prompt.size()));
   auto t1 = clock::now();
-  if (opts.speculate.ngram && opts.max_new_tokens > 0)
+  if (speculating && opts.max_new_tokens > 0)
     speculate(model, ctx, ids, greedy ? picked : sampler.sample(logits.data(), V, ids), sampler, opts, on_token, stats);
-  for (int64_t step = 0; step < opts.max_new_tokens && !opts.speculate.ngram; ++step) {
+  for (int64_t step = 0; step < opts.max_new_tokens && !speculating; ++step) {
     const int64_t next = greedy ? picked : sampler.sample(logits.data(), V, ids);
     ids.push_back(next);
     if (on_token) on_token(next);

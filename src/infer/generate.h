@@ -21,8 +21,11 @@ enum class StopAtEos : uint8_t { Yes, No };
 // draft with the target's probability of it and otherwise draws from the rest of the target's
 // distribution (Sampler::verify), so the tokens follow the target's distribution exactly (the
 // draws differ from a non-speculative run of the same seed).
+// With a draft model instead (a smaller model of the same vocabulary, drafting greedily on its own
+// context, rolled back with the target's), the same checks apply to its drafts.
 struct SpeculateOptions {
   bool ngram = false;
+  const Model* draft_model = nullptr;
   int64_t draft_tokens = 4, ngram_max = 3;
 };
 

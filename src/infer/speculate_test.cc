@@ -186,5 +186,49 @@ TEST(Speculate, SampledGenerateSpeculatesAndTopOneIsGreedy) {
   EXPECT_EQ(a.size(), p.size() + 80);
 }
 
+// A draft model: greedy output is unchanged whether its drafts are all kept (the target itself as
+// the draft) or mostly rejected (another initialisation, another architecture), on a recurrent
+// target whose context is rolled back; sampled with top-k 1 it is the greedy output too.
+TEST(Speculate, DraftModelKeepsGreedyOutput) {
+  auto m = build_model(preset_config("kda-tiny"), "kda-tiny");
+  m->init_random(3);
+  auto same = build_model(preset_config("kda-tiny"), "kda-tiny");
+  same->init_random(3);
+  auto other = build_model(preset_config("gdn-tiny"), "gdn-tiny");
+  other->init_random(4);
+  ASSERT_EQ(other->vocab_size(), m->vocab_size());
+  const std::vector<int64_t> p = {5, 9, 2, 6, 5, 3, 5, 8, 9, 7};  // no repetition to speak of
+  const auto want = run(*m, p, false);
+  for (const Model* d : {same.get(), other.get()}) {
+    GenerateOptions o;
+    o.max_new_tokens = 80;
+    o.sampling.temperature = 0;
+    o.stop_at_eos = StopAtEos::No;
+    o.speculate.draft_model = d;
+    GenerateStats st;
+    EXPECT_EQ(generate(*m, p, o, {}, &st), want);
+    EXPECT_GT(st.drafted, 0);
+    if (d == same.get()) {
+      EXPECT_EQ(st.accepted, st.drafted);  // the target's own picks
+    } else {
+      EXPECT_LT(st.accepted, st.drafted);
+    }
+    o.sampling.temperature = 0.7f;
+    o.sampling.top_k = 1;
+    EXPECT_EQ(generate(*m, p, o), want);
+  }
+  GenerateOptions o;
+  o.speculate.draft_model = other.get();
+  o.speculate.ngram = true;
+  EXPECT_THROW(generate(*m, p, o), Error);  // one source of drafts
+  auto cfg = preset_config("gdn-tiny");
+  cfg["vocab_size"] = 512;
+  auto narrow = build_model(cfg, "gdn-512");
+  narrow->init_random(1);
+  o.speculate.ngram = false;
+  o.speculate.draft_model = narrow.get();
+  EXPECT_THROW(generate(*m, p, o), Error);  // another tokenizer
+}
+
 }  // namespace
 }  // namespace k3
