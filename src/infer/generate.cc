@@ -26,7 +26,15 @@ DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const st
   const int64_t V = model.vocab_size(), d = int64_t(drafts.size()), T = d + 1;
   std::vector<int64_t> in{next};
   in.insert(in.end(), drafts.begin(), drafts.end());
-  const Context before = ctx.clone();
+  // What a rejection takes back: caches that keep every token are truncated to their lengths
+  // now; states that fold tokens in are snapshotted.
+  std::vector<int64_t> lengths;
+  std::vector<std::unique_ptr<Memory>> saved;
+  for (const auto& m : ctx.layers) {
+    lengths.push_back(m->length());
+    saved.push_back(m->can_truncate() ? nullptr : m->clone());
+  }
+  const int64_t position = ctx.position;
   std::vector<float> logits(static_cast<size_t>(T * V));
   model.forward(in.data(), T, &ctx, logits.data(), Logits::All);
   // Row t's pick follows in[0..t]; drafts[t] is kept while it equals the pick before it.
@@ -52,8 +60,13 @@ DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const st
   }
   c.tokens = T;
   if (c.kept < d) {
-    for (size_t i = 0; i < ctx.layers.size(); ++i) ctx.layers[i]->restore(*before.layers[i]);
-    ctx.position = before.position;
+    for (size_t i = 0; i < ctx.layers.size(); ++i) {
+      if (saved[i])
+        ctx.layers[i]->restore(*saved[i]);
+      else
+        ctx.layers[i]->truncate(lengths[i]);
+    }
+    ctx.position = position;
     model.forward(in.data(), c.kept + 1, &ctx, logits.data(), Logits::Last);
     c.tokens += c.kept + 1;
   }

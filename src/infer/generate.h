@@ -52,8 +52,9 @@ std::vector<int64_t> ngram_draft(const std::vector<int64_t>& ids, int64_t ngram_
 // equal to the model's greedy picks are kept and `bonus` is the pick after the last kept one; with
 // a sampler each draft is verified (Sampler::verify; history: the tokens up to and including
 // `next`) and `bonus` is the replacement draw at the first rejection, or a draw after the last. On a rejection ctx is restored from a
-// snapshot taken before the check and `next` and the kept drafts run again (recurrent states
-// cannot be truncated), so ctx ends having absorbed exactly `next` and the kept drafts.
+// snapshot taken before the check and `next` and the kept drafts run again (KV and latent caches
+// are truncated instead of copied; recurrent states and conv tails cannot be, and are restored),
+// so ctx ends having absorbed exactly `next` and the kept drafts.
 struct DraftCheck {
   int64_t kept = 0, bonus = -1;
   int64_t tokens = 0;  // tokens the model computed (the check, and the rerun after a rejection)

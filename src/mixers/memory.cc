@@ -8,6 +8,10 @@ void Memory::set_length(int64_t) {
   throw error(std::string(memory_kind_name(kind())), "only a device memory's length can be set without its contents");
 }
 
+void Memory::truncate(int64_t) {
+  throw error(std::string(memory_kind_name(kind())), "this memory cannot be truncated (restore a snapshot instead)");
+}
+
 std::string_view memory_kind_name(MemoryKind k) {
   switch (k) {
     case MemoryKind::KVCache: return "kv-cache";

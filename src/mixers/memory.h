@@ -34,6 +34,11 @@ class Memory {
   virtual void set_length(int64_t n);
   // Tokens it can hold (fixed-size states: no limit).
   virtual int64_t capacity() const { return INT64_MAX; }
+  // Whether truncate() can take tokens back: caches that keep every token's rows can; a state
+  // that folds tokens in cannot (it is restored from a snapshot instead).
+  virtual bool can_truncate() const { return false; }
+  // Back to the first n tokens absorbed (n <= length()); only where can_truncate().
+  virtual void truncate(int64_t n);
 };
 
 // A sequence's context: one Memory per stateful layer, plus its position.

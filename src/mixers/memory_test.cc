@@ -77,6 +77,33 @@ TEST(KvCacheMemory, HeadViewsReadWhatWasAppended) {
   EXPECT_THROW(cache.set_length(2), Error);  // a host memory's length follows its contents
 }
 
+// Truncation takes tokens back from the caches that keep every token, and is refused elsewhere.
+TEST(KvCacheMemory, TruncateTakesTokensBack) {
+  const int64_t H = 1, hd = 2;
+  KVCache cache(H, hd, 16);
+  EXPECT_TRUE(cache.can_truncate());
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {7, 8};
+  cache.append({const_cast<float*>(a.data()), hd, hd}, {const_cast<float*>(a.data()), hd, hd}, 3);
+  cache.truncate(1);
+  EXPECT_EQ(cache.length(), 1);
+  cache.append({const_cast<float*>(b.data()), hd, hd}, {const_cast<float*>(b.data()), hd, hd}, 1);
+  EXPECT_EQ(cache.length(), 2);
+  EXPECT_EQ(cache.keys().at(0, 0)[1], 2.0f);
+  EXPECT_EQ(cache.keys().at(1, 0)[0], 7.0f);
+  EXPECT_THROW(cache.truncate(3), Error);  // past its length
+  KVCache with_tail(H, hd, 16, 3, 4);
+  EXPECT_FALSE(with_tail.can_truncate());
+  EXPECT_THROW(with_tail.truncate(0), Error);
+  RecurrentState state(1, 2, 2, false, {}, 0);
+  EXPECT_FALSE(state.can_truncate());
+  EXPECT_THROW(state.truncate(0), Error);
+  LatentCache lat(2, 8);
+  lat.append(a.data(), 3);
+  lat.truncate(2);
+  EXPECT_EQ(lat.length(), 2);
+  EXPECT_EQ(lat.data()[3], 4.0f);
+}
+
 TEST(LatentCacheMemory, AppendCloneRestore) {
   LatentCache c(4, 8);
   const std::vector<float> rows = {1, 2, 3, 4, 5, 6, 7, 8};

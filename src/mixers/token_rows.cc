@@ -44,6 +44,11 @@ void TokenRows::set_length(int64_t n) {
   length_ = n;
 }
 
+void TokenRows::truncate(int64_t n) {
+  if (n < 0 || n > length_) throw error(who_, "truncate to ", n, " tokens of ", length_);
+  length_ = n;
+}
+
 void TokenRows::extend_zeros(int64_t n) {
   reserve(n);
   for (size_t i = 0; i < arrays_.size() && n; ++i) {

@@ -19,6 +19,7 @@ class TokenRows {
   void reserve(int64_t n);
   void advance(int64_t n) { length_ += n; }
   void set_length(int64_t n);  // within the allocated rows
+  void truncate(int64_t n);    // back to the first n rows (n <= length)
   void reset() { length_ = 0; }
   void extend_zeros(int64_t n);  // n zero rows in every array
   // Appends n rows to array i from rows of fp32 values with leading dimension ld (on the rows'

@@ -48,6 +48,11 @@ void KVCache::set_length(int64_t n) {
   rows_.set_length(n);
 }
 
+void KVCache::truncate(int64_t n) {
+  if (!can_truncate()) Memory::truncate(n);
+  rows_.truncate(n);
+}
+
 void KVCache::extend_zeros(int64_t n) {
   rows_.extend_zeros(n);
   // The conv tail shifts in n zero inputs.

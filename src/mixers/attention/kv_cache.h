@@ -23,6 +23,8 @@ class KVCache final : public Memory {
   int64_t capacity() const override { return rows_.max_tokens(); }
   void extend_zeros(int64_t n) override;
   void set_length(int64_t n) override;
+  bool can_truncate() const override { return tail_.numel() == 0; }  // a conv tail cannot go back
+  void truncate(int64_t n) override;
 
   // Appends n tokens read from [n, H, hd] host views.
   void append(const HeadView& k, const HeadView& v, int64_t n);

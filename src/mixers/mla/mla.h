@@ -45,6 +45,8 @@ class LatentCache final : public Memory {
   int64_t capacity() const override { return rows_.max_tokens(); }
   void extend_zeros(int64_t n) override { rows_.extend_zeros(n); }
   void set_length(int64_t n) override;
+  bool can_truncate() const override { return true; }
+  void truncate(int64_t n) override { rows_.truncate(n); }
   void append(const float* rows, int64_t n);  // n host rows of `width`
   const float* data() const { return rows_.f32(0); }
   int64_t width() const { return rows_.width(0); }
