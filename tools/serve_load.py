@@ -8,10 +8,11 @@ prefix-cache hit rate and the time-to-first-token with and without a cache hit, 
 workload (multi-turn chats that extend their earlier turns, a long shared system prompt,
 repetitive code-like prompts decoded greedily, a few very long prompts among the short ones)
 TTFT and the gaps between streamed chunks (p50/p99), the hit rate and the speculation's
-acceptance rate.
+acceptance rate; then replays some of the mixed workload's requests alone on the idle server and
+counts those whose tokens differ from what they got under load (all are greedy or seeded).
 
   tools/serve_load.py --k3 build/k3 --model DIR [--clients 16] [--seconds 15] [--rounds 3]
-                      [--max-step-tokens 512] [--speculate ngram]
+                      [--max-step-tokens 512] [--speculate ngram] [--verify 200]
 Only 127.0.0.1 is ever contacted.
 """
 import argparse
@@ -145,8 +146,9 @@ def stream_gaps(port, body):
     return r.status, ttft, [b - a for a, b in zip(times, times[1:])], ids
 
 
-def mixed_traffic(port, clients, seconds, vocab, ctx):
-    """Realistic mixes: multi-turn chats, a shared system prompt, repetitive code, rare long prompts."""
+def mixed_traffic(port, clients, seconds, vocab, ctx, record=None):
+    """Realistic mixes: multi-turn chats, a shared system prompt, repetitive code, rare long prompts.
+    record: a list that receives (body, token ids) of every completed request."""
     before = metrics(port)
     system = [random.Random(1).randrange(1, vocab) for _ in range(min(256, ctx // 4))]
     ttft, gaps, errors, done = [], [], [], [0]
@@ -188,6 +190,8 @@ def mixed_traffic(port, clients, seconds, vocab, ctx):
                 ttft.append(t)
                 gaps.extend(g)
                 done[0] += 1
+                if record is not None:
+                    record.append((body, ids))
             if kind < 0.35:
                 convo = body["prompt"] + ids
 
@@ -204,6 +208,20 @@ def mixed_traffic(port, clients, seconds, vocab, ctx):
             "accepted": d.get("k3_speculation_accepted_tokens_total", 0)}
 
 
+def replay_alone(port, record, n):
+    """Up to n recorded requests again, one at a time on the idle server: (replayed, mismatches).
+    Every request is greedy or seeded, so its tokens must not depend on what ran beside it."""
+    rng = random.Random(9)
+    picks = rng.sample(record, min(n, len(record)))
+    bad = []
+    for body, ids in picks:
+        st, _, _, again = stream_gaps(port, body)
+        if st != 200 or again != ids:
+            bad.append({"prompt_len": len(body["prompt"]), "temperature": body["temperature"], "status": st,
+                        "loaded": ids[:8], "alone": again[:8]})
+    return len(picks), bad
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--k3", default="build/k3")
@@ -217,6 +235,8 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--max-step-tokens", type=int, default=512, help="k3 serve --max-step-tokens")
     ap.add_argument("--speculate", default="off", choices=["off", "ngram"], help="k3 serve --speculate")
+    ap.add_argument("--verify", type=int, default=200,
+                    help="replay this many of the mixed workload's requests alone and compare their tokens (0: off)")
     args = ap.parse_args()
     srv = subprocess.Popen([args.k3, "serve", "--model", args.model, "--port", "0", "--host", "127.0.0.1",
                             "--max-batch", str(args.max_batch), "--ctx", str(args.ctx), "--cache-block", "64",
@@ -224,10 +244,9 @@ def main():
                            stdout=subprocess.PIPE, text=True)
     try:
         port = int(srv.stdout.readline().strip().rsplit(":", 1)[1])
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        c.request("GET", "/v1/models")
-        vocab = 500
-        c.close()
+        with open(f"{args.model}/config.json") as f:  # random prompts stay inside the vocabulary
+            cfg = json.load(f)
+        vocab = min(500, cfg.get("vocab_size") or cfg["text_config"]["vocab_size"])
         rss = [metrics(port)["k3_process_resident_bytes"]]
         print(f"server on 127.0.0.1:{port}, {args.clients} clients x {args.seconds:.0f} s x {args.rounds} rounds")
         for r in range(args.rounds):
@@ -244,11 +263,16 @@ def main():
         sp = shared_prefix(port, vocab, args.prefix_len, 16)
         print(f"shared prefix ({args.prefix_len} tokens): hit rate {sp['hit_rate']:.2f}, TTFT cold "
               f"{sp['ttft_cold_ms']:.1f} ms vs cache hit {sp['ttft_hit_ms']:.1f} ms ({sp['ttft_gain']:.1f}x)")
-        mx = mixed_traffic(port, args.clients, args.seconds, vocab, args.ctx)
+        record = []
+        mx = mixed_traffic(port, args.clients, args.seconds, vocab, args.ctx, record)
         acc = f"{mx['accepted'] / mx['drafted']:.0%} of {mx['drafted']:.0f} drafts kept" if mx["drafted"] else "no drafts"
         print(f"mixed traffic: {mx['requests']} requests, {mx['errors']} errors {mx['error_examples']}, TTFT p50 "
               f"{mx['ttft_p50_ms']:.0f} ms p99 {mx['ttft_p99_ms']:.0f} ms, chunk gaps p50 {mx['gap_p50_ms']:.1f} ms "
               f"p99 {mx['gap_p99_ms']:.1f} ms, prefix-cache hit rate {mx['hit_rate']:.2f}, speculation: {acc}")
+        if args.verify:
+            n, bad = replay_alone(port, record, args.verify)
+            print(f"replayed alone: {n} of the mixed workload's {len(record)} requests, {len(bad)} with other tokens "
+                  f"than under load {bad[:3]}")
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         c.request("GET", "/health")
         print("health after load:", c.getresponse().read().decode())
