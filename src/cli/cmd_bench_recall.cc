@@ -107,7 +107,7 @@ void register_bench_recall(CLI::App* bench) {
     o.task.task = parse_recall_task(task);
     o.lrs = !lrs.empty() ? split_list<float>(lrs, "--lr-grid") : lr > 0 ? std::vector<float>{lr} : std::vector<float>{};
     if (sweep && !seeds.empty()) throw error("bench", "--seeds does not combine with --sweep (one seed per grid: --seed)");
-    std::vector<RecallResult> results;
+    Json j;
     if (sweep) {
       RecallSweepOptions so;
       so.base = o;
@@ -115,49 +115,21 @@ void register_bench_recall(CLI::App* bench) {
       so.seq_lens = split_list<int64_t>(seq_lens, "--seq-lens");
       so.d_models = split_list<int64_t>(d_models, "--d-models");
       so.out_dir = out_dir;
-      results = run_recall_sweep(so);
+      const std::vector<RecallResult> results = run_recall_sweep(so);
       std::printf("%s\nwrote %s/recall.md, recall.json, recall_vs_state.svg\n", recall_table_markdown(results).c_str(),
                   out_dir.c_str());
-    } else if (!seeds.empty()) {
-      for (const int64_t seed : split_list<int64_t>(seeds, "--seeds")) {
-        RecallBenchOptions os = o;
-        os.seed = uint64_t(seed);
-        results.push_back(run_recall_bench(os));
-      }
-      std::printf("%s", recall_table_markdown(results).c_str());
+      j = Json::array();
+      for (const auto& r : results) j.push_back(r.to_json());
+    } else if (!seeds.empty()) {  // --seeds: the mean as "accuracy", every run beside it
+      const RecallSeedsResult rs = run_recall_seeds(o, split_list<int64_t>(seeds, "--seeds"));
+      std::printf("%s%s", recall_table_markdown(rs.runs).c_str(), rs.summary().c_str());
+      j = rs.to_json();
     } else {
-      results.push_back(run_recall_bench(o));
-      std::printf("%s", recall_table_markdown(results).c_str());
+      const RecallResult r = run_recall_bench(o);
+      std::printf("%s", recall_table_markdown({r}).c_str());
+      j = r.to_json();
     }
-    double mean = 0, lo = 1, hi = 0;
-    for (const auto& r : results) {
-      mean += r.accuracy / double(results.size());
-      lo = std::min(lo, r.accuracy);
-      hi = std::max(hi, r.accuracy);
-    }
-    if (!sweep && results.size() > 1)
-      std::printf("mean accuracy over %zu seeds: %.4f (min %.4f, max %.4f)\n", results.size(), mean, lo, hi);
     if (!json_out.empty()) {
-      Json j;
-      if (sweep) {
-        j = Json::array();
-        for (const auto& r : results) j.push_back(r.to_json());
-      } else if (results.size() > 1) {  // --seeds: the mean as "accuracy", every run beside it
-        j = results[0].to_json();
-        j["accuracy"] = mean;
-        j["accuracy_min"] = lo;
-        j["accuracy_max"] = hi;
-        j["seeds"] = Json::array();
-        j["runs_by_seed"] = Json::array();
-        for (const auto& r : results) {
-          j["seeds"].push_back(r.options.seed);
-          j["runs_by_seed"].push_back(r.to_json());
-        }
-        j.erase("seed");
-        j.erase("half_loss_step");  // per seed, in runs_by_seed
-      } else {
-        j = results[0].to_json();
-      }
       std::ofstream f(json_out);
       f << j.dump(2) << "\n";
       if (!f) throw error("bench", "cannot write ", json_out);

@@ -369,6 +369,60 @@ std::string recall_table_markdown(const std::vector<RecallResult>& results) {
   return s.str();
 }
 
+RecallSeedsResult summarize_seeds(std::vector<RecallResult> runs) {
+  RecallSeedsResult r;
+  r.runs = std::move(runs);
+  if (r.runs.empty()) return r;
+  r.min = 1, r.max = 0;
+  for (const auto& x : r.runs) {
+    r.mean += x.accuracy / double(r.runs.size());
+    r.min = std::min(r.min, x.accuracy);
+    r.max = std::max(r.max, x.accuracy);
+  }
+  if (r.runs.size() > 1) {
+    double ss = 0;
+    for (const auto& x : r.runs) ss += (x.accuracy - r.mean) * (x.accuracy - r.mean);
+    r.stddev = std::sqrt(ss / double(r.runs.size() - 1));
+  }
+  return r;
+}
+
+RecallSeedsResult run_recall_seeds(const RecallBenchOptions& o, const std::vector<int64_t>& seeds) {
+  if (seeds.empty()) throw error("bench", "recall: no seeds given");
+  std::vector<RecallResult> runs;
+  for (const int64_t seed : seeds) {
+    RecallBenchOptions os = o;
+    os.seed = uint64_t(seed);
+    runs.push_back(run_recall_bench(os));
+  }
+  return summarize_seeds(std::move(runs));
+}
+
+Json RecallSeedsResult::to_json() const {
+  if (runs.empty()) return Json::object();
+  Json j = runs[0].to_json();
+  j["accuracy"] = mean;
+  j["accuracy_min"] = min;
+  j["accuracy_max"] = max;
+  j["accuracy_stddev"] = stddev;
+  j["seeds"] = Json::array();
+  j["runs_by_seed"] = Json::array();
+  for (const auto& r : runs) {
+    j["seeds"].push_back(r.options.seed);
+    j["runs_by_seed"].push_back(r.to_json());
+  }
+  j.erase("seed");
+  j.erase("half_loss_step");  // per seed, in runs_by_seed
+  return j;
+}
+
+std::string RecallSeedsResult::summary() const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "mean accuracy over %zu seeds: %.4f (min %.4f, max %.4f, sd %.4f)\n", runs.size(),
+                mean, min, max, stddev);
+  return buf;
+}
+
 std::vector<RecallResult> run_recall_sweep(const RecallSweepOptions& o) {
   if (o.out_dir.empty()) throw error("recall", "--sweep needs --out DIR");
   std::filesystem::create_directories(o.out_dir);

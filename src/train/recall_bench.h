@@ -84,4 +84,17 @@ std::vector<RecallResult> run_recall_sweep(const RecallSweepOptions& o);
 // The result table (markdown) of any number of results.
 std::string recall_table_markdown(const std::vector<RecallResult>& results);
 
+// One configuration over several seeds: every run, and the accuracy's mean and spread.
+struct RecallSeedsResult {
+  std::vector<RecallResult> runs;  // one per seed, in the order given
+  double mean = 0, min = 0, max = 0, stddev = 0;  // of the runs' accuracies (stddev: sample, n − 1)
+  // The first run's record with the mean as "accuracy", the spread beside it and every run under
+  // "runs_by_seed".
+  Json to_json() const;
+  std::string summary() const;  // "mean accuracy over N seeds: ..."
+};
+RecallSeedsResult run_recall_seeds(const RecallBenchOptions& o, const std::vector<int64_t>& seeds);
+// The mean and spread of results already run.
+RecallSeedsResult summarize_seeds(std::vector<RecallResult> runs);
+
 }  // namespace k3

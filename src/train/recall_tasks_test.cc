@@ -304,6 +304,24 @@ TEST(RecallBench, NiahSmokeBeatsChance) {
   EXPECT_GT(smoke_accuracy(RecallTask::Niah, 64, 1, 32, "gdn", 128), 2.0 / 8);
 }
 
+// The seeds' summary in closed form: accuracies 0.5, 0.75, 1 -> mean 0.75, sample sd 0.25.
+TEST(RecallBench, SeedSummaryIsMeanAndSpread) {
+  std::vector<RecallResult> runs(3);
+  const double acc[3] = {0.5, 1.0, 0.75};
+  for (int i = 0; i < 3; ++i) runs[size_t(i)].accuracy = acc[i], runs[size_t(i)].options.seed = uint64_t(10 + i);
+  const RecallSeedsResult r = summarize_seeds(runs);
+  EXPECT_DOUBLE_EQ(r.mean, 0.75);
+  EXPECT_DOUBLE_EQ(r.min, 0.5);
+  EXPECT_DOUBLE_EQ(r.max, 1.0);
+  EXPECT_NEAR(r.stddev, 0.25, 1e-12);
+  const Json j = r.to_json();
+  EXPECT_DOUBLE_EQ(j["accuracy"].get<double>(), 0.75);
+  ASSERT_EQ(j["runs_by_seed"].size(), 3u);
+  EXPECT_EQ(j["seeds"][2].get<int64_t>(), 12);
+  EXPECT_EQ(summarize_seeds({runs[0]}).stddev, 0.0);
+  EXPECT_THROW(run_recall_seeds(RecallBenchOptions{}, {}), Error);
+}
+
 TEST(RecallBench, StateElements) {
   // layers x heads x dk x dv for the recurrent mixers; K and V of every token for attention.
   EXPECT_EQ(recall_state_elements(recall_model_config("deltanet", 64, 32, 16), 32), 2 * 2 * 8 * 8);
