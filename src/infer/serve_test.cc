@@ -291,6 +291,10 @@ TEST(ServePrefixCache, DeepestMatchingSnapshotAndLru) {
   EXPECT_EQ(st.hits, 4);
   EXPECT_EQ(st.lookups, 5);
   EXPECT_GT(st.bytes_by_kind[size_t(MemoryKind::RecurrentState)], 0u);
+  // Every hit restored the one state kind these contexts hold, 1 KiB each time.
+  EXPECT_EQ(st.hits_by_kind[size_t(MemoryKind::RecurrentState)], 4);
+  EXPECT_EQ(st.hits_by_kind[size_t(MemoryKind::KVCache)], 0);
+  EXPECT_EQ(st.restored_bytes_by_kind[size_t(MemoryKind::RecurrentState)], 4u * 1024u);
   // Budget: a third and fourth entry evict. Both of a's entries have served hits (kept), so the
   // one evicted is the least recently used entry that never did: d[0,4).
   EXPECT_EQ(st.kept, 2);

@@ -473,6 +473,10 @@ class Server {
       metric(name, type, help);
       o << name << " " << v << "\n";
     };
+    auto by_kind = [&](const char* name, const char* type, const char* help, auto get) {  // one sample per MemoryKind
+      metric(name, type, help);
+      for (size_t k = 0; k < 4; ++k) o << name << "{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << get(k) << "\n";
+    };
     {
       std::lock_guard<std::mutex> l(stats_.mu);
       metric("k3_http_requests_total", "counter", "HTTP requests by endpoint");
@@ -525,16 +529,20 @@ class Server {
       o << "k3_memory_pages{kind=\"" << kind << "\",state=\"used\"} " << m.memory.pages_used[k] << "\n";
       o << "k3_memory_pages{kind=\"" << kind << "\",state=\"free\"} " << m.memory.pages_free[k] << "\n";
     }
-    metric("k3_context_memory_bytes", "gauge", "Memory of the running sequences' contexts, by memory kind");
-    for (size_t k = 0; k < 4; ++k)
-      o << "k3_context_memory_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.active_bytes_by_kind[k] << "\n";
-    metric("k3_prefix_cache_bytes", "gauge", "Prefix-cache snapshot memory, by memory kind");
-    for (size_t k = 0; k < 4; ++k)
-      o << "k3_prefix_cache_bytes{kind=\"" << memory_kind_name(MemoryKind(k)) << "\"} " << m.cache.bytes_by_kind[k] << "\n";
+    by_kind("k3_context_memory_bytes", "gauge", "Memory of the running sequences' contexts, by memory kind",
+            [&](size_t k) { return m.active_bytes_by_kind[k]; });
+    by_kind("k3_prefix_cache_bytes", "gauge", "Prefix-cache snapshot memory, by memory kind",
+            [&](size_t k) { return m.cache.bytes_by_kind[k]; });
     value("k3_prefix_cache_lookups_total", "counter", "Prefix-cache lookups (prompts longer than one block)",
           m.cache.lookups);
     value("k3_prefix_cache_hits_total", "counter", "Prefix-cache lookups that resumed from a snapshot", m.cache.hits);
     value("k3_prefix_cache_hit_rate", "gauge", "hits / lookups", m.cache.hit_rate());
+    by_kind("k3_prefix_cache_hits_by_kind_total", "counter", "Hits that restored memories of each kind",
+            [&](size_t k) { return m.cache.hits_by_kind[k]; });
+    by_kind("k3_prefix_cache_hit_rate_by_kind", "gauge", "Hits that restored memories of each kind / lookups",
+            [&](size_t k) { return m.cache.lookups ? double(m.cache.hits_by_kind[k]) / double(m.cache.lookups) : 0.0; });
+    by_kind("k3_prefix_cache_restored_bytes_total", "counter", "Bytes restored from snapshots by hits, by memory kind",
+            [&](size_t k) { return m.cache.restored_bytes_by_kind[k]; });
     value("k3_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from snapshots", m.cache.hit_tokens);
     value("k3_prefix_cache_entries", "gauge", "Snapshots held", m.cache.entries);
     value("k3_prefix_cache_kept_entries", "gauge", "Snapshots that have served a hit (evicted last)", m.cache.kept);

@@ -55,6 +55,10 @@ int64_t PrefixCache::lookup(const std::vector<int64_t>& tokens, int64_t max_len,
     }
     if (out) *out = it->ctx.clone();
     st_.hits++;
+    std::array<size_t, 4> restored{};
+    for (const auto& m : it->ctx.layers) restored[size_t(m->kind())] += m->bytes();
+    for (size_t kind = 0; kind < restored.size(); ++kind)
+      if (restored[kind]) st_.hits_by_kind[kind]++, st_.restored_bytes_by_kind[kind] += restored[kind];
     st_.hit_tokens += k * block_;
     return k * block_;
   }

@@ -26,6 +26,11 @@ struct PrefixCacheStats {
   int64_t kept = 0;                         // entries that have served a hit (protected)
   size_t bytes = 0;
   std::array<size_t, 4> bytes_by_kind{};   // indexed by MemoryKind
+  // Hits that restored memories of each kind, and the bytes they restored. A snapshot holds every
+  // layer's memory, so a hit counts once for each kind the model has; the bytes tell the kinds
+  // apart (a fixed-size state costs the same at every prefix length, a cache grows with it).
+  std::array<int64_t, 4> hits_by_kind{};
+  std::array<size_t, 4> restored_bytes_by_kind{};
   double hit_rate() const { return lookups ? double(hits) / double(lookups) : 0.0; }
 };
 
