@@ -36,7 +36,12 @@ void register_serve(CLI::App& app) {
                   "the target's distribution)")
       ->capture_default_str()
       ->check(CLI::IsMember({"off", "ngram"}));
-  cmd->add_option("--draft-tokens", o.draft_tokens, "Tokens drafted per check (--speculate)")
+  static std::string draft_model_dir;
+  cmd->add_option("--draft-model", draft_model_dir,
+                  "Speculative decoding with a smaller model of the same tokenizer (Hugging Face folder): it drafts "
+                  "greedily on a context of its own per request, the model checks the drafts as with --speculate")
+      ->type_name("DIR");
+  cmd->add_option("--draft-tokens", o.draft_tokens, "Tokens drafted per check (--speculate, --draft-model)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   cmd->add_option("--max-queue", o.max_queue, "Requests allowed to wait; more get 503")->capture_default_str()->check(CLI::PositiveNumber);
@@ -68,6 +73,8 @@ void register_serve(CLI::App& app) {
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     o.speculate_ngram = speculate == "ngram";
+    if (o.speculate_ngram && !draft_model_dir.empty())
+      throw error("serve", "give --speculate ngram or --draft-model, not both");
     if (o.max_step_tokens > 0 && o.max_step_tokens <= o.max_batch)
       throw error("serve", "--max-step-tokens ", o.max_step_tokens, " must exceed --max-batch ", o.max_batch,
                   " (the decode rows come first, the prompts' chunks after them), or be 0");
@@ -79,6 +86,13 @@ void register_serve(CLI::App& app) {
     // KV and latent caches are allocated whole for the context there, so the page budget counts
     // less than the device holds.
     if (rt.device == "cuda") move_to(*model, Device::CUDA);
+    std::unique_ptr<Model> draft;
+    if (!draft_model_dir.empty()) {
+      draft = load_model(draft_model_dir);
+      if (check_weights) check_weights_finite(*draft);
+      if (rt.device == "cuda") move_to(*draft, Device::CUDA);
+      o.draft_model = draft.get();
+    }
     std::optional<Tokenizer> tok;
     try {
       tok = Tokenizer::from_dir(o.model_dir);

@@ -26,15 +26,7 @@ DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const st
   const int64_t V = model.vocab_size(), d = int64_t(drafts.size()), T = d + 1;
   std::vector<int64_t> in{next};
   in.insert(in.end(), drafts.begin(), drafts.end());
-  // What a rejection takes back: caches that keep every token are truncated to their lengths
-  // now; states that fold tokens in are snapshotted.
-  std::vector<int64_t> lengths;
-  std::vector<std::unique_ptr<Memory>> saved;
-  for (const auto& m : ctx.layers) {
-    lengths.push_back(m->length());
-    saved.push_back(m->can_truncate() ? nullptr : m->clone());
-  }
-  const int64_t position = ctx.position;
+  const ContextMark mark(ctx);  // what a rejection goes back to
   std::vector<float> logits(static_cast<size_t>(T * V));
   model.forward(in.data(), T, &ctx, logits.data(), Logits::All);
   // Row t's pick follows in[0..t]; drafts[t] is kept while it equals the pick before it.
@@ -60,66 +52,67 @@ DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const st
   }
   c.tokens = T;
   if (c.kept < d) {
-    for (size_t i = 0; i < ctx.layers.size(); ++i) {
-      if (saved[i])
-        ctx.layers[i]->restore(*saved[i]);
-      else
-        ctx.layers[i]->truncate(lengths[i]);
-    }
-    ctx.position = position;
+    mark.rewind(ctx);
     model.forward(in.data(), c.kept + 1, &ctx, logits.data(), Logits::Last);
     c.tokens += c.kept + 1;
   }
   return c;
 }
 
+ContextMark::ContextMark(const Context& ctx) : position_(ctx.position) {
+  for (const auto& m : ctx.layers) {
+    lengths_.push_back(m->length());
+    saved_.push_back(m->can_truncate() ? nullptr : m->clone());
+  }
+}
+
+void ContextMark::rewind(Context& ctx) const {
+  for (size_t i = 0; i < ctx.layers.size(); ++i) {
+    if (saved_[i])
+      ctx.layers[i]->restore(*saved_[i]);
+    else
+      ctx.layers[i]->truncate(lengths_[i]);
+  }
+  ctx.position = position_;
+}
+
+ModelDrafter::ModelDrafter(const Model& draft, int64_t context) : m_(draft), ctx_(draft.new_context(context)) {}
+
+std::vector<int64_t> ModelDrafter::draft(const std::vector<int64_t>& history, int64_t k) {
+  drafted_ = 0;
+  mark_.reset();
+  const int64_t n = int64_t(history.size());
+  if (k < 1 || n <= absorbed_) return {};
+  Context* ctxs[1] = {&ctx_};
+  int64_t pick = 0;
+  m_.greedy(TokenBatch{history.data() + absorbed_, 1, n - absorbed_, ctxs}, &pick);
+  absorbed_ = n;
+  std::vector<int64_t> d = {pick};
+  if (k > 1) mark_.emplace(ctx_);  // everything confirmed, nothing drafted
+  while (int64_t(d.size()) < k) {
+    const int64_t in = d.back();
+    m_.greedy(TokenBatch{&in, 1, 1, ctxs}, &pick);
+    d.push_back(pick);
+  }
+  drafted_ = k;
+  return d;
+}
+
+void ModelDrafter::kept(int64_t kept) {
+  // The last draft was never fed: the context holds the history and drafts 1..k-1, which is right
+  // when the target kept at least those; otherwise it goes back to the mark and the kept drafts
+  // are fed with the next ones.
+  if (kept >= drafted_ - 1)
+    absorbed_ += std::max<int64_t>(drafted_ - 1, 0);
+  else if (mark_)
+    mark_->rewind(ctx_);
+  mark_.reset();
+  drafted_ = 0;
+}
+
+size_t ModelDrafter::bytes() const { return ctx_.bytes(); }
+
 namespace {
-
-// Greedy drafts from a smaller model of the same vocabulary. Its context trails the target's: the
-// tokens the target has confirmed but the draft model has not absorbed wait in pending_, and are
-// fed with the next token when the next drafts are made.
-class ModelDrafter {
- public:
-  ModelDrafter(const Model& m, const std::vector<int64_t>& prompt, int64_t total)
-      : m_(m), ctx_(m.new_context(total)), pending_(prompt) {}
-  // Up to k drafts after `next` (which the target has emitted).
-  std::vector<int64_t> draft(int64_t next, int64_t k) {
-    if (k < 1) return {};
-    pending_.push_back(next);
-    Context* ctxs[1] = {&ctx_};
-    int64_t pick = 0;
-    m_.greedy(TokenBatch{pending_.data(), 1, int64_t(pending_.size()), ctxs}, &pick);
-    pending_.clear();
-    snapshot_ = ctx_.clone();  // everything confirmed, nothing drafted
-    std::vector<int64_t> d = {pick};
-    while (int64_t(d.size()) < k) {
-      const int64_t in = d.back();
-      m_.greedy(TokenBatch{&in, 1, 1, ctxs}, &pick);
-      d.push_back(pick);
-    }
-    return d;
-  }
-  // The target kept the first `kept` of `drafts`: the draft context goes back to the snapshot and
-  // those wait to be fed (one forward next time), unless it absorbed exactly them.
-  void kept(const std::vector<int64_t>& drafts, int64_t kept) {
-    const int64_t absorbed = int64_t(drafts.size()) - 1;  // the last draft was never fed
-    if (kept == absorbed) return;
-    if (kept > absorbed) {
-      pending_.push_back(drafts.back());
-      return;
-    }
-    for (size_t i = 0; i < ctx_.layers.size(); ++i) ctx_.layers[i]->restore(*snapshot_.layers[i]);
-    ctx_.position = snapshot_.position;
-    pending_.assign(drafts.begin(), drafts.begin() + kept);
-  }
-  // The target decoded `t` without a check: the draft model absorbs it with the next drafts.
-  void confirmed(int64_t t) { pending_.push_back(t); }
-
- private:
-  const Model& m_;
-  Context ctx_, snapshot_;
-  std::vector<int64_t> pending_;
-};
 
 // Decoding with speculation (SpeculateOptions: prompt lookup or a draft model), greedy or
 // sampled. `first` is the token the prefill chose.
@@ -127,7 +120,7 @@ void speculate(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t fi
                const GenerateOptions& opts, const std::function<void(int64_t)>& on_token, GenerateStats* stats) {
   const SpeculateOptions& so = opts.speculate;
   std::optional<ModelDrafter> drafter;
-  if (so.draft_model) drafter.emplace(*so.draft_model, ids, int64_t(ids.size()) + opts.max_new_tokens);
+  if (so.draft_model) drafter.emplace(*so.draft_model, int64_t(ids.size()) + opts.max_new_tokens);
   Context* ctxs[1] = {&ctx};
   int64_t made = 0;
   auto emit = [&](int64_t t) {  // false once generation ends
@@ -143,9 +136,8 @@ void speculate(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t fi
   while (emit(next)) {
     // Drafts, never past the tokens still to make (the last of them needs no forward after it).
     const int64_t k = std::min(so.draft_tokens, opts.max_new_tokens - made - 1);
-    std::vector<int64_t> drafts = drafter ? drafter->draft(next, k) : ngram_draft(ids, so.ngram_max, k);
+    std::vector<int64_t> drafts = drafter ? drafter->draft(ids, k) : ngram_draft(ids, so.ngram_max, k);
     if (drafts.empty()) {
-      if (drafter) drafter->confirmed(next);
       const int64_t in = next;
       if (sampler.greedy()) {
         model.greedy(TokenBatch{&in, 1, 1, ctxs}, &next);
@@ -156,7 +148,7 @@ void speculate(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t fi
       continue;
     }
     const DraftCheck c = check_drafts(model, ctx, next, drafts, &sampler, ids);
-    if (drafter) drafter->kept(drafts, c.kept);
+    if (drafter) drafter->kept(c.kept);
     if (stats) stats->drafted += int64_t(drafts.size()), stats->accepted += c.kept, stats->verify_steps++;
     const int64_t m = c.kept;
     bool go = true;

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <functional>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "infer/sampler.h"
@@ -61,6 +63,41 @@ struct DraftCheck {
 };
 DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const std::vector<int64_t>& drafts,
                         Sampler* sampler = nullptr, const std::vector<int64_t>& history = {});
+
+// A point a context can go back to: memories that keep every token (KV, latent caches) are
+// truncated to their lengths at the mark; states that fold tokens in (recurrent states, conv
+// tails) are copied at the mark and restored.
+class ContextMark {
+ public:
+  explicit ContextMark(const Context& ctx);
+  void rewind(Context& ctx) const;
+
+ private:
+  std::vector<int64_t> lengths_;
+  std::vector<std::unique_ptr<Memory>> saved_;
+  int64_t position_ = 0;
+};
+
+// Greedy drafts from a smaller model of the same vocabulary (SpeculateOptions::draft_model). Its
+// context trails the target's sequence: each draft() first feeds, in one forward, the tokens of
+// the history it has not absorbed (the whole prompt the first time, then what the target emitted
+// since), so it follows a sequence whose steps ran with or without checks.
+class ModelDrafter {
+ public:
+  ModelDrafter(const Model& draft, int64_t context);
+  // Up to k drafts to follow `history` (the sequence, ending with the token the target checks next).
+  std::vector<int64_t> draft(const std::vector<int64_t>& history, int64_t k);
+  // The target kept the first `kept` of the last draft()'s tokens.
+  void kept(int64_t kept);
+  size_t bytes() const;  // the draft context's memory
+
+ private:
+  const Model& m_;
+  Context ctx_;
+  int64_t absorbed_ = 0;  // tokens of the history in ctx_
+  int64_t drafted_ = 0;   // the last draft()'s tokens
+  std::optional<ContextMark> mark_;  // ctx_ before the last drafts were fed
+};
 
 // Returns prompt + generated ids. on_token(id) is called for each new token as it is made.
 std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,

@@ -436,6 +436,31 @@ class ServeScheduler : public ::testing::TestWithParam<std::string> {
     for (int i = 0; i < 6000 && !j.poll(out, std::chrono::milliseconds(10));) ++i;
     return out;
   }
+  // Runs `ps` on a scheduler of `so`, alone and (combined) with chunked prefill and a memory budget
+  // tight enough to preempt growing caches; every output must equal `want` and run to its length.
+  // Returns each run's metrics.
+  std::vector<SchedulerMetrics> expect_outputs(SchedulerOptions so, const std::vector<GenParams>& ps,
+                                               const std::vector<std::vector<int64_t>>& want, int64_t tight_pages) {
+    MemoryManager pages(model_->memory_layers(), 0, 16);
+    std::vector<SchedulerMetrics> out;
+    for (const bool combined : {false, true}) {
+      SCOPED_TRACE(combined ? "with chunked prefill and a tight memory budget" : "alone");
+      if (combined) {
+        so.max_step_tokens = 12;
+        so.memory_budget = 2 * pages.fixed_set_bytes() + size_t(tight_pages) * pages.page_set_bytes();
+      }
+      Scheduler s(*model_, so);
+      std::vector<std::shared_ptr<Job>> jobs;
+      for (auto& g : ps) jobs.push_back(s.submit(g));
+      for (size_t i = 0; i < ps.size(); ++i) {
+        EXPECT_EQ(drain(*jobs[i]), want[i]) << "request " << i;
+        EXPECT_EQ(jobs[i]->finish(), Finish::Length);
+      }
+      out.push_back(s.metrics());
+      EXPECT_EQ(out.back().memory.used, 0u);
+    }
+    return out;
+  }
   std::unique_ptr<Model> model_;
 };
 
@@ -672,30 +697,76 @@ TEST_P(ServeScheduler, SpeculationKeepsOutputsEqualGenerate) {
   }
   std::vector<std::vector<int64_t>> want;
   for (auto& g : ps) want.push_back(reference(g, g.sampling.temperature > 0));
-  MemoryManager pages(model_->memory_layers(), 0, 16);
-  for (const bool combined : {false, true}) {
-    SCOPED_TRACE(combined ? "with chunked prefill and a tight memory budget" : "alone");
-    SchedulerOptions so;
-    so.max_batch = 4;
-    so.context = 256;
-    so.cache_block = 16;
-    so.speculate_ngram = true;
-    if (combined) {
-      so.max_step_tokens = 12;
-      so.memory_budget = 2 * pages.fixed_set_bytes() + 10 * pages.page_set_bytes();
-    }
-    Scheduler s(*model_, so);
-    std::vector<std::shared_ptr<Job>> jobs;
-    for (auto& g : ps) jobs.push_back(s.submit(g));
-    for (size_t i = 0; i < ps.size(); ++i) {
-      EXPECT_EQ(drain(*jobs[i]), want[i]) << "request " << i;
-      EXPECT_EQ(jobs[i]->finish(), Finish::Length);
-    }
-    const auto m = s.metrics();
+  SchedulerOptions so;
+  so.max_batch = 4;
+  so.context = 256;
+  so.cache_block = 16;
+  so.speculate_ngram = true;
+  for (const auto& m : expect_outputs(so, ps, want, 10)) {
     EXPECT_GT(m.spec_checks, 0);
     EXPECT_GT(m.spec_drafted, 0);
-    EXPECT_EQ(m.memory.used, 0u);
   }
+}
+
+// A draft model in the scheduler, the target itself (every draft kept) or another initialisation
+// of its preset (drafts rejected): greedy outputs equal generate() without speculation, the sampled
+// one generate() with the same draft model, alone and with chunked prefill and a tight budget
+// (which preempts GPT-2's growing caches and drops the job's draft context, rebuilt from the
+// history).
+TEST_P(ServeScheduler, DraftModelKeepsOutputsEqualGenerate) {
+  auto other = build_model(preset_config(GetParam()), GetParam());
+  other->init_random(6);
+  std::vector<GenParams> ps;
+  for (int i = 0; i < 4; ++i) {
+    GenParams g;
+    g.prompt = prompt(300 + uint64_t(i), size_t(10 + 7 * i));
+    g.max_tokens = 20 + 4 * i;
+    g.sampling.temperature = i == 1 ? 0.8f : 0.0f;
+    g.sampling.seed = uint64_t(i);
+    ps.push_back(g);
+  }
+  for (const Model* draft : {static_cast<const Model*>(model_.get()), static_cast<const Model*>(other.get())}) {
+    SCOPED_TRACE(draft == model_.get() ? "the target as its own draft" : "another initialisation as the draft");
+    std::vector<std::vector<int64_t>> want;
+    for (auto& g : ps) {
+      GenerateOptions o;
+      o.max_new_tokens = g.max_tokens;
+      o.sampling = g.sampling;
+      if (g.sampling.temperature > 0) o.speculate.draft_model = draft;
+      auto all = generate(*model_, g.prompt, o);
+      want.emplace_back(all.begin() + int64_t(g.prompt.size()), all.end());
+    }
+    SchedulerOptions so;
+    so.max_batch = 4;
+    so.context = 128;
+    so.cache_block = 16;
+    so.draft_model = draft;
+    const auto ms = expect_outputs(so, ps, want, 6);
+    for (const auto& m : ms) {
+      EXPECT_GT(m.spec_checks, 0);
+      if (draft == model_.get()) {
+        // Every greedy check keeps its 4 drafts and adds one token: 4/5 of the greedy requests'
+        // tokens after their first are kept drafts, less where a request's last check is shorter.
+        EXPECT_GE(m.spec_accepted, (20 + 28 + 32 - 3) * 7 / 10);
+      } else {
+        EXPECT_LT(m.spec_accepted, m.spec_drafted);
+      }
+    }
+    if (GetParam() == "gpt2-tiny") {
+      EXPECT_GT(ms[1].preemptions, 0);
+    }
+  }
+  SchedulerOptions bad;
+  bad.draft_model = other.get();
+  bad.speculate_ngram = true;
+  EXPECT_THROW(Scheduler(*model_, bad), Error);  // one source of drafts
+  auto cfg = preset_config(GetParam());
+  auto& text = cfg.contains("text_config") ? cfg["text_config"] : cfg;
+  text["vocab_size"] = model_->vocab_size() + 1;
+  auto wide = build_model(cfg, "wide");
+  bad.speculate_ngram = false;
+  bad.draft_model = wide.get();
+  EXPECT_THROW(Scheduler(*model_, bad), Error);  // another tokenizer
 }
 
 // A long prompt is prefilled chunk by chunk while a running stream keeps decoding: the stream gets

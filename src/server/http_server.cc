@@ -151,6 +151,7 @@ class Server {
     so.cache_budget = size_t(o.cache_mb * 1048576.0);
     so.max_step_tokens = o.max_step_tokens;
     so.speculate_ngram = o.speculate_ngram;
+    so.draft_model = o.draft_model;
     so.draft_tokens = o.draft_tokens;
     sched_ = std::make_unique<serve::Scheduler>(*model_, so);
   }
@@ -502,7 +503,7 @@ class Server {
     value("k3_decode_steps_total", "counter", "Batched decode steps", m.decode_steps);
     value("k3_decode_batch_rows_total", "counter", "Sequences summed over decode steps (rows / steps = mean batch)",
           m.decode_rows);
-    value("k3_speculation_checks_total", "counter", "Speculative checks run (--speculate ngram)",
+    value("k3_speculation_checks_total", "counter", "Speculative checks run (--speculate, --draft-model)",
           m.spec_checks);
     value("k3_speculation_drafted_tokens_total", "counter", "Draft tokens proposed to the checks", m.spec_drafted);
     value("k3_speculation_accepted_tokens_total", "counter", "Draft tokens the checks kept", m.spec_accepted);

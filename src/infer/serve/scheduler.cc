@@ -110,6 +110,17 @@ Scheduler::Scheduler(const Model& model, SchedulerOptions opts)
   if (o_.max_step_tokens > 0 && o_.max_step_tokens <= o_.max_batch)
     throw error("serve", "max_step_tokens (", o_.max_step_tokens, ") must exceed max_batch (", o_.max_batch,
                 "): the decode rows come first and the prompts need room after them");
+  if (o_.draft_model) {
+    if (o_.speculate_ngram) throw error("serve", "speculation drafts by prompt lookup or by a draft model, not both");
+    if (o_.draft_model->vocab_size() != V_)
+      throw error("serve", "the draft model's vocabulary (", o_.draft_model->vocab_size(), ") differs from the model's (",
+                  V_, "): it must share the tokenizer");
+    if (o_.draft_model->max_positions() < o_.context)
+      throw error("serve", "the context (", o_.context, " tokens) exceeds the draft model's ",
+                  o_.draft_model->max_positions(), " positions");
+  }
+  if ((o_.speculate_ngram || o_.draft_model) && o_.draft_tokens < 1)
+    throw error("serve", "speculation needs at least one draft token");
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -152,6 +163,7 @@ void Scheduler::stop() {
 
 void Scheduler::retire(Job& j, Finish f, const std::string& err) {
   j.ctx_ = Context();  // free the memory now, not when the HTTP thread lets go
+  j.drafter_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
     mm_.release(j.mem_);
@@ -295,8 +307,11 @@ void Scheduler::make_room(std::vector<std::shared_ptr<Job>>& active) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < active.size();) {
     Job& j = *active[i];
-    // This step feeds history_.back(): the context then holds the whole history.
-    if (mm_.grow(j.mem_, int64_t(j.history_.size()))) {
+    // This step feeds history_.back(): the context then holds the whole history, and the drafts
+    // a speculating job checks. Their pages are taken here, with preemption if need be, so that
+    // a job checks drafts at every step whatever the load: its sampled tokens then take the same
+    // draws as in an unloaded run.
+    if (mm_.grow(j.mem_, int64_t(j.history_.size()) + draft_room(j))) {
       ++i;
       continue;
     }
@@ -309,23 +324,36 @@ void Scheduler::make_room(std::vector<std::shared_ptr<Job>>& active) {
     active.erase(v);
     mm_.release(victim->mem_);
     victim->ctx_ = Context();
+    victim->drafter_.reset();
     m_.preemptions++;
     queue_.push_front(std::move(victim));
   }
 }
 
-bool Scheduler::speculate(Job& j, int64_t* tokens) {
-  if (j.params_.logprobs >= 0) return false;
+int64_t Scheduler::draft_room(const Job& j) const {
+  if ((!o_.speculate_ngram && !o_.draft_model) || j.params_.logprobs >= 0) return 0;
   const int64_t left = j.params_.max_tokens - j.generated_;  // tokens still to make
-  const std::vector<int64_t> drafts =
-      ngram_draft(j.history_, SpeculateOptions{}.ngram_max, std::min(o_.draft_tokens, left - 1));
-  if (drafts.empty()) return false;
-  const int64_t d = int64_t(drafts.size());
+  return std::clamp<int64_t>(left - 1, 0, o_.draft_tokens);  // the last needs no forward after it
+}
+
+bool Scheduler::speculate(Job& j, int64_t* tokens) {
+  const int64_t k = draft_room(j);
+  if (k < 1) return false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!mm_.grow(j.mem_, int64_t(j.history_.size()) + d)) return false;  // pages for the drafts
+    if (!mm_.grow(j.mem_, int64_t(j.history_.size()) + k)) return false;  // pages for the drafts
   }
+  std::vector<int64_t> drafts;
+  if (o_.draft_model) {
+    if (!j.drafter_) j.drafter_ = std::make_unique<ModelDrafter>(*o_.draft_model, o_.context);
+    drafts = j.drafter_->draft(j.history_, k);
+  } else {
+    drafts = ngram_draft(j.history_, SpeculateOptions{}.ngram_max, k);
+  }
+  if (drafts.empty()) return false;
+  const int64_t d = int64_t(drafts.size());
   const DraftCheck c = check_drafts(model_, j.ctx_, j.next_, drafts, j.sampler_.get(), j.history_);
+  if (j.drafter_) j.drafter_->kept(c.kept);
   *tokens = c.tokens;
   const int64_t m = c.kept;
   {
@@ -469,7 +497,7 @@ void Scheduler::loop() {
     for (auto& j : active) {
       int64_t tokens = 0;
       bool own = false;
-      if (o_.speculate_ngram) {
+      if (o_.speculate_ngram || o_.draft_model) {
         try {
           own = speculate(*j, &tokens);
         } catch (const std::exception& e) {

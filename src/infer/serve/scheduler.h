@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "infer/generate.h"
 #include "infer/sampler.h"
 #include "infer/serve/memory_manager.h"
 #include "infer/serve/prefix_cache.h"
@@ -110,6 +111,7 @@ class Job {
   std::atomic<double> ttft_s_{0};
   // Scheduler-thread state.
   Context ctx_;
+  std::unique_ptr<ModelDrafter> drafter_;  // SchedulerOptions::draft_model, made on the first check
   std::unique_ptr<Sampler> sampler_;
   std::vector<int64_t> history_;  // prompt + generated; empty until the first prefill
   int64_t generated_ = 0, next_ = -1;
@@ -137,6 +139,9 @@ struct SchedulerOptions {
   // sequence offers an n-gram draft runs its own check of up to draft_tokens tokens instead of a
   // row of the batched decode step.
   bool speculate_ngram = false;
+  // Or drafts from a smaller model of the same vocabulary (ModelDrafter): each speculating job
+  // keeps a context of it (outside memory_budget), dropped when the job finishes or is preempted.
+  const Model* draft_model = nullptr;
   int64_t draft_tokens = 4;
 };
 
@@ -183,10 +188,11 @@ class Scheduler {
   int64_t advance_prefill(Job& j, int64_t budget);
   void make_room(std::vector<std::shared_ptr<Job>>& active);  // pages for this step, preempting
   void decode(std::vector<std::shared_ptr<Job>>& active);
-  // One speculative check of a job (SchedulerOptions::speculate_ngram); false when it has
+  // One speculative check of a job (SchedulerOptions::speculate_ngram or draft_model); false when it has
   // no draft or no pages for one, and decodes with the batch instead. Returns the tokens computed
   // through *tokens.
   bool speculate(Job& j, int64_t* tokens);
+  int64_t draft_room(const Job& j) const;  // tokens a speculating job may draft this step (0: none)
   bool check_stop(Job& j);  // cancelled / timed out -> finished
   void sample(Job& j, float* logits);  // draws, emits and records the next token
   // The draw alone (the job's sampler and its logprobs), no shared state touched: a decode
