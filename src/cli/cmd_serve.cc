@@ -22,6 +22,11 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--memory-mb", o.memory_mb, "Budget for running sequences' context memory (admission control)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--page-tokens", o.page_tokens, "Tokens per page of KV / latent cache taken from the budget")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--cache-mb", o.cache_mb, "Prefix-cache budget (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--cache-host-mb", o.cache_host_mb,
+                  "Host-memory tier of the prefix cache: snapshots evicted from --cache-mb move there instead of "
+                  "being dropped, and a hit copies them back (for a model on the GPU; 0: none)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--cache-block", o.cache_block, "Snapshot the context every this many prompt tokens (0: no prefix cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-step-tokens", o.max_step_tokens,
                   "Tokens one scheduler step computes: the running sequences' decode rows first, then chunks of new "

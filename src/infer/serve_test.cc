@@ -339,6 +339,45 @@ TEST(ServePrefixCache, SharedPrefixesSurviveOneOffTraffic) {
   EXPECT_TRUE(small.contains(ps[2], 4));
 }
 
+// The host tier takes what the first tier's budget drops, keeps its own budget by the same rule,
+// and serves hits with a copy of the snapshot that was taken.
+TEST(ServePrefixCache, HostTierTakesWhatTheBudgetDrops) {
+  PrefixCache cache(4, 2 * 1100, 2 * 1100);  // two snapshots of 1 KiB (+ 4 tokens) in each tier
+  std::vector<std::vector<int64_t>> ps;
+  for (int64_t i = 0; i < 5; ++i) {
+    ps.push_back({10 + i, 1, 2, 3, 4});
+    cache.insert(ps.back(), 4, fake_context(4, float(i)));
+  }
+  auto st = cache.stats();
+  EXPECT_EQ(st.entries, 4);
+  EXPECT_EQ(st.host_entries, 2);
+  EXPECT_EQ(st.spills, 3);     // 0, 1, 2 moved down
+  EXPECT_EQ(st.evictions, 1);  // then 0 left the host tier
+  EXPECT_EQ(st.bytes, 2u * (1024 + 32));
+  EXPECT_EQ(st.host_bytes, 2u * (1024 + 32));
+  EXPECT_FALSE(cache.contains(ps[0], 4));
+  for (int64_t i = 1; i < 5; ++i) EXPECT_TRUE(cache.contains(ps[size_t(i)], 4)) << i;
+  Context got;
+  EXPECT_EQ(cache.lookup(ps[1], 4, &got), 4);  // from the host tier
+  EXPECT_EQ(dynamic_cast<FakeState&>(*got.layers[0]).data[0], 1.0f);
+  EXPECT_EQ(got.position, 4);
+  EXPECT_EQ(cache.lookup(ps[4], 4, &got), 4);  // from the first
+  EXPECT_EQ(dynamic_cast<FakeState&>(*got.layers[0]).data[0], 4.0f);
+  st = cache.stats();
+  EXPECT_EQ(st.hits, 2);
+  EXPECT_EQ(st.host_hits, 1);
+  // A hit marks a host entry too: the next spill evicts the other one, which never served a hit.
+  cache.insert({99, 1, 2, 3, 4}, 4, fake_context(4, 9));
+  EXPECT_TRUE(cache.contains(ps[1], 4));
+  EXPECT_FALSE(cache.contains(ps[2], 4));
+  EXPECT_EQ(cache.stats().host_entries, 2);
+  // Without a host tier the same traffic keeps two entries.
+  PrefixCache plain(4, 2 * 1100);
+  for (const auto& p : ps) plain.insert(p, 4, fake_context(4, 0));
+  EXPECT_EQ(plain.stats().entries, 2);
+  EXPECT_EQ(plain.stats().spills, 0);
+}
+
 // ---- memory manager ----
 
 TEST(ServeMemoryManager, PagesAndReservationsInClosedForm) {
@@ -521,6 +560,38 @@ TEST_P(ServeScheduler, SharedPrefixHitsTheCacheAndMatchesGenerate) {
   auto m = s.metrics();
   EXPECT_EQ(m.cache.hits, 1);
   EXPECT_GT(m.cache.bytes, 0u);
+}
+
+// A first tier that holds about one snapshot and a host tier: a later prompt evicts the shared
+// prefix's snapshots to the host tier, and a request extending that prefix resumes from there with
+// the output of generate().
+TEST_P(ServeScheduler, HostTierServesEvictedPrefixes) {
+  Context probe = model_->new_context(128);
+  for (auto& m : probe.layers) m->extend_zeros(32);
+  SchedulerOptions so;
+  so.max_batch = 2;
+  so.context = 128;
+  so.cache_block = 16;
+  so.cache_budget = probe.bytes() * 6 / 5;
+  so.cache_host_budget = size_t(64) << 20;
+  Scheduler s(*model_, so);
+  const std::vector<int64_t> shared = prompt(7, 40), other = prompt(8, 40);
+  GenParams a, b, c;
+  a.prompt = shared;
+  b.prompt = other;
+  c.prompt = shared;
+  c.prompt.insert(c.prompt.end(), {9, 11});
+  for (GenParams* g : {&a, &b, &c}) g->max_tokens = 6, g->sampling.temperature = 0.0f;
+  const auto want = reference(c);
+  drain(*s.submit(a));
+  drain(*s.submit(b));
+  auto jc = s.submit(c);
+  EXPECT_EQ(drain(*jc), want);
+  EXPECT_EQ(jc->cached_tokens(), 32);
+  const auto m = s.metrics();
+  EXPECT_GT(m.cache.spills, 0);
+  EXPECT_EQ(m.cache.host_hits, 1);
+  EXPECT_LE(m.cache.bytes, so.cache_budget);
 }
 
 TEST_P(ServeScheduler, CancelAndTimeoutLeaveOthersIntact) {

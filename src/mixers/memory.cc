@@ -8,6 +8,12 @@ void Memory::set_length(int64_t) {
   throw error(std::string(memory_kind_name(kind())), "only a device memory's length can be set without its contents");
 }
 
+std::unique_ptr<Memory> Memory::clone_to(Device d) const {
+  if (d != device())
+    throw error(std::string(memory_kind_name(kind())), "this memory cannot be copied to another device");
+  return clone();
+}
+
 void Memory::truncate(int64_t) {
   throw error(std::string(memory_kind_name(kind())), "this memory cannot be truncated (restore a snapshot instead)");
 }

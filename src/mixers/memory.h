@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace k3 {
 
 enum class MemoryKind : uint8_t { KVCache, LatentCache, RecurrentState, ConvTail };
@@ -22,6 +24,11 @@ class Memory {
   virtual void reset() = 0;                               // back to the empty sequence
   virtual std::unique_ptr<Memory> clone() const = 0;      // fork / snapshot
   virtual void restore(const Memory& snapshot) = 0;       // copy a snapshot of the same kind back
+  // A deep copy with its buffers on `device`: the prefix cache's host tier keeps device snapshots in
+  // host memory, holding only the tokens absorbed, and copies them back on a hit. The base class
+  // copies on its own device only.
+  virtual std::unique_ptr<Memory> clone_to(Device device) const;
+  virtual Device device() const { return Device::CPU; }
   virtual size_t bytes() const = 0;                       // bytes allocated now
   virtual int64_t length() const = 0;                     // tokens absorbed
   // Appends n all-zero tokens, allocating what n real ones would (benchmarks: memory at a
@@ -55,6 +62,12 @@ struct Context {
     Context c;
     c.position = position;
     for (const auto& m : layers) c.layers.push_back(m->clone());
+    return c;
+  }
+  Context clone_to(Device device) const {
+    Context c;
+    c.position = position;
+    for (const auto& m : layers) c.layers.push_back(m->clone_to(device));
     return c;
   }
 };

@@ -80,6 +80,24 @@ TokenRows TokenRows::clone() const {
   return c;
 }
 
+TokenRows TokenRows::clone_to(Device device) const {
+  if (device == device_) return clone();
+  TokenRows c = *this;
+  c.device_ = device;
+  c.capacity_ = device == Device::CUDA ? max_ : length_;
+  for (size_t i = 0; i < arrays_.size(); ++i) {
+    c.arrays_[i] = Tensor::empty_on(device, {c.capacity_, widths_[i]}, dtype_);
+    const size_t n = size_t(length_ * widths_[i]) * dtype_size(dtype_);
+    if (n == 0) continue;
+    if (device == Device::CUDA)
+      device::upload(c.arrays_[i].raw(), arrays_[i].raw(), n);
+    else
+      device::download(c.arrays_[i].raw(), arrays_[i].raw(), n);
+  }
+  if (device == Device::CPU) device::synchronize();
+  return c;
+}
+
 void TokenRows::restore(const TokenRows& s) {
   K3_CHECK(s.widths_ == widths_ && s.dtype_ == dtype_ && s.device_ == device_, who_,
            ": restore from a different layer's memory");

@@ -28,6 +28,9 @@ class TokenRows {
   // A deep copy; and copying a copy's rows back (same widths, dtype and device).
   TokenRows clone() const;
   void restore(const TokenRows& s);
+  // A deep copy on `device`: on the host it holds the length() valid rows alone (also bf16 rows, as
+  // storage to copy back), on CUDA max_tokens rows as ever.
+  TokenRows clone_to(Device device) const;
 
   int64_t length() const { return length_; }
   int64_t capacity() const { return capacity_; }  // rows allocated now

@@ -149,6 +149,7 @@ class Server {
     so.max_queue = o.max_queue;
     so.cache_block = o.cache_block;
     so.cache_budget = size_t(o.cache_mb * 1048576.0);
+    so.cache_host_budget = size_t(o.cache_host_mb * 1048576.0);
     so.max_step_tokens = o.max_step_tokens;
     so.speculate_ngram = o.speculate_ngram;
     so.draft_model = o.draft_model;
@@ -548,6 +549,12 @@ class Server {
     value("k3_prefix_cache_entries", "gauge", "Snapshots held", m.cache.entries);
     value("k3_prefix_cache_kept_entries", "gauge", "Snapshots that have served a hit (evicted last)", m.cache.kept);
     value("k3_prefix_cache_evictions_total", "counter", "Snapshots evicted (LRU, byte budget)", m.cache.evictions);
+    value("k3_prefix_cache_host_bytes", "gauge", "Snapshot memory in the host tier (--cache-host-mb)", m.cache.host_bytes);
+    value("k3_prefix_cache_host_entries", "gauge", "Snapshots in the host tier", m.cache.host_entries);
+    value("k3_prefix_cache_spills_total", "counter", "Snapshots moved to the host tier instead of being dropped",
+          m.cache.spills);
+    value("k3_prefix_cache_host_hits_total", "counter", "Hits served from the host tier (copied back to the device)",
+          m.cache.host_hits);
     value("k3_process_resident_bytes", "gauge", "Resident set size of the server process", resident_bytes());
     if (http_) {
       const auto hc = http_->counters();

@@ -19,7 +19,7 @@ struct ServeOptions {
   bool speculate_ngram = false;   // prompt-lookup speculation for requests without logprobs
   const Model* draft_model = nullptr;  // drafts for speculation instead (the caller keeps it alive)
   int64_t draft_tokens = 4;
-  double memory_mb = 1024, cache_mb = 256, timeout_s = 600;
+  double memory_mb = 1024, cache_mb = 256, cache_host_mb = 0, timeout_s = 600;
   int http_threads = 0;
   double header_timeout_s = 10, body_timeout_s = 30;  // a request's head, then its body, must arrive in these
   int64_t max_connections = 4096;

@@ -43,18 +43,19 @@ int64_t PrefixCache::lookup(const std::vector<int64_t>& tokens, int64_t max_len,
     lru_.splice(lru_.begin(), lru_, it);  // most recently used
     if (!it->kept) {
       it->kept = true;
-      kept_bytes_ += it->bytes;
+      if (!it->on_host) kept_bytes_ += it->bytes;
       st_.kept++;
       // Kept entries hold at most 80 % of the budget: the least recently used goes back.
       for (auto r = lru_.rbegin(); kept_bytes_ > budget_ / 5 * 4 && r != lru_.rend(); ++r)
-        if (r->kept && &*r != &*it) {
+        if (r->kept && !r->on_host && &*r != &*it) {
           r->kept = false;
           kept_bytes_ -= r->bytes;
           st_.kept--;
         }
     }
-    if (out) *out = it->ctx.clone();
+    if (out) *out = it->on_host ? it->ctx.clone_to(it->device) : it->ctx.clone();
     st_.hits++;
+    if (it->on_host) st_.host_hits++;
     std::array<size_t, 4> restored{};
     for (const auto& m : it->ctx.layers) restored[size_t(m->kind())] += m->bytes();
     for (size_t kind = 0; kind < restored.size(); ++kind)
@@ -82,6 +83,7 @@ void PrefixCache::insert(const std::vector<int64_t>& tokens, int64_t len, const 
   Entry e;  // the deep copy happens outside the lock
   e.tokens.assign(tokens.begin(), tokens.begin() + len);
   e.ctx = ctx.clone();
+  if (!ctx.layers.empty()) e.device = ctx.layers.front()->device();
   for (const auto& m : e.ctx.layers) {
     size_t b = m->bytes();
     e.bytes += b;
@@ -107,25 +109,59 @@ void PrefixCache::erase_locked(List::iterator e) {
       index_.erase(it);
       break;
     }
-  st_.bytes -= e->bytes;
-  for (size_t k = 0; k < 4; ++k) st_.bytes_by_kind[k] -= e->by_kind[k];
-  if (e->kept) kept_bytes_ -= e->bytes, st_.kept--;
+  if (e->on_host) {
+    st_.host_bytes -= e->bytes;
+    st_.host_entries--;
+  } else {
+    st_.bytes -= e->bytes;
+    for (size_t k = 0; k < 4; ++k) st_.bytes_by_kind[k] -= e->by_kind[k];
+    if (e->kept) kept_bytes_ -= e->bytes;
+  }
+  if (e->kept) st_.kept--;
   st_.entries--;
   st_.evictions++;
   lru_.erase(e);
 }
 
+PrefixCache::List::iterator PrefixCache::victim_locked(bool on_host) {
+  List::iterator last = lru_.end();
+  for (auto it = lru_.end(); it != lru_.begin();) {
+    --it;
+    if (it->on_host != on_host) continue;
+    if (!it->kept) return it;
+    if (last == lru_.end()) last = it;
+  }
+  return last;
+}
+
+void PrefixCache::spill_locked(List::iterator e) {
+  // The copy down happens under the lock: the scheduler's thread is the one that waits on it.
+  Context host = e->ctx.clone_to(Device::CPU);
+  size_t b = e->tokens.size() * sizeof(int64_t);
+  for (const auto& m : host.layers) b += m->bytes();
+  st_.bytes -= e->bytes;
+  for (size_t k = 0; k < 4; ++k) st_.bytes_by_kind[k] -= e->by_kind[k];
+  if (e->kept) kept_bytes_ -= e->bytes;
+  e->ctx = std::move(host);
+  e->bytes = b;
+  e->on_host = true;
+  st_.host_bytes += b;
+  st_.host_entries++;
+  st_.spills++;
+}
+
 void PrefixCache::evict_locked() {
-  while (st_.bytes > budget_ && !lru_.empty()) {
-    // The least recently used entry that never served a hit; else the least recently used one.
-    auto victim = std::prev(lru_.end());
-    for (auto it = lru_.end(); it != lru_.begin();) {
-      --it;
-      if (!it->kept) {
-        victim = it;
-        break;
-      }
-    }
+  while (st_.bytes > budget_) {
+    auto victim = victim_locked(false);
+    if (victim == lru_.end()) break;
+    if (host_budget_ > 0 && victim->bytes <= host_budget_)
+      spill_locked(victim);
+    else
+      erase_locked(victim);
+  }
+  while (st_.host_bytes > host_budget_) {
+    auto victim = victim_locked(true);
+    if (victim == lru_.end()) break;
     erase_locked(victim);
   }
 }
@@ -136,6 +172,8 @@ void PrefixCache::clear() {
   index_.clear();
   st_.bytes = 0;
   st_.bytes_by_kind = {};
+  st_.host_bytes = 0;
+  st_.host_entries = 0;
   st_.entries = 0;
   st_.kept = 0;
   kept_bytes_ = 0;

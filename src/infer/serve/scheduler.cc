@@ -102,7 +102,7 @@ void Job::done(Finish f, const std::string& err) {
 Scheduler::Scheduler(const Model& model, SchedulerOptions opts)
     : model_(model),
       o_(opts),
-      cache_(opts.cache_block, opts.cache_budget),
+      cache_(opts.cache_block, opts.cache_budget, opts.cache_host_budget),
       V_(model.vocab_size()),
       mm_(model.memory_layers(), opts.memory_budget, opts.page_tokens) {
   if (o_.max_batch < 1) throw error("serve", "max_batch must be >= 1");

@@ -131,6 +131,7 @@ struct SchedulerOptions {
   int64_t max_queue = 1024;
   int64_t cache_block = 64;             // snapshot every this many prompt tokens; 0: no prefix cache
   size_t cache_budget = size_t(256) << 20;
+  size_t cache_host_budget = 0;         // the prefix cache's host tier (prefix_cache.h); 0: none
   // Tokens one iteration computes: the decode rows first, then chunks of the prompts being
   // prefilled fill the rest, so a long prompt no longer stalls the running streams. 0: each new
   // prompt is prefilled whole when admitted. Otherwise it must exceed max_batch.

@@ -35,6 +35,13 @@ std::unique_ptr<Memory> KVCache::clone() const {
   return c;
 }
 
+std::unique_ptr<Memory> KVCache::clone_to(Device device) const {
+  auto c = std::make_unique<KVCache>(*this);
+  c->rows_ = rows_.clone_to(device);
+  if (tail_.numel()) c->tail_ = tail_.device() == device ? tail_.clone() : tail_.to_device(device);
+  return c;
+}
+
 void KVCache::restore(const Memory& snapshot) {
   const auto* s = dynamic_cast<const KVCache*>(&snapshot);
   K3_CHECK(s && s->heads_ == heads_ && s->head_dim_ == head_dim_ && s->tail_.numel() == tail_.numel(),

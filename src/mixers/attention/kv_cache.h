@@ -17,6 +17,7 @@ class KVCache final : public Memory {
   MemoryKind kind() const override { return MemoryKind::KVCache; }
   void reset() override;
   std::unique_ptr<Memory> clone() const override;
+  std::unique_ptr<Memory> clone_to(Device device) const override;
   void restore(const Memory& snapshot) override;
   size_t bytes() const override { return rows_.bytes() + tail_.nbytes(); }
   int64_t length() const override { return rows_.length(); }
@@ -31,7 +32,7 @@ class KVCache final : public Memory {
   HeadView keys() { return {rows_.f32(0), heads_ * head_dim_, head_dim_}; }
   HeadView values() { return {rows_.f32(1), heads_ * head_dim_, head_dim_}; }
   TokenRows& rows() { return rows_; }  // array 0 keys, 1 values
-  Device device() const { return rows_.device(); }
+  Device device() const override { return rows_.device(); }
   int64_t max_tokens() const { return rows_.max_tokens(); }
   float* conv_tail() { return tail_.numel() ? tail_.f32() : nullptr; }  // [W−1, C], oldest first
 

@@ -28,6 +28,15 @@ std::unique_ptr<Memory> RecurrentState::clone() const {
   return c;
 }
 
+std::unique_ptr<Memory> RecurrentState::clone_to(Device device) const {
+  if (device == this->device()) return clone();
+  auto c = std::make_unique<RecurrentState>(*this);
+  c->S_ = S_.to_device(device);
+  if (z_.numel()) c->z_ = z_.to_device(device);
+  for (Tensor& t : c->tails_) t = t.to_device(device);
+  return c;
+}
+
 void RecurrentState::restore(const Memory& snapshot) {
   const auto* s = dynamic_cast<const RecurrentState*>(&snapshot);
   K3_CHECK(s && s->HV_ == HV_ && s->K_ == K_ && s->V_ == V_ && s->conv_size_ == conv_size_ &&

@@ -20,13 +20,14 @@ class RecurrentState final : public Memory {
   MemoryKind kind() const override { return MemoryKind::RecurrentState; }
   void reset() override;
   std::unique_ptr<Memory> clone() const override;
+  std::unique_ptr<Memory> clone_to(Device device) const override;
   void restore(const Memory& snapshot) override;
   size_t bytes() const override { return state_bytes() + conv_bytes(); }
   int64_t length() const override { return length_; }
   void extend_zeros(int64_t n) override { length_ += n; }
   void set_length(int64_t n) override;
 
-  Device device() const { return S_.device(); }
+  Device device() const override { return S_.device(); }
   size_t state_bytes() const { return S_.nbytes() + z_.nbytes(); }
   size_t conv_bytes() const;
   float* state() { return static_cast<float*>(S_.raw()); }  // [HV, K, V]

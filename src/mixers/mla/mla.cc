@@ -33,6 +33,12 @@ std::unique_ptr<Memory> LatentCache::clone() const {
   return c;
 }
 
+std::unique_ptr<Memory> LatentCache::clone_to(Device device) const {
+  auto c = std::make_unique<LatentCache>(*this);
+  c->rows_ = rows_.clone_to(device);
+  return c;
+}
+
 void LatentCache::restore(const Memory& snapshot) {
   const auto* s = dynamic_cast<const LatentCache*>(&snapshot);
   K3_CHECK(s, "LatentCache::restore from another kind");

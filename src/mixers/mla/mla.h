@@ -39,6 +39,7 @@ class LatentCache final : public Memory {
   MemoryKind kind() const override { return MemoryKind::LatentCache; }
   void reset() override { rows_.reset(); }
   std::unique_ptr<Memory> clone() const override;
+  std::unique_ptr<Memory> clone_to(Device device) const override;
   void restore(const Memory& snapshot) override;
   size_t bytes() const override { return rows_.bytes(); }
   int64_t length() const override { return rows_.length(); }
@@ -51,7 +52,7 @@ class LatentCache final : public Memory {
   const float* data() const { return rows_.f32(0); }
   int64_t width() const { return rows_.width(0); }
   TokenRows& rows() { return rows_; }
-  Device device() const { return rows_.device(); }
+  Device device() const override { return rows_.device(); }
   // Bytes per latent value of the caches made on `device`.
   static size_t value_bytes(Device device);
 
