@@ -14,11 +14,9 @@
 #include <vector>
 
 #include "core/random.h"
+#include "gpt2_tokenizer.h"
 #include "tokenizer/bpe.h"
 
-#ifndef K3_SHARED_DIR
-#define K3_SHARED_DIR "../shared"
-#endif
 #ifndef K3_SOURCE_DIR
 #define K3_SOURCE_DIR "."
 #endif
@@ -28,14 +26,7 @@ namespace {
 constexpr double kTargetMBps = 5.0;
 constexpr size_t kCorpusBytes = 4 << 20;
 
-const k3::Tokenizer& gpt2() {
-  static const k3::Tokenizer tok = [] {
-    const char* env = std::getenv("K3_SHARED_DIR");
-    const std::string dir = std::string(env ? env : K3_SHARED_DIR) + "/data/gpt2";
-    return k3::Tokenizer::from_gpt2_files(dir + "/encoder.json", dir + "/vocab.bpe");
-  }();
-  return tok;
-}
+const k3::Tokenizer& gpt2() { return gpt2_tokenizer(); }
 
 // Deterministic English-like prose: common words with Zipf-like frequencies, sentences,
 // paragraphs, numbers, contractions and some punctuation.

@@ -166,6 +166,9 @@ TEST(ServeRequest, RejectsBadRequestsWithOpenAiErrors) {
       {R"({"prompt":[1],"stop":["a","b","c","d","e"]})", "stop"},
       {R"({"prompt":[1],"model":5})", "model"},
       {R"({"prompt":[1],"timeout":0})", "timeout"},
+      {R"({"prompt":[1],"response_format":"json"})", "response_format"},
+      {R"({"prompt":[1],"response_format":{"type":"xml"}})", "response_format"},
+      {R"({"prompt":[1],"response_format":{"type":"json_object"}})", "response_format"},  // no tokenizer here
   };
   for (const auto& c : cases) {
     ApiError e = parse_error(Endpoint::Completions, c.body);
@@ -192,6 +195,32 @@ TEST(ServeRequest, RejectsBadRequestsWithOpenAiErrors) {
   }
 }
 
+// response_format: json_object and json_schema become a constraint; a schema the constraint
+// cannot honour is refused with its reason.
+TEST(ServeRequest, ResponseFormatBecomesAJsonConstraint) {
+  const Tokenizer tok = byte_tokenizer();
+  auto parse = [&](const std::string& body) { return parse_request(Endpoint::ChatCompletions, body, limits(), &tok); };
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  EXPECT_FALSE(parse("{" + msgs + "}").json);
+  EXPECT_FALSE(parse("{" + msgs + R"(,"response_format":{"type":"text"}})").json);
+  EXPECT_TRUE(parse("{" + msgs + R"(,"response_format":{"type":"json_object"}})").json);
+  const auto r = parse("{" + msgs +
+                       R"(,"response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,)"
+                       R"("schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}}})");
+  ASSERT_TRUE(r.json);
+  JsonMatcher m(r.json);
+  EXPECT_TRUE(m.feed("{\"a\": 3}") && m.done());
+  const ApiError e = parse_error(Endpoint::ChatCompletions,
+                                 "{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"p",)"
+                                              R"("schema":{"type":"string","pattern":"a+"}}}})",
+                                 &tok);
+  EXPECT_EQ(e.param, "response_format");
+  EXPECT_NE(e.message.find("'pattern'"), std::string::npos) << e.message;
+  EXPECT_EQ(parse_error(Endpoint::ChatCompletions, "{" + msgs + R"(,"response_format":{"type":"json_schema"}})", &tok)
+                .param,
+            "response_format");
+}
+
 // Thousands of random mutations of valid bodies: the parser answers with a request or an
 // ApiError (4xx), never anything else.
 TEST(ServeRequest, FuzzMutationsNeverEscape) {
@@ -202,6 +231,7 @@ TEST(ServeRequest, FuzzMutationsNeverEscape) {
       R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":4})",
       R"({"prompt":[4,5,6],"n":3,"best_of":3,"logprobs":2,"echo":true,"max_tokens":0})",
       R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":5,"n":2})",
+      R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"a":{"type":"array","items":{"enum":[1,"b",null]},"maxItems":2},"b":{"anyOf":[{"type":"string","maxLength":3},{"type":"integer"}]}},"required":["a"]}}}})",
   };
   const std::string alphabet = "{}[]\",:0123456789.-eE truefalsnul\\\"promptmax_tokens\x01\xff";
   Rng rng(1234);
@@ -592,6 +622,56 @@ TEST_P(ServeScheduler, HostTierServesEvictedPrefixes) {
   EXPECT_GT(m.cache.spills, 0);
   EXPECT_EQ(m.cache.host_hits, 1);
   EXPECT_LE(m.cache.bytes, so.cache_budget);
+}
+
+// Sampled requests constrained to a schema on a random model: each stops (Finish::Stop) with a
+// document that parses and has the schema's shape, in the batched step beside unconstrained
+// requests, and with preemption.
+TEST_P(ServeScheduler, JsonSchemaOutputsParseAndValidate) {
+  std::vector<std::string> bytes;
+  const char* pieces[] = {"{\"", "\":", "\",", "\"}", "id", "tags", "\"x\"", "true", "null", "12", "-3", " ", "]}", "[\""};
+  for (int64_t id = 0; id < model_->vocab_size(); ++id)
+    bytes.push_back(id < 256 ? std::string(1, char(id)) : pieces[size_t(id) % 14]);
+  bytes.back().clear();  // a special token
+  SchedulerOptions so;
+  so.max_batch = 4;
+  so.context = 256;
+  so.token_bytes = TokenBytes::of(bytes);
+  MemoryManager pages(model_->memory_layers(), 0, 16);
+  so.max_step_tokens = 24;
+  so.memory_budget = 2 * pages.fixed_set_bytes() + 24 * pages.page_set_bytes();
+  const auto schema = JsonSchema::compile(Json::parse(
+      R"({"type":"object","properties":{"id":{"type":"integer"},"tags":{"type":"array","items":{"type":"string","maxLength":3},"maxItems":2},"ok":{"type":"boolean"}},"required":["id","ok"]})"));
+  Scheduler s(*model_, so);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 8; ++i) {
+    GenParams g;
+    g.prompt = prompt(500 + uint64_t(i), 12);
+    g.max_tokens = 200;
+    g.sampling.temperature = 1.0f;
+    g.sampling.seed = uint64_t(i);
+    if (i % 4 != 3) g.json = schema;  // one in four unconstrained
+    jobs.push_back(s.submit(g));
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const auto ids = drain(*jobs[i]);
+    if (i % 4 == 3) continue;
+    std::string text;
+    for (int64_t id : ids) text += bytes[size_t(id)];
+    ASSERT_EQ(jobs[i]->finish(), Finish::Stop) << text;
+    ASSERT_TRUE(Json::accept(text)) << text;
+    const Json v = Json::parse(text);
+    EXPECT_TRUE(v["id"].is_number_integer() && v["ok"].is_boolean()) << text;
+    if (v.contains("tags")) {
+      EXPECT_LE(v["tags"].size(), 2u);
+    }
+  }
+  GenParams g;
+  g.prompt = {1, 2};
+  g.json = schema;
+  so.token_bytes = nullptr;
+  Scheduler plain(*model_, so);
+  EXPECT_THROW(plain.submit(g), Error);  // no token bytes, no constraint
 }
 
 TEST_P(ServeScheduler, CancelAndTimeoutLeaveOthersIntact) {

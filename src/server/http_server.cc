@@ -153,6 +153,7 @@ class Server {
     so.max_step_tokens = o.max_step_tokens;
     so.speculate_ngram = o.speculate_ngram;
     so.draft_model = o.draft_model;
+    if (tok_) so.token_bytes = TokenBytes::of(*tok_);
     so.draft_tokens = o.draft_tokens;
     sched_ = std::make_unique<serve::Scheduler>(*model_, so);
   }
@@ -287,6 +288,7 @@ class Server {
         g.timeout_s = pr.timeout_s;
         g.logprobs = pr.logprobs;
         g.prompt_logprobs = pr.echo && pr.logprobs >= 0;
+        g.json = pr.json;
         const bool scored = g.prompt_logprobs;
         cs->emplace_back(sched_->submit(std::move(g)),
                          TextAssembler(tok_ ? &*tok_ : nullptr, model_->eos_token_id, pr.ignore_eos, pr.stop));

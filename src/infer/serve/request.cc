@@ -246,6 +246,33 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
   }
   r.timeout_s = get_num(j, "timeout", 0, lim.max_timeout_s, lim.default_timeout_s, /*lo_open=*/true);
 
+  // Structured output: the completion is constrained to JSON (an object, or a schema's instances).
+  if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
+    const Json& rf = *it;
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+      fail("response_format", "'response_format' must be an object with a 'type'", "invalid_type");
+    const std::string type = rf["type"].get<std::string>();
+    if (type == "json_object" || type == "json_schema") {
+      if (!tok) fail("response_format", "response_format needs the model's tokenizer, which this server lacks", "unsupported");
+      if (type == "json_object") {
+        r.json = JsonSchema::any_object();
+      } else {
+        const Json* js = rf.contains("json_schema") ? &rf["json_schema"] : nullptr;
+        if (!js || !js->is_object() || !js->contains("schema"))
+          fail("response_format", "json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+               "missing_field");
+        try {
+          r.json = JsonSchema::compile((*js)["schema"]);
+        } catch (const Error& e) {
+          fail("response_format", e.what(), "invalid_value");
+        }
+      }
+    } else if (type != "text") {
+      fail("response_format", "response_format type must be text, json_object or json_schema, not '" + type + "'",
+           "invalid_value");
+    }
+  }
+
   // Stop strings.
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "infer/json_constraint.h"
 #include "infer/sampler.h"
 #include "infer/serve/chat_template.h"
 #include "io/config.h"
@@ -70,6 +71,8 @@ struct ParsedRequest {
   int64_t logprobs = -1;
   std::vector<std::string> stop;    // stop strings (at most 4)
   double timeout_s = 600;           // extension: per-request wall-clock limit
+  // response_format json_object or json_schema: the output is constrained to it (json_constraint.h)
+  std::shared_ptr<const JsonSchema> json;
 };
 
 // The plain chat template used when the model folder has none (or its template does not parse):

@@ -134,6 +134,10 @@ std::shared_ptr<Job> Scheduler::submit(GenParams p) {
   const double limit_s = std::clamp(p.timeout_s, 0.0, 365.0 * 86400.0);
   j->deadline_ = j->submitted_ + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(limit_s));
   j->params_ = std::move(p);
+  if (j->params_.json) {
+    if (!o_.token_bytes) throw error("serve", "output constrained to JSON needs the tokenizer's token bytes");
+    j->json_ = std::make_unique<JsonConstraint>(j->params_.json, o_.token_bytes);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) throw error("serve", "the server is shutting down");
   if (need > o_.memory_budget) {
@@ -285,6 +289,7 @@ int64_t Scheduler::advance_prefill(Job& j, int64_t budget) {
 std::pair<int64_t, TokenLogprob> Scheduler::draw(Job& j, float* logits) const {
   std::vector<float> raw;
   if (j.params_.logprobs >= 0) raw.assign(logits, logits + V_);  // the sampler edits logits in place
+  if (j.json_ && j.json_->mask(logits, V_) == 0) return {-1, TokenLogprob{}};  // nothing continues the JSON
   const int64_t next = j.sampler_->sample(logits, V_, j.history_);
   return {next, raw.empty() ? TokenLogprob{} : token_logprob(raw.data(), V_, next, j.params_.logprobs)};
 }
@@ -295,11 +300,17 @@ void Scheduler::sample(Job& j, float* logits) {
 }
 
 void Scheduler::accept(Job& j, int64_t next, const TokenLogprob& lp) {
+  if (next < 0) {
+    retire(j, Finish::Error, "no token of the vocabulary continues the JSON output");
+    return;
+  }
+  if (j.json_) j.json_->accept(next);
   j.history_.push_back(next);
   j.generated_++;
   j.next_ = next;
   j.emit(next, lp);
   if (j.params_.stop_at_eos && model_.eos_token_id && next == *model_.eos_token_id) retire(j, Finish::Eos);
+  else if (j.json_ && j.json_->done()) retire(j, Finish::Stop);
   else if (j.generated_ >= j.params_.max_tokens) retire(j, Finish::Length);
 }
 
@@ -331,7 +342,7 @@ void Scheduler::make_room(std::vector<std::shared_ptr<Job>>& active) {
 }
 
 int64_t Scheduler::draft_room(const Job& j) const {
-  if ((!o_.speculate_ngram && !o_.draft_model) || j.params_.logprobs >= 0) return 0;
+  if ((!o_.speculate_ngram && !o_.draft_model) || j.params_.logprobs >= 0 || j.json_) return 0;
   const int64_t left = j.params_.max_tokens - j.generated_;  // tokens still to make
   return std::clamp<int64_t>(left - 1, 0, o_.draft_tokens);  // the last needs no forward after it
 }
@@ -382,7 +393,7 @@ void Scheduler::decode(std::vector<std::shared_ptr<Job>>& active) {
   // While the batch stays the same jobs (whose requests fix the output too) the step is one CUDA
   // graph replay (Decoder; a new batch starts a new decoder).
   const bool greedy = std::all_of(active.begin(), active.end(), [](const std::shared_ptr<Job>& j) {
-    return j->sampler_->greedy() && j->params_.logprobs < 0;
+    return j->sampler_->greedy() && j->params_.logprobs < 0 && !j->json_;
   });
   const Decoder::Output output = greedy ? Decoder::Output::Picks : Decoder::Output::Logits;
   if (active != decoder_jobs_) {

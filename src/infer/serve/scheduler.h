@@ -41,6 +41,7 @@
 
 #include "core/device.h"
 #include "infer/generate.h"
+#include "infer/json_constraint.h"
 #include "infer/sampler.h"
 #include "infer/serve/memory_manager.h"
 #include "infer/serve/prefix_cache.h"
@@ -69,6 +70,9 @@ struct GenParams {
   double timeout_s = 600;
   int64_t logprobs = -1;         // -1: none; else a TokenLogprob per new token with this many top
   bool prompt_logprobs = false;  // also one per prompt token after the first (echo); max_tokens may be 0
+  // Output constrained to JSON (SchedulerOptions::token_bytes needed): each draw is masked, and
+  // the request finishes (Stop) when the document is whole.
+  std::shared_ptr<const JsonSchema> json;
 };
 
 class Scheduler;
@@ -112,6 +116,7 @@ class Job {
   // Scheduler-thread state.
   Context ctx_;
   std::unique_ptr<ModelDrafter> drafter_;  // SchedulerOptions::draft_model, made on the first check
+  std::unique_ptr<JsonConstraint> json_;   // GenParams::json
   std::unique_ptr<Sampler> sampler_;
   std::vector<int64_t> history_;  // prompt + generated; empty until the first prefill
   int64_t generated_ = 0, next_ = -1;
@@ -144,6 +149,8 @@ struct SchedulerOptions {
   // keeps a context of it (outside memory_budget), dropped when the job finishes or is preempted.
   const Model* draft_model = nullptr;
   int64_t draft_tokens = 4;
+  // The tokenizer's token bytes, for requests constrained to JSON (GenParams::json).
+  std::shared_ptr<const TokenBytes> token_bytes;
 };
 
 struct SchedulerMetrics {
