@@ -246,6 +246,89 @@ def long_context_checks(model):
         stop_server(srv)
 
 
+def tool_call_checks(tmp, corpus):
+    """A tool-call conversation through the openai client: a model (Kimi K3 tiny, for its long
+    context) whose tokenizer has the Hermes
+    call tokens and whose chat template renders tools, tool calls and tool results. tool_choice
+    naming the function makes the (random) model's output that function's arguments, constrained
+    to its parameters; the reply carries them as tool_calls, streamed or not; the tool's result
+    goes back and the final answer is text. response_format json_schema output validates."""
+    model = os.path.join(tmp, "k3-tiny-tools")
+    shutil.copytree(os.path.join(os.path.dirname(os.path.normpath(FIXTURE)), "kimi-k3-tiny"), model)
+    tj = os.path.join(model, "tokenizer.json")
+    subprocess.run([K3, "tokenizer", "train", corpus, "--vocab-size", "507", "-o", tj], check=True, capture_output=True)
+    with open(tj) as f:
+        t = json.load(f)
+    for i, tok in enumerate(["<tool_call>", "</tool_call>", "<think>", "</think>", "<|im_end|>"]):
+        t["added_tokens"].append({"id": 507 + i, "content": tok, "single_word": False, "lstrip": False,
+                                  "rstrip": False, "normalized": False, "special": True})
+    with open(tj, "w") as f:
+        json.dump(t, f)
+    template = ("{% if tools %}<|system|>Tools: {{ tools | tojson }}\n{% endif %}"
+                "{% for m in messages %}<|{{ m.role }}|>{{ m.content if m.content else '' }}"
+                "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>"
+                "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}<|assistant|>")
+    with open(os.path.join(model, "tokenizer_config.json"), "w") as f:
+        json.dump({"chat_template": template, "eos_token": "<|im_end|>"}, f)
+    srv, base = start_server(model, "--max-batch", "4", "--ctx", "1024")
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+        tools = [{"type": "function", "function": {
+            "name": "add", "description": "Adds two integers",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                           "required": ["a", "b"]}}}]
+        messages = [{"role": "user", "content": "What is 2 plus 3?"}]
+        r = client.chat.completions.create(model="k3-tiny-tools", messages=messages, tools=tools, max_tokens=80,
+                                           tool_choice={"type": "function", "function": {"name": "add"}},
+                                           temperature=0.8, seed=1)
+        c = r.choices[0]
+        calls = c.message.tool_calls or []
+        check(c.finish_reason == "tool_calls" and len(calls) == 1 and calls[0].function.name == "add",
+              f"tool_choice add: one tool call ({c.finish_reason}, {calls})")
+        args = json.loads(calls[0].function.arguments) if calls else {}
+        check(isinstance(args.get("a"), int) and isinstance(args.get("b"), int) and set(args) <= {"a", "b"},
+              f"its arguments validate against the parameters ({args})")
+        check(c.message.content is None, "no content beside the call")
+        # Streamed: the same call arrives as a tool_calls delta.
+        deltas, finish = [], None
+        for ch in client.chat.completions.create(model="k3-tiny-tools", messages=messages, tools=tools,
+                                                 max_tokens=80, stream=True, temperature=0.8, seed=1,
+                                                 tool_choice={"type": "function", "function": {"name": "add"}}):
+            if ch.choices and ch.choices[0].delta.tool_calls:
+                deltas += ch.choices[0].delta.tool_calls
+            if ch.choices and ch.choices[0].finish_reason:
+                finish = ch.choices[0].finish_reason
+        check(finish == "tool_calls" and len(deltas) == 1 and deltas[0].function.name == "add" and
+              json.loads(deltas[0].function.arguments) == args and deltas[0].index == 0,
+              "streamed: the same call as a tool_calls delta")
+        # The tool's result goes back; with tool_choice none the answer is text.
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": calls[0].id, "type": "function", "function": {"name": "add", "arguments": calls[0].function.arguments}}]},
+            {"role": "tool", "tool_call_id": calls[0].id, "content": "5"}]
+        r = client.chat.completions.create(model="k3-tiny-tools", messages=messages, tools=tools, max_tokens=8,
+                                           tool_choice="none", temperature=0.8, seed=2)
+        check(r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str) and
+              r.usage.prompt_tokens > 40, "tool result sent back: a text answer")
+        # auto: whatever the untrained model writes comes back without an error.
+        r = client.chat.completions.create(model="k3-tiny-tools", messages=messages, tools=tools, max_tokens=20,
+                                           temperature=1.0, seed=3)
+        check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), "tool_choice auto answers")
+        # Structured output: every sampled reply parses and has the schema's shape.
+        schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                                   "n": {"type": "integer"}}, "required": ["name", "n"]}
+        ok = 0
+        for seed in range(10):
+            r = client.chat.completions.create(model="k3-tiny-tools", messages=[{"role": "user", "content": "x"}],
+                                               max_tokens=120, temperature=1.0, seed=seed, response_format={
+                                                   "type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+            v = json.loads(r.choices[0].message.content)
+            ok += (r.choices[0].finish_reason == "stop" and isinstance(v["name"], str) and len(v["name"]) <= 8
+                   and isinstance(v["n"], int) and set(v) == {"name", "n"})
+        check(ok == 10, f"response_format json_schema: {ok} of 10 replies parse and validate")
+    finally:
+        stop_server(srv)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="k3-serve-test-")
     model = os.path.join(tmp, "gpt2-tiny")
@@ -453,6 +536,7 @@ def main():
     finally:
         stop_server(srv)
     try:
+        tool_call_checks(tmp, os.path.join(tmp, "corpus.txt"))
         memory_pressure_checks(model)
         k3_model = os.path.join(tmp, "kimi-k3-tiny")
         shutil.copytree(os.path.join(os.path.dirname(os.path.normpath(FIXTURE)), "kimi-k3-tiny"), k3_model)

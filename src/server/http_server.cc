@@ -37,6 +37,19 @@ using serve::Finish;
 
 std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
+// OpenAI's tool_calls array; streamed deltas number the calls from `first` (-1: a message's, unnumbered).
+Json tool_calls_json(const std::vector<serve::ToolCall>& calls, int64_t first) {
+  Json out = Json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    Json c = {{"id", calls[k].id},
+              {"type", "function"},
+              {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+    if (first >= 0) c["index"] = first + int64_t(k);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 const char* finish_reason(Finish f) {
   switch (f) {
     case Finish::Eos:
@@ -141,6 +154,7 @@ class Server {
     lim_.max_timeout_s = std::max(o.timeout_s, 1.0);
     if (tok_) lim_.longest_token_bytes = serve::longest_token_bytes(*tok_);
     lim_.chat_format = std::move(chat);
+    if (tok_) lim_.tool_format = serve::tool_format_of(*tok_);
     serve::SchedulerOptions so;
     so.max_batch = o.max_batch;
     so.context = lim_.max_context;
@@ -223,6 +237,7 @@ class Server {
     Choice(std::shared_ptr<serve::Job> j, TextAssembler t) : job(std::move(j)), text(std::move(t)) {}
     std::shared_ptr<serve::Job> job;
     TextAssembler text;
+    std::optional<serve::ChatOutput> split;  // chat: reasoning, content and tool calls
     std::vector<int64_t> ids;              // tokens so far
     std::vector<serve::TokenLogprob> lps;  // their logprobs (requests that asked)
     std::string out;                       // text not sent yet
@@ -230,6 +245,7 @@ class Server {
     bool started = false, finished = false;  // streaming: the first / the last chunk went out
     bool prompt_scores = false;            // the echoed prompt's logprobs are still to be sent
     size_t text_offset = 0;                // completions logprobs: bytes of text before the next token
+    int64_t calls_sent = 0;                // streaming chat: tool calls already sent
     int64_t sent = 0;                      // streaming: tokens already sent
   };
 
@@ -305,6 +321,8 @@ class Server {
       return;
     }
     const bool chat = ep == Endpoint::ChatCompletions;
+    if (chat)
+      for (auto& c : *cs) c.split.emplace(lim_.tool_format, pr.tool_names, pr.reasoning_open, pr.forced_call ? &*pr.forced_call : nullptr);
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(++next_id_);
     const int64_t created = int64_t(std::time(nullptr));
     const Tokenizer* tok = tok_ ? &*tok_ : nullptr;
@@ -369,8 +387,22 @@ class Server {
         Finish f = c.text.stop_hit ? Finish::Stop : c.job->finish();
         Json choice = {{"index", i}, {"finish_reason", finish_reason(f)}, {"token_ids", c.ids}};
         choice["logprobs"] = logprobs(c, 0);
-        if (chat) choice["message"] = {{"role", "assistant"}, {"content", out}};
-        else choice["text"] = echo + out;
+        if (chat) {
+          serve::ChatDelta d = c.split->push(out);
+          serve::ChatDelta rest = c.split->finish();
+          d.reasoning += rest.reasoning, d.content += rest.content;
+          for (auto& call : rest.calls) d.calls.push_back(std::move(call));
+          Json msg = {{"role", "assistant"}, {"content", d.content}};
+          if (!d.reasoning.empty()) msg["reasoning_content"] = d.reasoning;
+          if (!d.calls.empty()) {
+            if (d.content.empty()) msg["content"] = nullptr;
+            msg["tool_calls"] = tool_calls_json(d.calls, -1);
+            choice["finish_reason"] = "tool_calls";
+          }
+          choice["message"] = std::move(msg);
+        } else {
+          choice["text"] = echo + out;
+        }
         if (f == Finish::Timeout) choice["k3_finish"] = "timeout";
         choices.push_back(std::move(choice));
       }
@@ -413,7 +445,19 @@ class Server {
       if (chat) {
         Json delta = Json::object();
         if (first) delta["role"] = "assistant";
-        if (!piece.empty() || !finish) delta["content"] = piece;
+        serve::ChatDelta d = c.split->push(piece);
+        if (finish) {
+          serve::ChatDelta rest = c.split->finish();
+          d.reasoning += rest.reasoning, d.content += rest.content;
+          for (auto& call : rest.calls) d.calls.push_back(std::move(call));
+        }
+        if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+        if (!d.content.empty() || (!finish && d.empty())) delta["content"] = d.content;
+        if (!d.calls.empty()) {
+          delta["tool_calls"] = tool_calls_json(d.calls, c.calls_sent);
+          c.calls_sent += int64_t(d.calls.size());
+        }
+        if (finish && c.split->called()) ch["finish_reason"] = "tool_calls";
         ch["delta"] = delta;
       } else {
         ch["text"] = (first ? echo : std::string()) + piece;

@@ -8,12 +8,12 @@
 
 namespace k3::serve {
 
-std::string ChatFormat::render(const TemplateJson& messages) const {
+std::string ChatFormat::render(const TemplateJson& messages, const TemplateJson& tools) const {
   TemplateJson ctx = special_tokens;
   ctx["messages"] = messages;
   ctx["add_generation_prompt"] = true;
   // transformers passes these as None when the request has none; templates test "tools is not none".
-  ctx["tools"] = nullptr;
+  ctx["tools"] = tools;
   ctx["documents"] = nullptr;
   return tmpl.render(ctx);
 }

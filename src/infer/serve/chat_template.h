@@ -19,8 +19,9 @@ struct ChatFormat {
   TemplateJson special_tokens = TemplateJson::object();
   std::string origin;  // where the template came from, for messages ("tokenizer_config.json", a file)
 
-  // messages: [{role, content}, ...]; rendered with add_generation_prompt = true.
-  std::string render(const TemplateJson& messages) const;
+  // messages: [{role, content, ...}, ...]; tools: the request's tools (null: none); rendered with
+  // add_generation_prompt = true.
+  std::string render(const TemplateJson& messages, const TemplateJson& tools = nullptr) const;
 };
 
 // tokenizer_config.json's chat_template: a string, or a list of {name, template} of which the one

@@ -186,6 +186,89 @@ std::string plain_chat_template(const std::vector<std::pair<std::string, std::st
 }
 
 namespace {
+// tools and tool_choice (chat): validated; the names to parse calls of go to r.tool_names.
+void parse_tools(const TemplateJson& o, const ParseLimits& lim, ParsedRequest& r, TemplateJson& tools,
+                 std::string& choice, std::string& forced) {
+  std::vector<std::string> names;
+  if (o.contains("tools") && !o["tools"].is_null()) {
+    const TemplateJson& ts = o["tools"];
+    if (!ts.is_array()) fail("tools", "'tools' must be an array", "invalid_type");
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const std::string p = "tools[" + std::to_string(i) + "]";
+      const TemplateJson& t = ts[i];
+      if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !t.contains("function") ||
+          !t["function"].is_object())
+        fail(p, p + " must be {\"type\": \"function\", \"function\": {...}}", "invalid_value");
+      const TemplateJson& f = t["function"];
+      if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
+        fail(p + ".function.name", p + ".function.name must be a non-empty string", "invalid_value");
+      if (f.contains("parameters") && !f["parameters"].is_object())
+        fail(p + ".function.parameters", p + ".function.parameters must be a JSON Schema object", "invalid_type");
+      names.push_back(f["name"].get<std::string>());
+    }
+    if (!names.empty()) tools = ts;
+  }
+  choice = names.empty() ? "none" : "auto";
+  if (o.contains("tool_choice") && !o["tool_choice"].is_null()) {
+    const TemplateJson& c = o["tool_choice"];
+    if (c.is_string()) {
+      choice = c.get<std::string>();
+      if (choice != "none" && choice != "auto" && choice != "required")
+        fail("tool_choice", "tool_choice must be none, auto, required or {\"type\": \"function\", ...}", "invalid_value");
+    } else if (c.is_object() && c.contains("function") && c["function"].is_object() && c["function"].contains("name") &&
+               c["function"]["name"].is_string()) {
+      choice = "function";
+      forced = c["function"]["name"].get<std::string>();
+      if (std::find(names.begin(), names.end(), forced) == names.end())
+        fail("tool_choice", "tool_choice names '" + forced + "', which is not among the tools", "invalid_value");
+    } else {
+      fail("tool_choice", "tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+           "invalid_value");
+    }
+    if (choice != "none" && names.empty()) fail("tool_choice", "tool_choice needs tools", "invalid_value");
+  }
+  if (choice == "none") return;
+  if (!lim.chat_format)
+    fail("tools", "tools need the model's chat template, and this model has none (--chat-template FILE gives one)",
+         "unsupported");
+  if (lim.tool_format == ToolFormat::None)
+    fail("tools", "this model's tokenizer has none of the tool-call formats k3 reads (hermes <tool_call>, kimi, deepseek)",
+         "unsupported");
+  if (choice == "required" && names.size() == 1) choice = "function", forced = names[0];
+  if (choice == "required" && lim.tool_format != ToolFormat::Hermes)
+    fail("tool_choice", std::string("tool_choice required among several tools needs a format that names the function ") +
+                            "inside its JSON (hermes); this model writes " + tool_format_name(lim.tool_format) +
+                            " calls: name the function instead",
+         "unsupported");
+  if (r.json) fail("tool_choice", "tool_choice and response_format cannot both shape the output", "invalid_value");
+  r.tool_names = names;
+}
+
+// tool_choice required or naming a function: the prompt opens the call, and the output (its
+// arguments; for required, the call's JSON) is constrained to the function's parameters.
+void force_call(const ParseLimits& lim, ParsedRequest& r, const TemplateJson& tools, const std::string& name,
+                std::string& prompt) {
+  if (name.empty()) {  // required, hermes: {"name": one of them, "arguments": {...}}
+    Json names = Json::array();
+    for (const auto& n : r.tool_names) names.push_back(n);
+    r.forced_call = ForcedCall{"<tool_call>\n", "\n</tool_call>"};
+    r.json = JsonSchema::compile(Json{{"type", "object"},
+                                      {"properties", {{"name", {{"enum", names}}}, {"arguments", {{"type", "object"}}}}},
+                                      {"required", {"name", "arguments"}}});
+  } else {
+    r.forced_call = forced_call(lim.tool_format, name);
+    r.json = JsonSchema::any_object();
+    for (const auto& t : tools)
+      if (t["function"]["name"] == name && t["function"].contains("parameters")) {
+        try {  // keywords the constraint does not read leave the arguments any JSON object
+          r.json = JsonSchema::compile(Json::parse(t["function"]["parameters"].dump()));
+        } catch (const Error&) {
+        }
+      }
+  }
+  prompt += r.forced_call->open;
+}
+
 ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits& lim, const Tokenizer* tok) {
   ParsedRequest r;
   r.endpoint = ep;
@@ -226,6 +309,9 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
   r.stream = get_bool(j, "stream", false);
   r.echo = get_bool(j, "echo", false);
   if (r.echo && ep == Endpoint::ChatCompletions) fail("echo", "echo is a /v1/completions field", "unsupported");
+  if (ep == Endpoint::Completions)
+    for (const char* k : {"tools", "tool_choice"})
+      if (j.contains(k) && !j[k].is_null()) fail(k, std::string(k) + " is a /v1/chat/completions field", "unsupported");
   r.ignore_eos = get_bool(j, "ignore_eos", false);
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) fail("stream_options", "'stream_options' must be an object", "invalid_type");
@@ -322,6 +408,10 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
     if (!it->is_array() || it->empty()) fail("messages", "'messages' must be a non-empty array", "invalid_type");
     std::vector<std::pair<std::string, std::string>> msgs;
     TemplateJson conversation = TemplateJson::array();  // what a Jinja chat template sees as `messages`
+    // Tools and tool-call fields go to the template as the client sent them, key order included
+    // (tojson prints them in that order), so they are read from an order-keeping parse.
+    const bool tooling = j.contains("tools") || j.contains("tool_choice") || body.find("\"tool_call") != std::string::npos;
+    const TemplateJson ordered = tooling ? TemplateJson::parse(body) : TemplateJson();
     for (size_t i = 0; i < it->size(); ++i) {
       const Json& m = (*it)[i];
       const std::string p = "messages[" + std::to_string(i) + "]";
@@ -333,12 +423,29 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
         fail(p + ".role", "unknown role '" + rs + "'", "invalid_value");
       auto content = m.find("content");
       msgs.emplace_back(rs, content == m.end() ? std::string() : message_text(*content, i));
-      conversation.push_back({{"role", rs}, {"content", msgs.back().second}});
+      TemplateJson msg = {{"role", rs}, {"content", msgs.back().second}};
+      if (tooling) {
+        const TemplateJson& om = ordered["messages"][i];
+        if (om.contains("tool_calls") && !om["tool_calls"].is_null()) {
+          if (!om["tool_calls"].is_array() || rs != "assistant")
+            fail(p + ".tool_calls", p + ".tool_calls must be an array on an assistant message", "invalid_value");
+          msg["tool_calls"] = om["tool_calls"];
+        }
+        for (const char* k : {"tool_call_id", "name", "reasoning_content"})
+          if (om.contains(k) && !om[k].is_null()) {
+            if (!om[k].is_string()) fail(p + "." + k, p + "." + k + " must be a string", "invalid_type");
+            msg[k] = om[k];
+          }
+      }
+      conversation.push_back(std::move(msg));
     }
+    TemplateJson tools = nullptr;
+    std::string choice = "none", forced;
+    if (tooling) parse_tools(ordered, lim, r, tools, choice, forced);
     std::string prompt;
     if (lim.chat_format) {
       try {
-        prompt = lim.chat_format->render(conversation);
+        prompt = lim.chat_format->render(conversation, tools);
       } catch (const TemplateError& e) {
         const std::string origin = " (" + lim.chat_format->origin + ")";
         if (e.kind() == TemplateError::Kind::Raised)
@@ -352,6 +459,9 @@ ParsedRequest parse_impl(Endpoint ep, const std::string& body, const ParseLimits
     } else {
       prompt = plain_chat_template(msgs);
     }
+    const size_t end = prompt.find_last_not_of(" \t\r\n");
+    r.reasoning_open = end != std::string::npos && end + 1 >= 7 && prompt.compare(end + 1 - 7, 7, "<think>") == 0;
+    if (choice == "required" || choice == "function") force_call(lim, r, tools, forced, prompt);
     tokenize_into(prompt, tok, "messages", r.prompt_ids, lim);
     r.prompt_was_text = true;
   }

@@ -12,6 +12,7 @@
 #include "infer/json_constraint.h"
 #include "infer/sampler.h"
 #include "infer/serve/chat_template.h"
+#include "infer/serve/tool_calls.h"
 #include "io/config.h"
 
 namespace k3 {
@@ -48,6 +49,8 @@ struct ParseLimits {
   int64_t longest_token_bytes = 0;
   // How chat messages become the prompt: the model's chat template, or (null) plain_chat_template.
   std::shared_ptr<const ChatFormat> chat_format;
+  // How the model writes tool calls (from its tokenizer's special tokens); None: tools refused.
+  ToolFormat tool_format = ToolFormat::None;
 };
 
 // The longest token of TOK, in bytes (the specials' text included).
@@ -73,6 +76,12 @@ struct ParsedRequest {
   double timeout_s = 600;           // extension: per-request wall-clock limit
   // response_format json_object or json_schema: the output is constrained to it (json_constraint.h)
   std::shared_ptr<const JsonSchema> json;
+  // Chat: the tools whose calls are parsed from the output (empty: none, or tool_choice none);
+  // the call the prompt opened (tool_choice naming a function, or required); whether the
+  // prompt ended inside <think> (the output begins as reasoning).
+  std::vector<std::string> tool_names;
+  std::optional<ForcedCall> forced_call;
+  bool reasoning_open = false;
 };
 
 // The plain chat template used when the model folder has none (or its template does not parse):
