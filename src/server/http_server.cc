@@ -154,7 +154,10 @@ class Server {
     lim_.max_timeout_s = std::max(o.timeout_s, 1.0);
     if (tok_) lim_.longest_token_bytes = serve::longest_token_bytes(*tok_);
     lim_.chat_format = std::move(chat);
-    if (tok_) lim_.tool_format = serve::tool_format_of(*tok_);
+    if (tok_) {
+      lim_.tool_format = serve::tool_format_of(*tok_);
+      hidden_ = TextAssembler::hidden_specials(*tok_, serve::output_markers(lim_.tool_format));
+    }
     serve::SchedulerOptions so;
     so.max_batch = o.max_batch;
     so.context = lim_.max_context;
@@ -307,7 +310,7 @@ class Server {
         g.json = pr.json;
         const bool scored = g.prompt_logprobs;
         cs->emplace_back(sched_->submit(std::move(g)),
-                         TextAssembler(tok_ ? &*tok_ : nullptr, model_->eos_token_id, pr.ignore_eos, pr.stop));
+                         TextAssembler(tok_ ? &*tok_ : nullptr, model_->eos_token_id, pr.ignore_eos, pr.stop, hidden_));
         cs->back().prompt_scores = scored;
       }
     } catch (const std::exception& e) {
@@ -622,6 +625,7 @@ class Server {
   ServeOptions o_;
   std::unique_ptr<Model> model_;
   std::optional<Tokenizer> tok_;
+  std::shared_ptr<const std::unordered_set<int64_t>> hidden_;  // special tokens left out of the text
   std::string name_;
   serve::ParseLimits lim_;
   std::unique_ptr<serve::Scheduler> sched_;

@@ -1,11 +1,15 @@
-// A request's token stream as text: the tokenizer's streaming decoder, the end-of-text token
-// hidden, and stop strings found across token boundaries (text that may begin a stop string is
+// A request's token stream as text: the tokenizer's streaming decoder, the end-of-text token and
+// the other special tokens hidden (but those the chat output parses: tool-call and reasoning
+// markers), and stop strings found across token boundaries (text that may begin a stop string is
 // held back until it cannot).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "tokenizer/bpe.h"
@@ -46,14 +50,25 @@ class StopScanner {
 
 // Turns a request's token stream into text: tokenizer (if any), EOS hidden, stop strings.
 struct TextAssembler {
-  TextAssembler(const Tokenizer* t, std::optional<int64_t> eos, bool ignore_eos, std::vector<std::string> stops)
-      : tok(t), eos_id(eos), show_eos(ignore_eos), scan(std::move(stops)) {
+  // hidden: special tokens whose text is left out (shared by the requests of a server).
+  TextAssembler(const Tokenizer* t, std::optional<int64_t> eos, bool ignore_eos, std::vector<std::string> stops,
+                std::shared_ptr<const std::unordered_set<int64_t>> hidden = nullptr)
+      : tok(t), eos_id(eos), show_eos(ignore_eos), scan(std::move(stops)), hide(std::move(hidden)) {
     if (tok) dec.emplace(*tok);
+  }
+  // The special tokens of `tok` but those whose texts are in `shown`.
+  static std::shared_ptr<const std::unordered_set<int64_t>> hidden_specials(const Tokenizer& tok,
+                                                                            const std::vector<std::string>& shown) {
+    auto out = std::make_shared<std::unordered_set<int64_t>>();
+    for (const auto& s : tok.specials())
+      if (std::find(shown.begin(), shown.end(), s.text) == shown.end()) out->insert(s.id);
+    return out;
   }
   // Text ready to send for one token; sets stop_hit when a stop string completed.
   std::string push(int64_t id) {
     if (!dec || stop_hit) return {};
     if (eos_id && id == *eos_id && !show_eos) return {};
+    if (hide && hide->count(id) && !(eos_id && id == *eos_id)) return {};
     std::string s;
     try {
       s = dec->push(int32_t(id));
@@ -80,6 +95,7 @@ struct TextAssembler {
   bool show_eos;
   std::optional<StreamDecoder> dec;
   StopScanner scan;
+  std::shared_ptr<const std::unordered_set<int64_t>> hide;
   bool stop_hit = false;
 };
 

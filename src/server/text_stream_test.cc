@@ -74,3 +74,24 @@ TEST(TextAssembler, DecodesHidesEosAndStops) {
 }
 
 }  // namespace k3::serve
+
+namespace k3::serve {
+
+// Special tokens other than the markers the chat output reads are left out of the text.
+TEST(TextAssembler, HidesSpecialTokensButTheMarkers) {
+  BpeVocab v;
+  for (int i = 0; i < 256; ++i) v.tokens.emplace_back(std::string(1, char(i)), i);
+  v.specials = {{"<|im_end|>", 256}, {"<tool_call>", 257}, {"<|eot|>", 258}};
+  const Tokenizer tok = Tokenizer::from_vocab(v, "test");
+  TextAssembler t(&tok, 258, false, {}, TextAssembler::hidden_specials(tok, {"<tool_call>"}));
+  std::string out;
+  for (int64_t id : {int64_t('a'), int64_t(256), int64_t(257), int64_t('b'), int64_t(258)}) out += t.push(id);
+  out += t.finish();
+  EXPECT_EQ(out, "a<tool_call>b");
+  TextAssembler shown(&tok, 258, false, {});  // no hidden set: every special but the end token shows
+  out.clear();
+  for (int64_t id : {int64_t('a'), int64_t(256), int64_t(258)}) out += shown.push(id);
+  EXPECT_EQ(out + shown.finish(), "a<|im_end|>");
+}
+
+}  // namespace k3::serve

@@ -78,6 +78,17 @@ ToolFormat tool_format_of(const Tokenizer& tok) {
   return ToolFormat::None;
 }
 
+std::vector<std::string> output_markers(ToolFormat f) {
+  std::vector<std::string> m = {kThinkOpen, kThinkClose};
+  switch (f) {
+    case ToolFormat::Hermes: m.insert(m.end(), {kHermesOpen, kHermesClose}); break;
+    case ToolFormat::Kimi: m.insert(m.end(), {kKimiOpen, kKimiClose, kKimiCall, kKimiArgs, kKimiEnd}); break;
+    case ToolFormat::DeepSeek: m.insert(m.end(), {kDsOpen, kDsClose, kDsCall, kDsSep, kDsEnd}); break;
+    case ToolFormat::None: break;
+  }
+  return m;
+}
+
 ForcedCall forced_call(ToolFormat f, const std::string& name) {
   switch (f) {
     case ToolFormat::Hermes:

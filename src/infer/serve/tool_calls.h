@@ -29,6 +29,8 @@ namespace serve {
 enum class ToolFormat : uint8_t { None, Hermes, Kimi, DeepSeek };
 const char* tool_format_name(ToolFormat f);
 ToolFormat tool_format_of(const Tokenizer& tok);  // None: no format's tokens in the vocabulary
+// The markers ChatOutput reads (reasoning, and the format's calls): special tokens kept in text.
+std::vector<std::string> output_markers(ToolFormat f);
 
 struct ToolCall {
   std::string id, name, arguments;  // arguments: the JSON object's text
