@@ -127,6 +127,12 @@ void register_generate(CLI::App& app) {
       std::fprintf(stderr, "speculation: %lld checks, %lld of %lld drafted tokens kept (%.0f%%)\n",
                    (long long)st.verify_steps, (long long)st.accepted, (long long)st.drafted,
                    st.drafted ? 100.0 * double(st.accepted) / double(st.drafted) : 0.0);
+    if (stats && (g.speculate.ngram || draft) && st.verify_steps)
+      std::fprintf(stderr,
+                   "rollback: %.2f ms copying states before checks, %.2f ms re-running %lld kept tokens after "
+                   "rejections; keeping every checked position's states instead: ~%.2f ms of copies, no re-runs\n",
+                   1e3 * st.mark_seconds, 1e3 * st.rerun_seconds, (long long)st.rerun_tokens,
+                   1e3 * st.mark_seconds * double(st.check_tokens) / double(st.verify_steps));
   });
 }
 

@@ -26,7 +26,10 @@ DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const st
   const int64_t V = model.vocab_size(), d = int64_t(drafts.size()), T = d + 1;
   std::vector<int64_t> in{next};
   in.insert(in.end(), drafts.begin(), drafts.end());
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
   const ContextMark mark(ctx);  // what a rejection goes back to
+  const double mark_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   std::vector<float> logits(static_cast<size_t>(T * V));
   model.forward(in.data(), T, &ctx, logits.data(), Logits::All);
   // Row t's pick follows in[0..t]; drafts[t] is kept while it equals the pick before it.
@@ -51,10 +54,13 @@ DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const st
     if (c.kept == d) c.bonus = sampler->sample(logits.data() + d * V, V, hist);
   }
   c.tokens = T;
+  c.mark_seconds = mark_seconds;
   if (c.kept < d) {
+    t0 = clock::now();
     mark.rewind(ctx);
     model.forward(in.data(), c.kept + 1, &ctx, logits.data(), Logits::Last);
     c.tokens += c.kept + 1;
+    c.rerun_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   }
   return c;
 }
@@ -149,7 +155,12 @@ void speculate(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t fi
     }
     const DraftCheck c = check_drafts(model, ctx, next, drafts, &sampler, ids);
     if (drafter) drafter->kept(c.kept);
-    if (stats) stats->drafted += int64_t(drafts.size()), stats->accepted += c.kept, stats->verify_steps++;
+    if (stats) {
+      stats->drafted += int64_t(drafts.size()), stats->accepted += c.kept, stats->verify_steps++;
+      stats->mark_seconds += c.mark_seconds, stats->rerun_seconds += c.rerun_seconds;
+      stats->check_tokens += int64_t(drafts.size()) + 1;
+      stats->rerun_tokens += c.tokens - int64_t(drafts.size()) - 1;
+    }
     const int64_t m = c.kept;
     bool go = true;
     for (int64_t i = 0; i < m && go; ++i) go = emit(drafts[size_t(i)]);

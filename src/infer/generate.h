@@ -41,6 +41,12 @@ struct GenerateOptions {
 struct GenerateStats {
   int64_t prompt_tokens = 0, new_tokens = 0;
   int64_t drafted = 0, accepted = 0, verify_steps = 0;  // speculation: drafts proposed, kept; checks run
+  // Rollback: time copying the states a rejection restores (before each check), time re-running
+  // the kept tokens after rejections, and the tokens re-run. Keeping every position's states
+  // instead would copy them at each of the checked positions (check_tokens of them) and re-run
+  // nothing: about mark_seconds * check_tokens / verify_steps.
+  double mark_seconds = 0, rerun_seconds = 0;
+  int64_t rerun_tokens = 0, check_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   size_t context_bytes = 0;  // the sequence's memory at the end
 };
@@ -60,6 +66,7 @@ std::vector<int64_t> ngram_draft(const std::vector<int64_t>& ids, int64_t ngram_
 struct DraftCheck {
   int64_t kept = 0, bonus = -1;
   int64_t tokens = 0;  // tokens the model computed (the check, and the rerun after a rejection)
+  double mark_seconds = 0, rerun_seconds = 0;  // copying the states before, re-running after
 };
 DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const std::vector<int64_t>& drafts,
                         Sampler* sampler = nullptr, const std::vector<int64_t>& history = {});

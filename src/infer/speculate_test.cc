@@ -208,10 +208,14 @@ TEST(Speculate, DraftModelKeepsGreedyOutput) {
     GenerateStats st;
     EXPECT_EQ(generate(*m, p, o, {}, &st), want);
     EXPECT_GT(st.drafted, 0);
+    EXPECT_EQ(st.check_tokens, st.drafted + st.verify_steps);  // each check: the next token and its drafts
     if (d == same.get()) {
       EXPECT_EQ(st.accepted, st.drafted);  // the target's own picks
+      EXPECT_EQ(st.rerun_tokens, 0);       // nothing rejected, nothing re-run
     } else {
       EXPECT_LT(st.accepted, st.drafted);
+      EXPECT_GT(st.rerun_tokens, 0);
+      EXPECT_GT(st.rerun_seconds, 0.0);
     }
     o.sampling.temperature = 0.7f;
     o.sampling.top_k = 1;
