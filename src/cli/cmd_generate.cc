@@ -72,12 +72,21 @@ void register_generate(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   static bool check_weights = false;
+  static bool json_object = false;
+  static std::string json_schema_file;
+  cmd->add_flag("--json", json_object, "Constrain the output to a JSON object (it stops when the object closes)");
+  cmd->add_option("--json-schema", json_schema_file,
+                  "Constrain the output to instances of this JSON Schema (a file; the subset docs/serving.md names)")
+      ->type_name("FILE");
   add_check_weights_option(cmd, check_weights);
   add_cache_dtype_option(cmd, cache_dtype);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     if (dtype == "bf16" && rt.device != "cuda") throw error("generate", "--dtype bf16 applies to --device cuda");
+    if (json_object && !json_schema_file.empty()) throw error("generate", "give --json or --json-schema FILE, not both");
+    if (json_object) g.json = JsonSchema::any_object();
+    if (!json_schema_file.empty()) g.json = JsonSchema::compile(read_json_file(json_schema_file));
     apply_cache_dtype(cache_dtype, rt, "generate");
     if (prompt.empty() && prompt_ids.empty()) throw error("generate", "give --prompt TEXT or --prompt-ids IDS");
     g.sampling.validate();
@@ -101,8 +110,9 @@ void register_generate(CLI::App& app) {
     std::vector<int64_t> ids;
     std::optional<Tokenizer> tok;
     std::optional<StreamDecoder> stream;
+    if (!prompt.empty() || g.json) tok = Tokenizer::from_dir(model_dir);
+    if (g.json) g.token_bytes = TokenBytes::of(*tok);
     if (!prompt.empty()) {
-      tok = Tokenizer::from_dir(model_dir);
       for (int32_t t : tok->encode(prompt)) ids.push_back(t);
       stream.emplace(*tok);
       std::cout << prompt << std::flush;

@@ -184,6 +184,13 @@ std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, 
     throw error("generate", "prompt (", prompt.size(), ") + max_new_tokens (", opts.max_new_tokens, ") = ", total,
                 " exceeds the model's ", model.max_positions(), " positions");
   Sampler sampler(opts.sampling);
+  std::optional<JsonConstraint> json;
+  if (opts.json) {
+    if (!opts.token_bytes) throw error("generate", "output constrained to JSON needs the tokenizer's token bytes");
+    if (opts.speculate.ngram || opts.speculate.draft_model)
+      throw error("generate", "output constrained to JSON does not speculate");
+    json.emplace(opts.json, opts.token_bytes);
+  }
   Context ctx = model.new_context(total);
   std::vector<float> logits(static_cast<size_t>(V));
   std::vector<int64_t> ids = prompt;
@@ -191,7 +198,7 @@ std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, 
   // Greedy decoding takes the model's own pick (on the device only the id comes back); a sampler
   // takes the last position's logits. From the third token on each step is one CUDA graph replay
   // where the model's step allows it.
-  const bool greedy = sampler.greedy();
+  const bool greedy = sampler.greedy() && !json;  // a constrained draw needs the logits
   Context* ctxs[1] = {&ctx};
   Decoder decoder(model, {&ctx}, true, greedy ? Decoder::Output::Picks : Decoder::Output::Logits);
   int64_t picked = 0;
@@ -221,10 +228,13 @@ std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, 
   if (speculating && opts.max_new_tokens > 0)
     speculate(model, ctx, ids, greedy ? picked : sampler.sample(logits.data(), V, ids), sampler, opts, on_token, stats);
   for (int64_t step = 0; step < opts.max_new_tokens && !speculating; ++step) {
+    if (json && json->mask(logits.data(), V) == 0) throw error("generate", "no token of the vocabulary continues the JSON");
     const int64_t next = greedy ? picked : sampler.sample(logits.data(), V, ids);
+    if (json) json->accept(next);
     ids.push_back(next);
     if (on_token) on_token(next);
     if (opts.stop_at_eos == StopAtEos::Yes && model.eos_token_id && next == *model.eos_token_id) break;
+    if (json && json->done()) break;
     if (step + 1 < opts.max_new_tokens) step_on(&next, 1);
   }
   auto t2 = clock::now();

@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "infer/json_constraint.h"
 #include "infer/sampler.h"
 #include "models/model.h"
 
@@ -36,6 +37,10 @@ struct GenerateOptions {
   SamplingOptions sampling;
   StopAtEos stop_at_eos = StopAtEos::Yes;
   SpeculateOptions speculate;
+  // Output constrained to JSON (json_constraint.h): each draw is masked with the vocabulary's
+  // token bytes, and generation stops when the document is whole. Not with speculation.
+  std::shared_ptr<const JsonSchema> json;
+  std::shared_ptr<const TokenBytes> token_bytes;
 };
 
 struct GenerateStats {

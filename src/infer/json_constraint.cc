@@ -318,9 +318,16 @@ bool JsonMatcher::feed_raw(std::string_view bytes) {
 }
 
 bool JsonMatcher::structural_ws(unsigned char c) {
-  if (!is_ws(c) || ws_run_ >= kMaxWhitespace) return false;
+  // Spaces, tabs and one line break per run: pretty-printed JSON, without runs of blank lines.
+  if (!is_ws(c) || c == '\r' || ws_run_ >= kMaxWhitespace || (c == '\n' && ws_newline_)) return false;
   ++ws_run_;
+  if (c == '\n') ws_newline_ = true;
   return true;
+}
+
+void JsonMatcher::end_ws() {
+  ws_run_ = 0;
+  ws_newline_ = false;
 }
 
 void JsonMatcher::pop() {
@@ -357,21 +364,21 @@ bool JsonMatcher::step(unsigned char c) {
           f.node = any ? schema_->any() : n;
           f.st = kOpen;
           f.seen.assign(f.node->names.size(), false);
-          ws_run_ = 0;
+          end_ws();
           return true;
         }
         if (c == '[' && (any || n->kind == Kind::Array)) {
           f.k = Frame::K::Array;
           f.st = 0;
           f.count = 0;
-          ws_run_ = 0;
+          end_ws();
           return true;
         }
         if (c == '"' && (any || n->kind == Kind::String)) {
           f.k = Frame::K::String;
           f.node = any ? nullptr : n;
           f.count = 0;
-          ws_run_ = 0;
+          end_ws();
           return true;
         }
         if ((c == '-' || is_digit(c)) && (any || n->kind == Kind::Number || n->kind == Kind::Integer)) {
@@ -400,7 +407,7 @@ bool JsonMatcher::step(unsigned char c) {
             if (ws) return structural_ws(c);
             if (c == '}' && f.st == kOpen && object_may_close(f)) break;
             if (c != '"' || !object_has_unseen(f)) return false;
-            ws_run_ = 0;
+            end_ws();
             if (n->closed) {
               f.st = kKey;
               f.buf.clear();
@@ -432,7 +439,7 @@ bool JsonMatcher::step(unsigned char c) {
           case kColon: {
             if (ws) return structural_ws(c);
             if (c != ':') return false;
-            ws_run_ = 0;
+            end_ws();
             f.st = kValue;
             Frame v;
             v.node = f.pending;
@@ -442,7 +449,7 @@ bool JsonMatcher::step(unsigned char c) {
           case kAfter:
             if (ws) return structural_ws(c);
             if (c == ',' && object_has_unseen(f)) {
-              ws_run_ = 0;
+              end_ws();
               f.st = kNext;
               return true;
             }
@@ -451,7 +458,7 @@ bool JsonMatcher::step(unsigned char c) {
           default:
             return false;
         }
-        ws_run_ = 0;  // '}'
+        end_ws();  // '}'
         pop();
         return true;
       }
@@ -462,19 +469,19 @@ bool JsonMatcher::step(unsigned char c) {
         if (ws) return structural_ws(c);
         if (f.st == 1) {  // after an item
           if (c == ',' && (max < 0 || f.count < max)) {
-            ws_run_ = 0;
+            end_ws();
             f.st = 2;
             return true;
           }
           if (c == ']' && f.count >= min) {
-            ws_run_ = 0;
+            end_ws();
             pop();
             return true;
           }
           return false;
         }
         if (c == ']' && f.st == 0 && min == 0) {
-          ws_run_ = 0;
+          end_ws();
           pop();
           return true;
         }
@@ -487,7 +494,7 @@ bool JsonMatcher::step(unsigned char c) {
       }
       case Frame::K::String: {
         const int64_t min = f.node ? f.node->min_len : 0, max = f.node ? f.node->max_len : -1;
-        ws_run_ = 0;
+        end_ws();
         if (f.utf8 > 0) {
           if (c < f.lo || c > f.hi) return false;
           f.utf8--;
@@ -548,7 +555,7 @@ bool JsonMatcher::step(unsigned char c) {
           if (c == '-' && f.st == kStart) f.buf = "-";
           f.st = next;
           f.count++;
-          ws_run_ = 0;
+          end_ws();
           return true;
         }
         if (!number_accepting(f.st)) return false;
@@ -560,7 +567,7 @@ bool JsonMatcher::step(unsigned char c) {
         const bool prefix = std::any_of(f.cands->begin(), f.cands->end(),
                                         [&](const std::string& l) { return l.compare(0, f.buf.size(), f.buf) == 0; });
         if (prefix) {
-          ws_run_ = 0;
+          end_ws();
           // Whole and not the start of a longer one: done now.
           const bool longer = std::any_of(f.cands->begin(), f.cands->end(), [&](const std::string& l) {
             return l.size() > f.buf.size() && l.compare(0, f.buf.size(), f.buf) == 0;

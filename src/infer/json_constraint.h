@@ -9,8 +9,8 @@
 // minLength/maxLength of strings; annotations (title, description, default, examples, $schema) are
 // ignored. Anything else is refused with an error naming it, never ignored: an ignored keyword
 // would let outputs through that do not validate.
-// Whitespace between tokens is allowed up to 16 characters in a row (pretty-printing fits), so a
-// model cannot stall in whitespace; numbers are at most 32 characters with at most two exponent
+// Whitespace between tokens is spaces, tabs and at most one line break in a run of at most 16
+// characters (pretty-printing fits), so a model cannot stall in whitespace or blank lines; numbers are at most 32 characters with at most two exponent
 // digits (they parse as finite doubles), integers at most 18 digits (they fit int64). A schema's
 // properties are each given at most once; strings are valid UTF-8.
 #pragma once
@@ -68,10 +68,12 @@ class JsonMatcher {
   bool feed_raw(std::string_view bytes);  // no restore on failure
   bool step(unsigned char c);
   bool structural_ws(unsigned char c);
+  void end_ws();
   void pop();
   std::shared_ptr<const JsonSchema> schema_;
   std::vector<Frame> stack_;
   int ws_run_ = 0;
+  bool ws_newline_ = false;
   bool finished_ = false;
 };
 

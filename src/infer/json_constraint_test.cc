@@ -11,6 +11,8 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "infer/generate.h"
+#include "models/registry.h"
 
 namespace k3 {
 namespace {
@@ -35,8 +37,12 @@ TEST(JsonMatcher, AgreesWithAJsonParserOnObjects) {
     const bool want = Json::accept(d) && Json::parse(d).is_object();
     EXPECT_EQ(matches(any, d), want) << d;
   }
-  // Whitespace runs are held to 16 characters; a prefix is not a document.
+  // Whitespace runs are held to 16 characters and one line break, without \r; a prefix is not a
+  // document.
   EXPECT_TRUE(matches(any, "{\n  \"a\": 1\n}"));
+  EXPECT_TRUE(matches(any, "{\n\t\"a\": [\n\t\t1\n\t]\n}"));
+  EXPECT_FALSE(matches(any, "{\n\n\"a\": 1}"));
+  EXPECT_FALSE(matches(any, "{\r\n\"a\": 1}"));
   EXPECT_FALSE(matches(any, "{" + std::string(17, ' ') + "\"a\":1}"));
   EXPECT_TRUE(matches(any, "{\"a\":1e99}"));
   EXPECT_FALSE(matches(any, "{\"a\":1e343}"));  // not a finite double
@@ -290,6 +296,37 @@ TEST(JsonConstraint, SampledCompletionsParseAndValidate) {
     }
     EXPECT_GT(finished, 900) << (person ? "person schema" : "any object");
   }
+}
+
+// generate() with a schema on a random model: every sampled output stops with a document that
+// parses and validates; a constrained run does not speculate.
+TEST(JsonConstraint, GenerateStopsWithAValidDocument) {
+  auto model = build_model(preset_config("kda-tiny"), "kda-tiny");  // no position limit
+  model->init_random(2);
+  std::vector<std::string> bytes;
+  const char* pieces[] = {"{\"", "\":", "\",", "\"}", "a", "b", "true", "null", "12", "-3", " ", "]}", "[\""};
+  for (int64_t id = 0; id < model->vocab_size(); ++id)
+    bytes.push_back(id < 256 ? std::string(1, char(id)) : pieces[size_t(id) % 13]);
+  GenerateOptions o;
+  o.max_new_tokens = 1000;
+  o.sampling.temperature = 1.0f;
+  o.stop_at_eos = StopAtEos::No;
+  o.json = schema(kPerson);
+  o.token_bytes = TokenBytes::of(bytes);
+  const std::vector<int64_t> prompt = {1, 2, 3};
+  for (uint64_t seed = 0; seed < 5; ++seed) {
+    o.sampling.seed = seed;
+    const auto ids = generate(*model, prompt, o);
+    std::string text;
+    for (size_t i = prompt.size(); i < ids.size(); ++i) text += bytes[size_t(ids[i])];
+    ASSERT_TRUE(Json::accept(text)) << text;
+    EXPECT_TRUE(valid_person(Json::parse(text))) << text;
+  }
+  o.speculate.ngram = true;
+  EXPECT_THROW(generate(*model, prompt, o), Error);
+  o.speculate.ngram = false;
+  o.token_bytes = nullptr;
+  EXPECT_THROW(generate(*model, prompt, o), Error);
 }
 
 }  // namespace
