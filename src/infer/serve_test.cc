@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/random.h"
+#include "io/config.h"
 #include "infer/generate.h"
 #include "infer/serve/memory_manager.h"
 #include "infer/serve/prefix_cache.h"
@@ -477,12 +478,23 @@ TEST(ServeMemoryManager, SpecsMatchRealContexts) {
 
 // ---- scheduler ----
 
+// Presets with random weights, and fixture models (fixture/NAME: DeepSeek-V3's latent cache with
+// MoE routing, Kimi Linear's KDA states beside MLA) with the reference weights.
 class ServeScheduler : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    model_ = build_model(preset_config(GetParam()), GetParam());
-    model_->init_random(5);
+    model_ = make_model(5);
     model_->eos_token_id = std::nullopt;
+  }
+  bool fixture() const { return GetParam().rfind("fixture/", 0) == 0; }
+  std::string fixture_dir() const { return std::string(K3_SHARED_DIR) + "/fixtures/models/" + GetParam().substr(8); }
+  Json config() const { return fixture() ? read_json_file(fixture_dir() + "/config.json") : preset_config(GetParam()); }
+  // The model under test (seed 5), or another initialisation of its architecture.
+  std::unique_ptr<Model> make_model(uint64_t seed) const {
+    if (fixture() && seed == 5) return load_model(fixture_dir());
+    auto m = build_model(config(), GetParam());
+    m->init_random(seed);
+    return m;
   }
   std::vector<int64_t> prompt(uint64_t seed, size_t n) const {
     Rng rng(seed);
@@ -784,7 +796,9 @@ TEST_P(ServeScheduler, ChunkedPrefillKeepsOutputsEqualGenerate) {
     g.prompt = i < 4 ? prompt(200 + uint64_t(i), size_t(5 + 21 * i)) : shared;  // 5, 26, 47, 68 tokens
     if (i >= 4) g.prompt.push_back(3 + i);
     g.max_tokens = 20 + 4 * i;  // decoding crosses page boundaries
-    g.sampling.temperature = i == 0 ? 0.8f : 0.0f;
+    // One sampled request on the random presets; the fixtures' sharper logits put a draw within
+    // the ~1e-5 that a preempted sequence's re-run moves them (docs/serving.md), so greedy there.
+    g.sampling.temperature = i == 0 && !fixture() ? 0.8f : 0.0f;
     g.sampling.seed = uint64_t(i);
     ps.push_back(g);
   }
@@ -865,8 +879,7 @@ TEST_P(ServeScheduler, SpeculationKeepsOutputsEqualGenerate) {
 // (which preempts GPT-2's growing caches and drops the job's draft context, rebuilt from the
 // history).
 TEST_P(ServeScheduler, DraftModelKeepsOutputsEqualGenerate) {
-  auto other = build_model(preset_config(GetParam()), GetParam());
-  other->init_random(6);
+  auto other = make_model(6);
   std::vector<GenParams> ps;
   for (int i = 0; i < 4; ++i) {
     GenParams g;
@@ -911,7 +924,7 @@ TEST_P(ServeScheduler, DraftModelKeepsOutputsEqualGenerate) {
   bad.draft_model = other.get();
   bad.speculate_ngram = true;
   EXPECT_THROW(Scheduler(*model_, bad), Error);  // one source of drafts
-  auto cfg = preset_config(GetParam());
+  auto cfg = config();
   auto& text = cfg.contains("text_config") ? cfg["text_config"] : cfg;
   text["vocab_size"] = model_->vocab_size() + 1;
   auto wide = build_model(cfg, "wide");
@@ -1006,7 +1019,9 @@ TEST_P(ServeScheduler, LogprobsEqualLogSoftmaxOfTheModelsLogits) {
     check(lps[i], int64_t(g.prompt.size() + i) - 1, "new token " + std::to_string(i));
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, ServeScheduler, ::testing::Values("gpt2-tiny", "kda-tiny", "k3-tiny"));
+INSTANTIATE_TEST_SUITE_P(Models, ServeScheduler,
+                         ::testing::Values("gpt2-tiny", "kda-tiny", "k3-tiny", "fixture/deepseek-v3-tiny",
+                                           "fixture/kimi-linear-tiny"));
 
 }  // namespace
 }  // namespace k3::serve
