@@ -29,6 +29,7 @@ struct JsonSchema::Node {
   std::vector<std::string> literals;
   // Alternatives, told apart by a value's first character
   std::vector<const Node*> alts;
+  std::string where;  // for messages
 };
 
 namespace {
@@ -42,7 +43,8 @@ bool is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\t' || c == 
 bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 
 // The characters a value of `n` can begin with.
-std::set<unsigned char> first_chars(const Node* n) {
+std::set<unsigned char> first_chars(const Node* n, int depth = 0) {
+  if (depth > 64) throw error("json_schema", "alternatives that refer to themselves ($ref) before any value begins");
   std::set<unsigned char> s;
   auto number = [&] {
     s.insert('-');
@@ -63,7 +65,7 @@ std::set<unsigned char> first_chars(const Node* n) {
       break;
     case Kind::Alternatives:
       for (const Node* a : n->alts) {
-        auto f = first_chars(a);
+        auto f = first_chars(a, depth + 1);
         s.insert(f.begin(), f.end());
       }
       break;
@@ -90,7 +92,19 @@ std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
 
 std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema) {
   std::shared_ptr<JsonSchema> s(new JsonSchema());
+  s->document_ = &schema;
   s->root_ = s->build(schema, "", 0);
+  s->document_ = nullptr;
+  s->refs_.clear();
+  for (const auto& n : s->nodes_) {
+    if (n->kind != Kind::Alternatives) continue;
+    std::set<unsigned char> seen;
+    for (const Node* a : n->alts)
+      for (unsigned char c : first_chars(a))
+        if (!seen.insert(c).second)
+          throw error("json_schema", n->where, ": alternatives that can both begin with '", std::string(1, char(c)),
+                      "' are not supported (each must begin differently: object, array, string, number, ...)");
+  }
   return s;
 }
 
@@ -100,15 +114,15 @@ const JsonSchema::Node* JsonSchema::build(const Json& s, const std::string& wher
   if (s.is_boolean() && s.get<bool>()) return any_;
   if (!s.is_object()) throw error("json_schema", at, " is not a schema object");
   static const std::set<std::string> annotations = {"title", "description", "default", "examples", "$schema", "$id",
-                                                    "$comment"};
+                                                    "$comment", "$defs", "definitions"};
   static const std::set<std::string> supported = {"type",     "properties", "required", "additionalProperties",
                                                   "items",    "minItems",   "maxItems", "enum",
-                                                  "const",    "anyOf",      "minLength", "maxLength"};
+                                                  "const",    "anyOf",      "minLength", "maxLength", "$ref"};
   for (const auto& [k, v] : s.items())
     if (!annotations.count(k) && !supported.count(k))
       throw error("json_schema", at, ": the keyword '", k,
                   "' is not supported (type, properties, required, additionalProperties: false, items, minItems, "
-                  "maxItems, enum, const, anyOf, minLength, maxLength)");
+                  "maxItems, enum, const, anyOf, minLength, maxLength, $ref to $defs)");
   auto count = [&](const char* key, int64_t fallback) -> int64_t {
     if (!s.contains(key)) return fallback;
     const Json& v = s[key];
@@ -131,22 +145,22 @@ const JsonSchema::Node* JsonSchema::build(const Json& s, const std::string& wher
     }
     return n;
   };
+  if (s.contains("$ref")) {
+    if (s.size() > 1 + size_t(s.contains("description")) + size_t(s.contains("title")))
+      throw error("json_schema", at, ": keywords beside '$ref' are not supported");
+    if (!s["$ref"].is_string()) throw error("json_schema", at, ": '$ref' must be a string");
+    return resolve(s["$ref"].get<std::string>(), at, depth);
+  }
   if (s.contains("const")) return literals({s["const"]}, "const");
   if (s.contains("enum")) {
     if (!s["enum"].is_array()) throw error("json_schema", at, ": 'enum' must be an array");
     return literals(std::vector<Json>(s["enum"].begin(), s["enum"].end()), "enum");
   }
-  auto alternatives = [&](std::vector<const Node*> alts) {
+  auto alternatives = [&](std::vector<const Node*> alts) {  // checked once every $ref is built
     Node* n = node();
     n->kind = Kind::Alternatives;
-    std::set<unsigned char> seen;
-    for (const Node* a : alts) {
-      for (unsigned char c : first_chars(a))
-        if (!seen.insert(c).second)
-          throw error("json_schema", at, ": alternatives that can both begin with '", std::string(1, char(c)),
-                      "' are not supported (each must begin differently: object, array, string, number, ...)");
-    }
     n->alts = std::move(alts);
+    n->where = at;
     return n;
   };
   if (s.contains("anyOf")) {
@@ -234,6 +248,29 @@ const JsonSchema::Node* JsonSchema::build(const Json& s, const std::string& wher
   } else {
     throw error("json_schema", at, ": unknown type '", type, "'");
   }
+  return n;
+}
+
+const JsonSchema::Node* JsonSchema::resolve(const std::string& ref, const std::string& where, int depth) {
+  if (auto it = refs_.find(ref); it != refs_.end()) return it->second;  // a recursive schema points back
+  const Json* target = nullptr;
+  for (const char* base : {"#/$defs/", "#/definitions/"}) {
+    const std::string b = base;
+    if (ref.rfind(b, 0) != 0) continue;
+    const std::string name = ref.substr(b.size());
+    const std::string key = b.substr(2, b.size() - 3);  // $defs or definitions
+    if (!document_->contains(key)) continue;
+    const Json& defs = document_->at(key);
+    if (defs.is_object() && defs.contains(name)) target = &defs.at(name);
+  }
+  if (!target)
+    throw error("json_schema", where, ": '$ref' ", ref, " does not name an entry of the schema's $defs or definitions");
+  // The node exists before its contents are built, so references inside it come back to it.
+  nodes_.push_back(std::make_unique<Node>());
+  Node* n = nodes_.back().get();
+  refs_[ref] = n;
+  const Node* built = build(*target, ref.substr(1), depth + 1);
+  if (built != n) *n = *built;
   return n;
 }
 

@@ -6,7 +6,8 @@
 // Schemas: the subset that structured-output APIs use. type (one or a list), properties with
 // required (a schema with properties admits no other keys), items with minItems/maxItems, enum,
 // const, anyOf (alternatives must begin with different characters: '{', '[', '"', a digit, ...),
-// minLength/maxLength of strings; annotations (title, description, default, examples, $schema) are
+// minLength/maxLength of strings, $ref to "#/$defs/NAME" or "#/definitions/NAME" (recursion
+// included; what pydantic writes for nested models); annotations (title, description, default, examples, $schema) are
 // ignored. Anything else is refused with an error naming it, never ignored: an ignored keyword
 // would let outputs through that do not validate.
 // Whitespace between tokens is spaces, tabs and at most one line break in a run of at most 16
@@ -16,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -41,7 +43,10 @@ class JsonSchema {
  private:
   JsonSchema();
   const Node* build(const Json& s, const std::string& where, int depth);
+  const Node* resolve(const std::string& ref, const std::string& where, int depth);
   std::vector<std::unique_ptr<Node>> nodes_;
+  const Json* document_ = nullptr;            // the schema being compiled ($ref targets)
+  std::map<std::string, Node*> refs_;         // resolved $refs (recursive schemas point back)
   const Node* root_ = nullptr;
   const Node* any_ = nullptr;
 };

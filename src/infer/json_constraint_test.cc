@@ -179,6 +179,29 @@ TEST(JsonSchemaMatch, PersonSchemaAcceptsExactlyItsInstances) {
   EXPECT_FALSE(matches(s, R"(["Ann", 31])"));
 }
 
+// What pydantic writes for nested and recursive models: $defs and $ref, Optional as anyOf with null.
+TEST(JsonSchemaMatch, DefsAndRecursiveRefs) {
+  const auto s = schema(R"({
+    "$defs": {
+      "Node": {"type": "object", "title": "Node",
+               "properties": {"name": {"type": "string"},
+                              "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]},
+                              "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+               "required": ["name"], "additionalProperties": false},
+      "Color": {"enum": ["red", "blue"], "type": "string"}
+    },
+    "type": "object",
+    "properties": {"root": {"$ref": "#/$defs/Node"}, "color": {"$ref": "#/$defs/Color"}},
+    "required": ["root", "color"]})");
+  EXPECT_TRUE(matches(s, R"({"root":{"name":"a"},"color":"red"})"));
+  EXPECT_TRUE(matches(s, R"({"color":"blue","root":{"name":"a","next":{"name":"b","next":null},"kids":[{"name":"c","kids":[]}]}})"));
+  EXPECT_FALSE(matches(s, R"({"root":{"name":"a"},"color":"green"})"));
+  EXPECT_FALSE(matches(s, R"({"root":{"name":"a","next":{"next":null}},"color":"red"})"));  // the inner name
+  EXPECT_FALSE(matches(s, R"({"root":{"name":"a","kids":[{"name":1}]},"color":"red"})"));
+  EXPECT_THROW(schema(R"({"$ref":"#/$defs/Missing"})"), Error);
+  EXPECT_THROW(schema(R"({"$defs":{"A":{"anyOf":[{"$ref":"#/$defs/A"},{"type":"null"}]}},"$ref":"#/$defs/A"})"), Error);
+}
+
 TEST(JsonSchemaMatch, UnsupportedSchemasAreRefusedByName) {
   auto refused = [](const char* text, const std::string& needle) {
     try {
@@ -189,7 +212,7 @@ TEST(JsonSchemaMatch, UnsupportedSchemasAreRefusedByName) {
     return false;
   };
   EXPECT_TRUE(refused(R"({"type":"string","pattern":"^a"})", "'pattern'"));
-  EXPECT_TRUE(refused(R"({"$ref":"#/$defs/x"})", "'$ref'"));
+  EXPECT_TRUE(refused(R"({"$ref":"http://example.com/s.json"})", "$defs"));
   EXPECT_TRUE(refused(R"({"anyOf":[{"type":"object"},{"type":"object","properties":{"a":{}}}]})", "begin with '{'"));
   EXPECT_TRUE(refused(R"({"type":"object","properties":{"a":{}},"additionalProperties":true})", "additionalProperties"));
   EXPECT_TRUE(refused(R"({"type":"object","properties":{"a":{}},"required":["b"]})", "\"b\""));
