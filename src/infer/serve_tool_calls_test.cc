@@ -132,6 +132,11 @@ TEST(ToolCalls, ForcedCallsCloseAfterTheirArguments) {
     EXPECT_EQ(d.calls[0].name, "add");
     EXPECT_EQ(d.calls[0].arguments, "{\"a\":1,\"b\":2}");
     EXPECT_EQ(d.content, "");
+    // Cut short by max_tokens: the model's text alone, as content.
+    ChatOutput cut(f, {"add"}, false, &fc);
+    const ChatDelta c = run_all(cut, "{\"a\": 1, \"b", nullptr);
+    EXPECT_TRUE(c.calls.empty());
+    EXPECT_EQ(c.content, "{\"a\": 1, \"b") << tool_format_name(f);
   }
 }
 

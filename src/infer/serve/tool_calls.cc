@@ -112,6 +112,7 @@ ChatOutput::ChatOutput(ToolFormat format, std::vector<std::string> tools, bool r
   if (forced && !tools_.empty()) {
     held_ = forced->open;
     forced_close_ = forced->close;
+    forced_ = *forced;
     state_ = State::Section;
   }
 }
@@ -193,9 +194,16 @@ void ChatOutput::run(ChatDelta& d, bool final) {
         if (parse_section(section, calls)) {
           calls_ += int64_t(calls.size());
           for (auto& c : calls) d.calls.push_back(std::move(c));
+        } else if (forced_) {  // a forced call cut short: the model's own text, without what k3 put around it
+          std::string own = section.substr(forced_->open.size());
+          if (own.size() >= forced_->close.size() &&
+              own.compare(own.size() - forced_->close.size(), forced_->close.size(), forced_->close) == 0)
+            own.resize(own.size() - forced_->close.size());
+          d.content += own;
         } else {
           d.content += section;
         }
+        forced_.reset();
         state_ = State::Content;
         continue;
       }

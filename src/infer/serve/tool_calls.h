@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,7 +75,8 @@ class ChatOutput {
   std::string open_, close_;  // the format's section markers
   State state_;
   std::string held_;
-  std::string forced_close_;
+  std::string forced_close_;            // added at the end
+  std::optional<ForcedCall> forced_;    // until the forced section is read
   int64_t calls_ = 0;
   bool after_reasoning_ = false;  // newlines right after </think> are dropped
 };
