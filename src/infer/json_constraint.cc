@@ -648,8 +648,13 @@ std::shared_ptr<const TokenBytes> TokenBytes::of(const Tokenizer& tok) {
   std::vector<bool> special(bytes.size(), false);
   for (const auto& s : tok.specials())
     if (s.id >= 0 && size_t(s.id) < special.size()) special[size_t(s.id)] = true;
-  for (size_t i = 0; i < bytes.size(); ++i)
-    if (!special[i]) bytes[i] = tok.token_bytes(int32_t(i));
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (special[i]) continue;
+    try {
+      bytes[i] = tok.token_bytes(int32_t(i));
+    } catch (const Error&) {  // a hole in the ids: never allowed
+    }
+  }
   return of(std::move(bytes));
 }
 

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "infer/generate.h"
+#include "tokenizer/bpe.h"
 #include "models/registry.h"
 
 namespace k3 {
@@ -318,6 +319,25 @@ TEST(JsonConstraint, SampledCompletionsParseAndValidate) {
       }
     }
     EXPECT_GT(finished, 900) << (person ? "person schema" : "any object");
+  }
+}
+
+// The token bytes of the shipped tokenizer formats (holes in the ids and special tokens have none):
+// a mask over them lets exactly the tokens through whose bytes continue the document.
+TEST(JsonConstraint, TokenBytesOfTheFormatsTokenizers) {
+  for (const char* name : {"kimi", "qwen3", "deepseek-v3"}) {
+    const Tokenizer tok = Tokenizer::from_dir(std::string(K3_SOURCE_DIR) + "/tests/data/tokenizer/formats/" + name);
+    const auto vocab = TokenBytes::of(tok);
+    ASSERT_EQ(int64_t(vocab->bytes.size()), int64_t(tok.vocab_size())) << name;
+    for (const auto& sp : tok.specials()) EXPECT_TRUE(vocab->bytes[size_t(sp.id)].empty()) << name << " " << sp.text;
+    JsonConstraint c(JsonSchema::any_object(), vocab);
+    std::vector<float> logits(vocab->bytes.size(), 0.0f);
+    c.mask(logits.data(), int64_t(logits.size()));
+    for (size_t id = 0; id < logits.size(); ++id) {
+      JsonMatcher m(JsonSchema::any_object());
+      const bool want = !vocab->bytes[id].empty() && m.feed(vocab->bytes[id]);
+      ASSERT_EQ(std::isfinite(logits[id]), want) << name << " token " << id;
+    }
   }
 }
 
