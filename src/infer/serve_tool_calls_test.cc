@@ -17,21 +17,16 @@ namespace {
 
 ChatDelta run_all(ChatOutput& out, const std::string& text, Rng* rng) {
   ChatDelta all;
-  auto add = [&](ChatDelta d) {
-    all.reasoning += d.reasoning;
-    all.content += d.content;
-    for (auto& c : d.calls) all.calls.push_back(std::move(c));
-  };
   if (!rng) {
-    add(out.push(text));
+    all.append(out.push(text));
   } else {
     for (size_t at = 0; at < text.size();) {
       const size_t n = std::min(text.size() - at, size_t(1 + rng->below(5)));
-      add(out.push(text.substr(at, n)));
+      all.append(out.push(text.substr(at, n)));
       at += n;
     }
   }
-  add(out.finish());
+  all.append(out.finish());
   return all;
 }
 

@@ -392,9 +392,7 @@ class Server {
         choice["logprobs"] = logprobs(c, 0);
         if (chat) {
           serve::ChatDelta d = c.split->push(out);
-          serve::ChatDelta rest = c.split->finish();
-          d.reasoning += rest.reasoning, d.content += rest.content;
-          for (auto& call : rest.calls) d.calls.push_back(std::move(call));
+          d.append(c.split->finish());
           Json msg = {{"role", "assistant"}, {"content", d.content}};
           if (!d.reasoning.empty()) msg["reasoning_content"] = d.reasoning;
           if (!d.calls.empty()) {
@@ -449,11 +447,7 @@ class Server {
         Json delta = Json::object();
         if (first) delta["role"] = "assistant";
         serve::ChatDelta d = c.split->push(piece);
-        if (finish) {
-          serve::ChatDelta rest = c.split->finish();
-          d.reasoning += rest.reasoning, d.content += rest.content;
-          for (auto& call : rest.calls) d.calls.push_back(std::move(call));
-        }
+        if (finish) d.append(c.split->finish());
         if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
         if (!d.content.empty() || (!finish && d.empty())) delta["content"] = d.content;
         if (!d.calls.empty()) {

@@ -348,12 +348,8 @@ int64_t Scheduler::draft_room(const Job& j) const {
 }
 
 bool Scheduler::speculate(Job& j, int64_t* tokens) {
-  const int64_t k = draft_room(j);
+  const int64_t k = draft_room(j);  // make_room took the pages for k drafts
   if (k < 1) return false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!mm_.grow(j.mem_, int64_t(j.history_.size()) + k)) return false;  // pages for the drafts
-  }
   std::vector<int64_t> drafts;
   if (o_.draft_model) {
     if (!j.drafter_) j.drafter_ = std::make_unique<ModelDrafter>(*o_.draft_model, o_.context);

@@ -197,7 +197,7 @@ class Scheduler {
   void make_room(std::vector<std::shared_ptr<Job>>& active);  // pages for this step, preempting
   void decode(std::vector<std::shared_ptr<Job>>& active);
   // One speculative check of a job (SchedulerOptions::speculate_ngram or draft_model); false when it has
-  // no draft or no pages for one, and decodes with the batch instead. Returns the tokens computed
+  // no draft (its pages were taken by make_room), and decodes with the batch instead. Returns the tokens computed
   // through *tokens.
   bool speculate(Job& j, int64_t* tokens);
   int64_t draft_room(const Job& j) const;  // tokens a speculating job may draft this step (0: none)

@@ -48,6 +48,11 @@ struct ChatDelta {
   std::string reasoning, content;
   std::vector<ToolCall> calls;
   bool empty() const { return reasoning.empty() && content.empty() && calls.empty(); }
+  void append(ChatDelta more) {
+    reasoning += more.reasoning;
+    content += more.content;
+    for (auto& c : more.calls) calls.push_back(std::move(c));
+  }
 };
 
 // Splits a chat choice's text as it streams in. Text that may begin a marker is held back until
