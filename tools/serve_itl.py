@@ -7,21 +7,23 @@ are decoding sends one long prompt. For each setting it prints the streams' gaps
 prefill took (the long request's time to first token). Only 127.0.0.1 is contacted.
 
   tools/serve_itl.py --k3 build/k3 --model ../shared/fixtures/models/kimi-k3-tiny \\
-      [--streams 16] [--long 3000] [--settings 0,64]
+      [--streams 16] [--long 3000] [--settings 0,64] [-- SERVE_ARGS...]
+Arguments after `--` go to every server (e.g. `--device cuda`).
 """
 import argparse
 import http.client
 import json
 import statistics
 import subprocess
+import sys
 import threading
 import time
 
 
-def start(k3, model, step_tokens, streams, ctx):
+def start(k3, model, step_tokens, streams, ctx, extra):
     proc = subprocess.Popen([k3, "serve", "--model", model, "--port", "0", "--max-batch", str(streams + 1),
                              "--ctx", str(ctx), "--max-step-tokens", str(step_tokens), "--memory-mb", "4096",
-                             "--cache-mb", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             "--cache-mb", "0"] + extra, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if "listening on" not in line:
         raise SystemExit("the server did not start: " + line)
@@ -52,7 +54,7 @@ def pct(xs, q):
 
 
 def run(args, step_tokens):
-    proc, port = start(args.k3, args.model, step_tokens, args.streams, args.ctx)
+    proc, port = start(args.k3, args.model, step_tokens, args.streams, args.ctx, args.extra)
     try:
         stop = threading.Event()
         times = [[] for _ in range(args.streams)]
@@ -90,7 +92,10 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=4000, help="of each stream (they must outlast the prefill)")
     ap.add_argument("--warmup", type=float, default=1.5, help="seconds of decoding before the long prompt")
     ap.add_argument("--settings", default="0,64", help="--max-step-tokens values to compare")
-    args = ap.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    args.extra = argv[cut + 1:]
     print(f"{args.streams} streams decoding, then one {args.long}-token prompt; gaps between a stream's chunks (ms)")
     print(f"{'max-step-tokens':>16} {'before p50':>11} {'p99':>8} {'during p50':>11} {'p99':>8} {'max':>8} "
           f"{'long TTFT ms':>13}")
