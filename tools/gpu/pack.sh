@@ -42,7 +42,7 @@ for e in ${K3_GPU_EXTRA:-}; do
 done
 # Libraries outside glibc/libstdc++/CUDA that the binaries load.
 for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
-  grep -E 'openblas|gfortran|quadmath|icu|gomp' |
+  grep -E 'openblas|gfortran|quadmath|icu|gomp|httplib|libssl|libcrypto|brotli|libz\.' |
   while read -r lib; do cp -L "$lib" .gpu/lib/; done
 tar -C .gpu -cJf .gpu/bundle.tar.xz bin lib
 rm -rf .gpu/bin .gpu/lib
