@@ -58,9 +58,9 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--speculate", speculate,
                   "Speculative decoding: ngram (prompt lookup: the tokens that followed the last n-gram earlier in "
                   "the sequence are checked in one forward; greedy output is unchanged, sampled output keeps the model's "
-                  "distribution)")
+                  "distribution), or mtp (drafts from the checkpoint's multi-token-prediction layer, DeepSeek-V3's)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"off", "ngram"}));
+      ->check(CLI::IsMember({"off", "ngram", "mtp"}));
   static std::string draft_model_dir;
   cmd->add_option("--draft-model", draft_model_dir,
                   "Speculative decoding with a smaller model of the same tokenizer (Hugging Face folder): it drafts "
@@ -92,8 +92,9 @@ void register_generate(CLI::App& app) {
     g.sampling.validate();
     g.stop_at_eos = ignore_eos ? StopAtEos::No : StopAtEos::Yes;
     g.speculate.ngram = speculate == "ngram";
-    if (g.speculate.ngram && !draft_model_dir.empty())
-      throw error("generate", "give --speculate ngram or --draft-model, not both");
+    g.speculate.mtp = speculate == "mtp";
+    if (speculate != "off" && !draft_model_dir.empty())
+      throw error("generate", "give --speculate ", speculate, " or --draft-model, not both");
     auto model = load_model(model_dir);
     if (check_weights) check_weights_finite(*model);
     // On CUDA the weights move to the device (fp32) and the context's memories are made there.
@@ -119,6 +120,7 @@ void register_generate(CLI::App& app) {
     } else {
       ids = parse_ids(prompt_ids);
     }
+    const bool speculate_any = g.speculate.ngram || g.speculate.mtp || draft;
     GenerateStats st;
     auto out = generate(*model, ids, g, [&](int64_t id) {
       if (stream) std::cout << stream->push(int32_t(id)) << std::flush;
@@ -133,11 +135,11 @@ void register_generate(CLI::App& app) {
                    (long long)st.prompt_tokens, st.prefill_seconds, double(st.prompt_tokens) / std::max(st.prefill_seconds, 1e-9),
                    (long long)st.new_tokens, st.decode_seconds,
                    double(std::max<int64_t>(st.new_tokens - 1, 0)) / std::max(st.decode_seconds, 1e-9), st.context_bytes);
-    if (stats && (g.speculate.ngram || draft))
+    if (stats && speculate_any)
       std::fprintf(stderr, "speculation: %lld checks, %lld of %lld drafted tokens kept (%.0f%%)\n",
                    (long long)st.verify_steps, (long long)st.accepted, (long long)st.drafted,
                    st.drafted ? 100.0 * double(st.accepted) / double(st.drafted) : 0.0);
-    if (stats && (g.speculate.ngram || draft) && st.verify_steps)
+    if (stats && speculate_any && st.verify_steps)
       std::fprintf(stderr,
                    "rollback: %.2f ms copying states before checks, %.2f ms re-running %lld kept tokens after "
                    "rejections; keeping every checked position's states instead: ~%.2f ms of copies, no re-runs\n",

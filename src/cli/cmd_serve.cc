@@ -38,9 +38,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--speculate", speculate,
                   "Speculative decoding for requests without logprobs: ngram (prompt lookup; each such request checks "
                   "its drafts in one forward of its own instead of a row of the batched step; sampled requests keep "
-                  "the target's distribution)")
+                  "the target's distribution), or mtp (drafts from the checkpoint's multi-token-prediction layer, "
+                  "DeepSeek-V3's)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"off", "ngram"}));
+      ->check(CLI::IsMember({"off", "ngram", "mtp"}));
   static std::string draft_model_dir;
   cmd->add_option("--draft-model", draft_model_dir,
                   "Speculative decoding with a smaller model of the same tokenizer (Hugging Face folder): it drafts "
@@ -78,8 +79,9 @@ void register_serve(CLI::App& app) {
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     o.speculate_ngram = speculate == "ngram";
-    if (o.speculate_ngram && !draft_model_dir.empty())
-      throw error("serve", "give --speculate ngram or --draft-model, not both");
+    o.speculate_mtp = speculate == "mtp";
+    if (speculate != "off" && !draft_model_dir.empty())
+      throw error("serve", "give --speculate ", speculate, " or --draft-model, not both");
     if (o.max_step_tokens > 0 && o.max_step_tokens <= o.max_batch)
       throw error("serve", "--max-step-tokens ", o.max_step_tokens, " must exceed --max-batch ", o.max_batch,
                   " (the decode rows come first, the prompts' chunks after them), or be 0");

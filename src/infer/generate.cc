@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "models/mtp.h"
 
 namespace k3 {
 
@@ -55,7 +56,9 @@ DraftCheck check_drafts(const Model& model, Context& ctx, int64_t next, const st
   }
   c.tokens = T;
   c.mark_seconds = mark_seconds;
-  if (c.kept < d) {
+  if (c.kept < d && mark.truncates_all()) {
+    mark.keep_past(ctx, c.kept + 1);
+  } else if (c.kept < d) {
     t0 = clock::now();
     mark.rewind(ctx);
     model.forward(in.data(), c.kept + 1, &ctx, logits.data(), Logits::Last);
@@ -70,6 +73,16 @@ ContextMark::ContextMark(const Context& ctx) : position_(ctx.position) {
     lengths_.push_back(m->length());
     saved_.push_back(m->can_truncate() ? nullptr : m->clone());
   }
+}
+
+bool ContextMark::truncates_all() const {
+  return std::all_of(saved_.begin(), saved_.end(), [](const auto& m) { return m == nullptr; });
+}
+
+void ContextMark::keep_past(Context& ctx, int64_t keep) const {
+  K3_CHECK(truncates_all(), "keep_past: the context has memories that cannot be truncated");
+  for (size_t i = 0; i < ctx.layers.size(); ++i) ctx.layers[i]->truncate(lengths_[i] + keep);
+  ctx.position = position_ + keep;
 }
 
 void ContextMark::rewind(Context& ctx) const {
@@ -118,6 +131,46 @@ void ModelDrafter::kept(int64_t kept) {
 
 size_t ModelDrafter::bytes() const { return ctx_.bytes(); }
 
+MtpDrafter::MtpDrafter(const Model& model, Context& target, int64_t context) : m_(model), target_(target) {
+  if (!model.mtp())
+    throw error("speculate", "the model has no multi-token-prediction layer (its checkpoint holds none)");
+  ctx_ = model.mtp()->new_context(context);
+  if (!target_.hidden) target_.hidden = std::make_shared<Context::HiddenRows>();
+}
+
+std::vector<int64_t> MtpDrafter::draft(const std::vector<int64_t>& history, int64_t k) {
+  const int64_t n = int64_t(history.size());
+  // Rows absorbed_ .. n-2: the target's hidden state at i with token i+1 (the last: with the token
+  // the target checks next).
+  const Context::HiddenRows& h = *target_.hidden;
+  if (k < 1 || n < 2 || absorbed_ > n - 2 || h.start > absorbed_ || h.start + h.count() < n - 1) return {};
+  const MtpHead& head = *m_.mtp();
+  const Device dev = m_.head_weight()->value.device();
+  const int64_t T = n - 1 - absorbed_, D = h.dim;
+  Tensor prev = Tensor::empty({T, D});
+  std::copy_n(h.rows.begin() + (absorbed_ - h.start) * D, T * D, prev.f32());
+  std::vector<int64_t> next(history.begin() + absorbed_ + 1, history.end());
+  Var o = head.forward(constant(dev == Device::CPU ? prev : prev.to_device(dev)), next, &ctx_);
+  absorbed_ = n - 1;
+  // The target's rows before the token it checks next are no longer needed.
+  auto& rows = target_.hidden->rows;
+  rows.erase(rows.begin(), rows.begin() + (n - 1 - h.start) * D);
+  target_.hidden->start = n - 1;
+  std::vector<int64_t> d = {head.pick(o)};
+  if (k == 1) return d;
+  const ContextMark mark(ctx_);
+  while (int64_t(d.size()) < k) {
+    const int64_t m = o->value.dim(0);
+    if (m > 1) o = constant(o->value.slice(0, m - 1, m).clone());
+    o = head.forward(o, {d.back()}, &ctx_);
+    d.push_back(head.pick(o));
+  }
+  mark.rewind(ctx_);
+  return d;
+}
+
+size_t MtpDrafter::bytes() const { return ctx_.bytes(); }
+
 namespace {
 
 // Decoding with speculation (SpeculateOptions: prompt lookup or a draft model), greedy or
@@ -125,8 +178,10 @@ namespace {
 void speculate(Model& model, Context& ctx, std::vector<int64_t>& ids, int64_t first, Sampler& sampler,
                const GenerateOptions& opts, const std::function<void(int64_t)>& on_token, GenerateStats* stats) {
   const SpeculateOptions& so = opts.speculate;
-  std::optional<ModelDrafter> drafter;
-  if (so.draft_model) drafter.emplace(*so.draft_model, int64_t(ids.size()) + opts.max_new_tokens);
+  std::unique_ptr<Drafter> drafter;
+  const int64_t room = int64_t(ids.size()) + opts.max_new_tokens;
+  if (so.draft_model) drafter = std::make_unique<ModelDrafter>(*so.draft_model, room);
+  if (so.mtp) drafter = std::make_unique<MtpDrafter>(model, ctx, room);
   Context* ctxs[1] = {&ctx};
   int64_t made = 0;
   auto emit = [&](int64_t t) {  // false once generation ends
@@ -187,7 +242,7 @@ std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, 
   std::optional<JsonConstraint> json;
   if (opts.json) {
     if (!opts.token_bytes) throw error("generate", "output constrained to JSON needs the tokenizer's token bytes");
-    if (opts.speculate.ngram || opts.speculate.draft_model)
+    if (opts.speculate.ngram || opts.speculate.draft_model || opts.speculate.mtp)
       throw error("generate", "output constrained to JSON does not speculate");
     json.emplace(opts.json, opts.token_bytes);
   }
@@ -202,19 +257,23 @@ std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, 
   Context* ctxs[1] = {&ctx};
   Decoder decoder(model, {&ctx}, true, greedy ? Decoder::Output::Picks : Decoder::Output::Logits);
   int64_t picked = 0;
+  const SpeculateOptions& so = opts.speculate;
+  const bool speculating = so.ngram || so.draft_model || so.mtp;
   auto step_on = [&](const int64_t* in, int64_t T) {
-    if (greedy && T == 1)
+    if (greedy && T == 1 && !speculating)
       decoder.step(in, &picked);
-    else if (T == 1)
+    else if (T == 1 && !speculating)
       decoder.step(in, logits.data());
     else if (greedy)
       model.greedy(TokenBatch{in, 1, T, ctxs}, &picked);
     else
       model.forward(in, T, &ctx, logits.data(), Logits::Last);
   };
-  const SpeculateOptions& so = opts.speculate;
-  const bool speculating = so.ngram || so.draft_model;
-  if (so.ngram && so.draft_model) throw error("generate", "speculation drafts by prompt lookup or by a draft model, not both");
+  if (int(so.ngram) + int(so.draft_model != nullptr) + int(so.mtp) > 1)
+    throw error("generate", "speculation drafts by one of prompt lookup, a draft model or the model's MTP layer");
+  if (so.mtp && !model.mtp())
+    throw error("generate", "speculation by multi-token prediction needs a checkpoint with an MTP layer; this model has none");
+  if (so.mtp) ctx.hidden = std::make_shared<Context::HiddenRows>();  // the drafter reads the prompt's
   if (speculating && (so.draft_tokens < 1 || so.ngram_max < 1))
     throw error("generate", "speculation needs at least one draft token and an n-gram of at least 1");
   if (so.draft_model && so.draft_model->vocab_size() != V)

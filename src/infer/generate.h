@@ -25,9 +25,10 @@ enum class StopAtEos : uint8_t { Yes, No };
 // distribution (Sampler::verify), so the tokens follow the target's distribution exactly (the
 // draws differ from a non-speculative run of the same seed).
 // With a draft model instead (a smaller model of the same vocabulary, drafting greedily on its own
-// context, rolled back with the target's), the same checks apply to its drafts.
+// context, rolled back with the target's), or the model's multi-token-prediction head (mtp), the
+// same checks apply to their drafts.
 struct SpeculateOptions {
-  bool ngram = false;
+  bool ngram = false, mtp = false;
   const Model* draft_model = nullptr;
   int64_t draft_tokens = 4, ngram_max = 3;
 };
@@ -64,10 +65,11 @@ std::vector<int64_t> ngram_draft(const std::vector<int64_t>& ids, int64_t ngram_
 // (which has absorbed everything before `next`); without a sampler (or a greedy one) the drafts
 // equal to the model's greedy picks are kept and `bonus` is the pick after the last kept one; with
 // a sampler each draft is verified (Sampler::verify; history: the tokens up to and including
-// `next`) and `bonus` is the replacement draw at the first rejection, or a draw after the last. On a rejection ctx is restored from a
-// snapshot taken before the check and `next` and the kept drafts run again (KV and latent caches
-// are truncated instead of copied; recurrent states and conv tails cannot be, and are restored),
-// so ctx ends having absorbed exactly `next` and the kept drafts.
+// `next`) and `bonus` is the replacement draw at the first rejection, or a draw after the last. On
+// a rejection a context of KV and latent caches alone is truncated after the kept drafts; one with
+// recurrent states or conv tails (which cannot be) is restored from a snapshot taken before the
+// check and `next` and the kept drafts run again. Either way ctx ends having absorbed exactly
+// `next` and the kept drafts.
 struct DraftCheck {
   int64_t kept = 0, bonus = -1;
   int64_t tokens = 0;  // tokens the model computed (the check, and the rerun after a rejection)
@@ -83,6 +85,10 @@ class ContextMark {
  public:
   explicit ContextMark(const Context& ctx);
   void rewind(Context& ctx) const;
+  // Whether every memory keeps each token (nothing folds tokens in): then the context can go back
+  // to `keep` tokens past the mark by truncation alone (keep_past), with nothing to re-run.
+  bool truncates_all() const;
+  void keep_past(Context& ctx, int64_t keep) const;
 
  private:
   std::vector<int64_t> lengths_;
@@ -90,18 +96,28 @@ class ContextMark {
   int64_t position_ = 0;
 };
 
+// Where drafts come from, for a drafter that keeps state of its own (a draft model's context, an
+// MTP head's).
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Up to k drafts to follow `history` (the sequence, ending with the token the target checks next).
+  virtual std::vector<int64_t> draft(const std::vector<int64_t>& history, int64_t k) = 0;
+  // The target kept the first `kept` of the last draft()'s tokens.
+  virtual void kept(int64_t kept) {}
+  virtual size_t bytes() const = 0;  // the drafter's own context memory
+};
+
 // Greedy drafts from a smaller model of the same vocabulary (SpeculateOptions::draft_model). Its
 // context trails the target's sequence: each draft() first feeds, in one forward, the tokens of
 // the history it has not absorbed (the whole prompt the first time, then what the target emitted
 // since), so it follows a sequence whose steps ran with or without checks.
-class ModelDrafter {
+class ModelDrafter final : public Drafter {
  public:
   ModelDrafter(const Model& draft, int64_t context);
-  // Up to k drafts to follow `history` (the sequence, ending with the token the target checks next).
-  std::vector<int64_t> draft(const std::vector<int64_t>& history, int64_t k);
-  // The target kept the first `kept` of the last draft()'s tokens.
-  void kept(int64_t kept);
-  size_t bytes() const;  // the draft context's memory
+  std::vector<int64_t> draft(const std::vector<int64_t>& history, int64_t k) override;
+  void kept(int64_t kept) override;
+  size_t bytes() const override;
 
  private:
   const Model& m_;
@@ -109,6 +125,27 @@ class ModelDrafter {
   int64_t absorbed_ = 0;  // tokens of the history in ctx_
   int64_t drafted_ = 0;   // the last draft()'s tokens
   std::optional<ContextMark> mark_;  // ctx_ before the last drafts were fed
+};
+
+// Greedy drafts from the model's own multi-token-prediction head (Model::mtp(), SpeculateOptions::
+// mtp). The target context keeps its hidden states while the drafter lives (Context::hidden); each
+// draft() first feeds the head, in one forward, the rows of the history it has not absorbed (row i:
+// the target's hidden state at i and token i+1), whose last row gives the first draft; further
+// drafts feed the head its own output and are taken back afterwards.
+// The target context must keep its hidden states from its first token on (Context::hidden: set
+// before the prompt's forward, or restored with a prefix-cache snapshot that kept them); draft()
+// gives none when the rows it needs were not kept (a forward that bypassed Model::logits / greedy).
+class MtpDrafter final : public Drafter {
+ public:
+  MtpDrafter(const Model& model, Context& target, int64_t context);
+  std::vector<int64_t> draft(const std::vector<int64_t>& history, int64_t k) override;
+  size_t bytes() const override;
+
+ private:
+  const Model& m_;
+  Context& target_;
+  Context ctx_;
+  int64_t absorbed_ = 0;  // rows in ctx_
 };
 
 // Returns prompt + generated ids. on_token(id) is called for each new token as it is made.

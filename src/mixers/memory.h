@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -52,22 +53,28 @@ class Memory {
 struct Context {
   std::vector<std::unique_ptr<Memory>> layers;
   int64_t position = 0;
+  // The final hidden states of the tokens the context absorbs, kept (on the host) while a
+  // multi-token-prediction drafter asks for them: rows of `dim` for positions [start, start + n).
+  // A forward from position p keeps the rows before p and appends its own. Clones copy them (a
+  // prefix-cache snapshot restores them with the memories).
+  struct HiddenRows {
+    int64_t start = 0, dim = 0;
+    std::vector<float> rows;
+    int64_t count() const { return dim ? int64_t(rows.size()) / dim : 0; }
+  };
+  std::shared_ptr<HiddenRows> hidden;
 
   size_t bytes() const {
-    size_t b = 0;
+    size_t b = hidden ? hidden->rows.size() * sizeof(float) : 0;
     for (const auto& m : layers) b += m->bytes();
     return b;
   }
-  Context clone() const {
+  Context clone() const { return clone_to(std::nullopt); }
+  Context clone_to(std::optional<Device> device) const {
     Context c;
     c.position = position;
-    for (const auto& m : layers) c.layers.push_back(m->clone());
-    return c;
-  }
-  Context clone_to(Device device) const {
-    Context c;
-    c.position = position;
-    for (const auto& m : layers) c.layers.push_back(m->clone_to(device));
+    for (const auto& m : layers) c.layers.push_back(device ? m->clone_to(*device) : m->clone());
+    if (hidden) c.hidden = std::make_shared<HiddenRows>(*hidden);
     return c;
   }
 };

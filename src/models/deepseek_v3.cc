@@ -1,5 +1,7 @@
 #include "models/deepseek_v3.h"
 
+#include <cstdio>
+
 #include "ffn/glu.h"
 #include "ffn/moe.h"
 #include "mixers/mla/mla.h"
@@ -58,14 +60,14 @@ std::optional<YarnScaling> read_yarn(const Json& j, double* theta, const std::st
 }
 }  // namespace
 
-DeepseekV3Model::DeepseekV3Model(const DeepseekV3Config& c, const Json& raw) : c_(c), raw_(raw) {
+DeepseekV3Model::DeepseekV3Model(const DeepseekV3Config& c, const Json& raw, bool with_mtp) : c_(c), raw_(raw) {
   const int64_t D = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
   double theta = c.rope_theta;
   auto yarn = read_yarn(raw, &theta, "deepseek_v3 config");
   embed_ = parameter({c.vocab_size, D});
   lm_head_ = c.tie_word_embeddings ? embed_ : parameter({c.vocab_size, D});
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  auto block = [&](int64_t l) {
     MlaOptions mo;
     mo.d_model = D;
     mo.heads = c.num_attention_heads;
@@ -96,26 +98,43 @@ DeepseekV3Model::DeepseekV3Model(const DeepseekV3Config& c, const Json& raw) : c
       o.names = MoeNames::deepseek();
       ffn = std::make_unique<MoE>(o);
     }
-    blocks_.add(PreNormBlock(Norm(NormType::RMSNorm, D, eps), std::make_unique<Mla>(mo), Norm(NormType::RMSNorm, D, eps),
-                             std::move(ffn), BlockNames{"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}));
-  }
+    return PreNormBlock(Norm(NormType::RMSNorm, D, eps), std::make_unique<Mla>(mo), Norm(NormType::RMSNorm, D, eps),
+                        std::move(ffn), BlockNames{"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"});
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) blocks_.add(block(l));
   norm_ = Norm(NormType::RMSNorm, D, eps);
+  if (with_mtp) {
+    if (c.num_nextn_predict_layers < 1)
+      throw error("config", "deepseek_v3: a multi-token-prediction layer needs num_nextn_predict_layers >= 1");
+    mtp_.emplace(block(c.num_hidden_layers), D, c.vocab_size, eps, embed_);
+  }
   eos_token_id = c.eos_token_id;
 }
 
-std::unique_ptr<Model> DeepseekV3Model::from_config(const Json& j, const std::string& where) {
+std::unique_ptr<Model> DeepseekV3Model::build(const Json& j, const std::string& where, bool with_mtp) {
   auto c = read_config<DeepseekV3Config>(j, where);
   if (c.num_experts_per_tok > c.n_routed_experts || c.topk_group > c.n_group || c.n_routed_experts % c.n_group != 0)
     throw error("config", where, ": inconsistent routing (top-", c.num_experts_per_tok, " of ", c.n_routed_experts,
                 " experts in ", c.n_group, " groups, top ", c.topk_group, " groups)");
-  return std::make_unique<DeepseekV3Model>(c, j);
+  return std::make_unique<DeepseekV3Model>(c, j, with_mtp);
 }
 
 std::unique_ptr<Model> DeepseekV3Model::load(const std::string& dir, const Json& j) {
-  auto m = from_config(j, dir + "/config.json");
+  const Checkpoint ckpt = Checkpoint::open(dir);
+  // The multi-token-prediction layers sit after the model's; the first is loaded where the
+  // checkpoint has it, the others (and its copy of the embedding) are left unread.
+  const std::string where = dir + "/config.json";
+  const auto c = read_config<DeepseekV3Config>(j, where);
+  const std::string mtp = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
+  auto m = build(j, where, c.num_nextn_predict_layers > 0 && ckpt.has(mtp + "eh_proj.weight"));
   LoadOptions opts;
-  opts.ignorable = [](const std::string& n) { return n.find("rotary_emb") != std::string::npos; };
-  load_params(*m, Checkpoint::open(dir), opts);
+  const int64_t first_extra = c.num_hidden_layers + 1;
+  opts.ignorable = [mtp, first_extra](const std::string& n) {
+    if (n.find("rotary_emb") != std::string::npos || n == mtp + "embed_tokens.weight") return true;
+    int64_t l = -1;
+    return std::sscanf(n.c_str(), "model.layers.%ld.", &l) == 1 && l >= first_extra;
+  };
+  load_params(*m, ckpt, opts);
   return m;
 }
 
@@ -124,6 +143,7 @@ void DeepseekV3Model::visit(const ParamVisitor& v) const {
   for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l].visit("model.layers." + std::to_string(l), v);
   norm_.visit("model.norm", v);
   if (!c_.tie_word_embeddings) v("lm_head.weight", *lm_head_, ParamKind::Weight);
+  if (mtp_) mtp_->visit("model.layers." + std::to_string(c_.num_hidden_layers), v);
 }
 
 std::vector<LayerMemory> DeepseekV3Model::memory_layers() const { return blocks_.memory_layers(); }

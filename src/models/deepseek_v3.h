@@ -1,11 +1,13 @@
 // DeepSeek-V3 (spec §6, §8.1): MLA with decoupled RoPE (YaRN where the config asks), dense SiLU
 // GLU for the first layers, then MoE with sigmoid routing, grouped top-k and a selection-only
 // correction bias. HF names: model.embed_tokens, model.layers.{i}.{input_layernorm, self_attn,
-// post_attention_layernorm, mlp}, model.norm, lm_head.
+// post_attention_layernorm, mlp}, model.norm, lm_head; the multi-token-prediction layer, where the
+// checkpoint has one, under model.layers.{num_hidden_layers} (models/mtp.h).
 #pragma once
 
 #include "blocks/block.h"
 #include "models/model.h"
+#include "models/mtp.h"
 
 namespace k3 {
 
@@ -17,6 +19,7 @@ struct DeepseekV3Config {
   int64_t kv_lora_rank = 512, qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128;
   int64_t n_routed_experts = 256, n_shared_experts = 1, num_experts_per_tok = 8, n_group = 8, topk_group = 4;
   int64_t first_k_dense_replace = 3;
+  int64_t num_nextn_predict_layers = 0;
   double routed_scaling_factor = 2.5;
   bool norm_topk_prob = true;
   int64_t max_position_embeddings = 4096;
@@ -45,6 +48,7 @@ struct DeepseekV3Config {
     v("n_group", n_group).positive();
     v("topk_group", topk_group).positive().at_most(double(n_group));
     v("first_k_dense_replace", first_k_dense_replace).non_negative();
+    v("num_nextn_predict_layers", num_nextn_predict_layers).non_negative().at_most(64);
     v("routed_scaling_factor", routed_scaling_factor).positive();
     v("norm_topk_prob", norm_topk_prob);
     v("max_position_embeddings", max_position_embeddings).positive();
@@ -60,8 +64,10 @@ struct DeepseekV3Config {
 
 class DeepseekV3Model final : public Model {
  public:
-  DeepseekV3Model(const DeepseekV3Config& c, const Json& raw);
-  static std::unique_ptr<Model> from_config(const Json& j, const std::string& where);
+  // with_mtp: the first multi-token-prediction layer too (the config must name at least one).
+  DeepseekV3Model(const DeepseekV3Config& c, const Json& raw, bool with_mtp = false);
+  static std::unique_ptr<Model> from_config(const Json& j, const std::string& where) { return build(j, where, false); }
+  static std::unique_ptr<Model> build(const Json& j, const std::string& where, bool with_mtp);
   static std::unique_ptr<Model> load(const std::string& dir, const Json& j);
 
   std::string architecture() const override { return "deepseek_v3"; }
@@ -74,6 +80,7 @@ class DeepseekV3Model final : public Model {
   Context new_context(int64_t max_tokens) const override;
   Var hidden(const TokenBatch& batch) const override;
   Var head_weight() const override { return lm_head_; }
+  const MtpHead* mtp() const override { return mtp_ ? &*mtp_ : nullptr; }
   void init_random(uint64_t seed) override;
   int64_t active_params() const override;
   double idle_expert_params(int64_t tokens) const override { return blocks_.idle_expert_params(tokens); }
@@ -86,6 +93,7 @@ class DeepseekV3Model final : public Model {
   Var embed_, lm_head_;
   BlockStack blocks_;
   Norm norm_;
+  std::optional<MtpHead> mtp_;
 };
 
 }  // namespace k3

@@ -11,8 +11,10 @@
 #include "infer/generate.h"
 #include "mixers/mixers_cuda.h"
 #include "mixers/mla/mla.h"
+#include "models/mtp.h"
 #include "models/registry.h"
 #include "models/testing.h"
+#include "ops/ag.h"
 
 namespace k3 {
 
@@ -295,5 +297,40 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModelCuda,
                            for (auto& c : n) if (c == '-') c = '_';
                            return n;
                          });
+
+// deepseek-v3-tiny's multi-token-prediction layer on the GPU: its logits match transformers'
+// (tests/data/mtp, as models/mtp_test.cc checks on the CPU), and greedy generation drafting with it
+// equals plain greedy generation.
+TEST(MtpCuda, LogitsMatchTransformersAndGreedyOutputIsKept) {
+  const std::string dir = testing::checkpoint_with_mtp();
+  auto model = load_model(dir);
+  std::filesystem::remove_all(dir);
+  move_to(*model, Device::CUDA);
+  ASSERT_NE(model->mtp(), nullptr);
+  const SafeTensors gold = SafeTensors::open(testing::mtp_golden());
+  const Tensor idt = gold.get("ids");
+  const std::vector<int64_t> t(idt.data<int64_t>(), idt.data<int64_t>() + idt.numel());
+  const int64_t T = int64_t(t.size());
+  const MtpHead& head = *model->mtp();
+  const Var h = model->hidden(TokenBatch{t.data(), 1, T - 1, nullptr});
+  Context ctx = head.new_context(T);
+  const Var o = head.forward(h, std::vector<int64_t>(t.begin() + 1, t.end()), &ctx);
+  const Tensor got = ag::linear(head.norm()(o), head.head(), nullptr, WeightLayout::OutIn)->value.to_device(Device::CPU);
+  const Tensor want = gold.get("mtp_logits");
+  ASSERT_EQ(got.numel(), want.numel());
+  EXPECT_LT(rel_l2(got.f32(), want.f32(), got.numel()), 1e-4);
+
+  const std::vector<int64_t> prompt = {3, 17, 250, 41, 99};
+  GenerateOptions g;
+  g.max_new_tokens = 40;
+  g.sampling.temperature = 0;
+  g.stop_at_eos = StopAtEos::No;
+  const auto plain = generate(*model, prompt, g);
+  g.speculate.mtp = true;
+  g.speculate.draft_tokens = 3;
+  GenerateStats st;
+  EXPECT_EQ(generate(*model, prompt, g, {}, &st), plain);
+  EXPECT_GT(st.drafted, 0);
+}
 
 }  // namespace k3

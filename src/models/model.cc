@@ -75,12 +75,43 @@ size_t Model::weight_bytes() const {
   return n;
 }
 
+namespace {
+// The rows of h [B*T, D] into the contexts that keep their hidden states (Context::hidden); the
+// forward has moved their positions past these T tokens.
+void keep_hidden(const Var& h, const TokenBatch& batch) {
+  if (!batch.contexts) return;
+  Tensor host;
+  for (int64_t b = 0; b < batch.B; ++b) {
+    Context* c = batch.contexts[b];
+    if (!c || !c->hidden) continue;
+    if (!host.defined()) {
+      host = h->value.to_device(Device::CPU);
+      if (!host.is_contiguous()) host = host.clone();
+    }
+    Context::HiddenRows& r = *c->hidden;
+    const int64_t D = host.dim(-1), start = c->position - batch.T;
+    if (r.dim != D || start < r.start || start > r.start + r.count()) {  // nothing kept fits
+      r.rows.clear();
+      r.dim = D;
+      r.start = start;
+    }
+    r.rows.resize(size_t((start - r.start) * D));
+    const float* src = host.f32() + b * batch.T * D;
+    r.rows.insert(r.rows.end(), src, src + batch.T * D);
+  }
+}
+}  // namespace
+
 void Model::logits(const TokenBatch& batch, float* out, Logits which) const {
-  head_logits(hidden(batch), batch, which, head_weight(), out);
+  const Var h = hidden(batch);
+  keep_hidden(h, batch);
+  head_logits(h, batch, which, head_weight(), out);
 }
 
 void Model::greedy(const TokenBatch& batch, int64_t* next) const {
-  head_picks(hidden(batch), batch, head_weight(), next);
+  const Var h = hidden(batch);
+  keep_hidden(h, batch);
+  head_picks(h, batch, head_weight(), next);
 }
 
 void Model::forward(const int64_t* ids, int64_t T, Context* ctx, float* out, Logits which) const {

@@ -19,6 +19,8 @@
 
 namespace k3 {
 
+class MtpHead;
+
 enum class Logits : uint8_t { All, Last };
 
 // B sequences of T tokens (ids row-major [B, T]). With contexts (B of them) the tokens continue
@@ -43,6 +45,8 @@ class Model {
   // Final normalised hidden states [B*T, D]; advances the contexts' positions.
   virtual Var hidden(const TokenBatch& batch) const = 0;
   virtual Var head_weight() const = 0;  // [V, D]: logits = hidden · headᵀ
+  // The checkpoint's multi-token-prediction head (models/mtp.h), where it has one.
+  virtual const MtpHead* mtp() const { return nullptr; }
   // Fresh random weights (the architecture's own init).
   virtual void init_random(uint64_t seed) = 0;
   // Parameters touched per token. Default: all but embedding lookups.

@@ -1,11 +1,17 @@
 // Test helpers for comparing against reference outputs.
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/config.h"
+#include "io/safetensors.h"
 #include "models/model.h"
 
 namespace k3::testing {
@@ -23,6 +29,30 @@ inline double rel_l2(const float* x, const float* ref, int64_t n) {
 
 inline std::string fixture_model(const std::string& name) {
   return std::string(K3_SHARED_DIR) + "/fixtures/models/" + name;
+}
+
+// deepseek-v3-tiny's multi-token-prediction reference (tools/make_mtp_goldens.py): the MTP
+// layer's weights by checkpoint name, ids, mtp_logits, draft_logits.
+inline std::string mtp_golden() {
+  return std::string(K3_SOURCE_DIR) + "/tests/data/mtp/deepseek_v3_tiny_mtp.safetensors";
+}
+
+// A temporary folder holding deepseek-v3-tiny's weights and the golden's MTP layer as one sharded
+// checkpoint (the caller removes it).
+inline std::string checkpoint_with_mtp() {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("k3_mtp_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string fx = fixture_model("deepseek-v3-tiny");
+  fs::copy_file(fx + "/config.json", dir / "config.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(fx + "/model.safetensors", dir / "main.safetensors", fs::copy_options::overwrite_existing);
+  fs::copy_file(mtp_golden(), dir / "mtp.safetensors", fs::copy_options::overwrite_existing);
+  Json map = Json::object();
+  for (const auto& n : SafeTensors::open(fx + "/model.safetensors").names()) map[n] = "main.safetensors";
+  for (const auto& n : SafeTensors::open(mtp_golden()).names())
+    if (n.rfind("model.layers.", 0) == 0) map[n] = "mtp.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << Json{{"weight_map", map}}.dump();
+  return dir.string();
 }
 
 // Two sequences of different lengths (7 and 4 tokens) prefilled into contexts on the model's

@@ -169,6 +169,7 @@ class Server {
     so.cache_host_budget = size_t(o.cache_host_mb * 1048576.0);
     so.max_step_tokens = o.max_step_tokens;
     so.speculate_ngram = o.speculate_ngram;
+    so.speculate_mtp = o.speculate_mtp;
     so.draft_model = o.draft_model;
     if (tok_) so.token_bytes = TokenBytes::of(*tok_);
     so.draft_tokens = o.draft_tokens;

@@ -17,6 +17,7 @@ struct ServeOptions {
   int64_t max_batch = 8, ctx = 0, max_queue = 256, cache_block = 64, page_tokens = 16;
   int64_t max_step_tokens = 512;  // decode rows + prompt chunks per scheduler step (0: whole prompts)
   bool speculate_ngram = false;   // prompt-lookup speculation for requests without logprobs
+  bool speculate_mtp = false;     // drafts from the model's multi-token-prediction layer
   const Model* draft_model = nullptr;  // drafts for speculation instead (the caller keeps it alive)
   int64_t draft_tokens = 4;
   double memory_mb = 1024, cache_mb = 256, cache_host_mb = 0, timeout_s = 600;

@@ -110,8 +110,11 @@ Scheduler::Scheduler(const Model& model, SchedulerOptions opts)
   if (o_.max_step_tokens > 0 && o_.max_step_tokens <= o_.max_batch)
     throw error("serve", "max_step_tokens (", o_.max_step_tokens, ") must exceed max_batch (", o_.max_batch,
                 "): the decode rows come first and the prompts need room after them");
+  if (int(o_.speculate_ngram) + int(o_.draft_model != nullptr) + int(o_.speculate_mtp) > 1)
+    throw error("serve", "speculation drafts by one of prompt lookup, a draft model or the model's MTP layer");
+  if (o_.speculate_mtp && !model.mtp())
+    throw error("serve", "speculation by multi-token prediction needs a checkpoint with an MTP layer; this model has none");
   if (o_.draft_model) {
-    if (o_.speculate_ngram) throw error("serve", "speculation drafts by prompt lookup or by a draft model, not both");
     if (o_.draft_model->vocab_size() != V_)
       throw error("serve", "the draft model's vocabulary (", o_.draft_model->vocab_size(), ") differs from the model's (",
                   V_, "): it must share the tokenizer");
@@ -119,7 +122,7 @@ Scheduler::Scheduler(const Model& model, SchedulerOptions opts)
       throw error("serve", "the context (", o_.context, " tokens) exceeds the draft model's ",
                   o_.draft_model->max_positions(), " positions");
   }
-  if ((o_.speculate_ngram || o_.draft_model) && o_.draft_tokens < 1)
+  if (speculating() && o_.draft_tokens < 1)
     throw error("serve", "speculation needs at least one draft token");
   thread_ = std::thread([this] { loop(); });
 }
@@ -211,8 +214,14 @@ void Scheduler::start_prefill(Job& j) {
   }
   // Resume from the deepest cached snapshot that leaves at least one token to run (a scored
   // prompt runs whole: a snapshot has no logits).
-  const int64_t pos = cache_.enabled() && !score ? cache_.lookup(p, n - 1, &j.ctx_) : 0;
+  int64_t pos = cache_.enabled() && !score ? cache_.lookup(p, n - 1, &j.ctx_) : 0;
   if (pos == 0) j.ctx_ = model_.new_context(o_.context);
+  // The MTP drafter reads the context's hidden states from the first token on (a snapshot keeps
+  // those of its prefix).
+  if (o_.speculate_mtp && !j.ctx_.hidden) {
+    if (pos > 0) j.ctx_ = model_.new_context(o_.context), pos = 0;
+    j.ctx_.hidden = std::make_shared<Context::HiddenRows>();
+  }
   if (!j.resuming_) j.cached_tokens_ = pos;
   j.prefill_pos_ = pos;
   j.replay_pos_ = size_t(n);
@@ -271,6 +280,7 @@ int64_t Scheduler::advance_prefill(Job& j, int64_t budget) {
     return used;
   }
   j.prefilling_ = false;
+  if (o_.speculate_mtp && draft_room(j) == 0) j.ctx_.hidden.reset();  // a job that never drafts
   if (j.params_.max_tokens == 0) {  // only the prompt was to be scored
     retire(j, Finish::Length);
     return used;
@@ -342,7 +352,7 @@ void Scheduler::make_room(std::vector<std::shared_ptr<Job>>& active) {
 }
 
 int64_t Scheduler::draft_room(const Job& j) const {
-  if ((!o_.speculate_ngram && !o_.draft_model) || j.params_.logprobs >= 0 || j.json_) return 0;
+  if (!speculating() || j.params_.logprobs >= 0 || j.json_) return 0;
   const int64_t left = j.params_.max_tokens - j.generated_;  // tokens still to make
   return std::clamp<int64_t>(left - 1, 0, o_.draft_tokens);  // the last needs no forward after it
 }
@@ -351,8 +361,9 @@ bool Scheduler::speculate(Job& j, int64_t* tokens) {
   const int64_t k = draft_room(j);  // make_room took the pages for k drafts
   if (k < 1) return false;
   std::vector<int64_t> drafts;
-  if (o_.draft_model) {
-    if (!j.drafter_) j.drafter_ = std::make_unique<ModelDrafter>(*o_.draft_model, o_.context);
+  if (o_.draft_model || o_.speculate_mtp) {
+    if (!j.drafter_ && o_.draft_model) j.drafter_ = std::make_unique<ModelDrafter>(*o_.draft_model, o_.context);
+    if (!j.drafter_ && o_.speculate_mtp) j.drafter_ = std::make_unique<MtpDrafter>(model_, j.ctx_, o_.context);
     drafts = j.drafter_->draft(j.history_, k);
   } else {
     drafts = ngram_draft(j.history_, SpeculateOptions{}.ngram_max, k);
@@ -504,7 +515,7 @@ void Scheduler::loop() {
     for (auto& j : active) {
       int64_t tokens = 0;
       bool own = false;
-      if (o_.speculate_ngram || o_.draft_model) {
+      if (speculating()) {
         try {
           own = speculate(*j, &tokens);
         } catch (const std::exception& e) {

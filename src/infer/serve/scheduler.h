@@ -115,7 +115,7 @@ class Job {
   std::atomic<double> ttft_s_{0};
   // Scheduler-thread state.
   Context ctx_;
-  std::unique_ptr<ModelDrafter> drafter_;  // SchedulerOptions::draft_model, made on the first check
+  std::unique_ptr<Drafter> drafter_;  // SchedulerOptions::draft_model or speculate_mtp, made on the first check
   std::unique_ptr<JsonConstraint> json_;   // GenParams::json
   std::unique_ptr<Sampler> sampler_;
   std::vector<int64_t> history_;  // prompt + generated; empty until the first prefill
@@ -148,6 +148,9 @@ struct SchedulerOptions {
   // Or drafts from a smaller model of the same vocabulary (ModelDrafter): each speculating job
   // keeps a context of it (outside memory_budget), dropped when the job finishes or is preempted.
   const Model* draft_model = nullptr;
+  // Or drafts from the model's multi-token-prediction layer (MtpDrafter): each job's context keeps
+  // its hidden states (so do its prefix-cache snapshots) and a context of the MTP layer.
+  bool speculate_mtp = false;
   int64_t draft_tokens = 4;
   // The tokenizer's token bytes, for requests constrained to JSON (GenParams::json).
   std::shared_ptr<const TokenBytes> token_bytes;
@@ -200,6 +203,7 @@ class Scheduler {
   // no draft (its pages were taken by make_room), and decodes with the batch instead. Returns the tokens computed
   // through *tokens.
   bool speculate(Job& j, int64_t* tokens);
+  bool speculating() const { return o_.speculate_ngram || o_.draft_model || o_.speculate_mtp; }
   int64_t draft_room(const Job& j) const;  // tokens a speculating job may draft this step (0: none)
   bool check_stop(Job& j);  // cancelled / timed out -> finished
   void sample(Job& j, float* logits);  // draws, emits and records the next token
