@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Serving figures on the GPU (docs/performance.md, "Serving on the GPU"). Trains k3-small and
-# k3-tiny on the KJV corpus (the same BPE for both, so k3-tiny can draft for k3-small), then times:
+# k3-tiny on the project's docs (the GPU machine has no KJV corpus; the same BPE for both, so
+# k3-tiny can draft for k3-small), then times:
 # prompt-lookup and draft-model speculation (`k3 generate --stats`), what a long prompt costs the
 # streams already decoding (tools/serve_itl.py) and multi-turn TTFT with the prefix cache's host
 # tier off and on (tools/serve_multiturn.py). Run it on the GPU machine after tools/gpu/pack.sh,
@@ -14,12 +15,14 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 status=0
 run() { echo "\$ k3 $*" >&2; "$k3" "$@" || status=1; }
+corpus=("$root"/docs/*.md "$root"/README.md)
 train() {  # preset, folder, extra args
-  "$k3" train --device "$dev" --preset "$1" --steps "$steps" --eval-every 0 --out "$2" "${@:3}" 2>&1 | tail -n 2
+  "$k3" train --device "$dev" --preset "$1" --steps "$steps" --eval-every 0 --data "${corpus[@]}" --out "$2" "${@:3}" \
+    2>&1 | tail -n 2
 }
 train k3-small "$work/k3-small"
 train k3-tiny "$work/k3-tiny" --tokenizer "$work/k3-small"
-prompt="And God said, Let there be light: and there was light. And God saw the light, that it was good. And God said, Let there be light: and there was light. And God said,"
+prompt="The prefix cache keeps snapshots of the context, and a hit restores them. The prefix cache keeps snapshots of the context, and a hit restores them. The prefix cache keeps"
 gen=(generate --device "$dev" --model "$work/k3-small" --prompt "$prompt" --max-new-tokens 400 --ignore-eos
   --temperature 0 --stats)
 echo "== speculation: k3-small, greedy, 400 tokens"
