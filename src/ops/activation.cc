@@ -1,5 +1,7 @@
 #include "ops/activation.h"
 
+#include <cmath>
+
 #include "core/fastmath.h"
 #include "core/parallel.h"
 
@@ -151,6 +153,14 @@ void situ_glu_backward(const float* g, const float* u, const float* dy, float* d
   parallel_for(n, kGrain, [&](int64_t a, int64_t b) {
     situ_backward_kernel(g + a, u + a, dy + a, dg + a, du + a, b - a, beta, beta_lin);
   });
+}
+
+void elu1_forward(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] + 1.0f : std::exp(x[i]);
+}
+
+void elu1_backward(const float* x, const float* dy, float* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * (x[i] > 0.0f ? 1.0f : std::exp(x[i]));
 }
 
 }  // namespace k3

@@ -17,6 +17,10 @@ void sigmoid_backward(const float* x, const float* dy, float* dx, int64_t n);  /
 void silu_forward(const float* x, float* y, int64_t n);
 void silu_backward(const float* x, const float* dy, float* dx, int64_t n);  // dx += dy σ(1 + x(1 − σ))
 
+// elu(x) + 1, linear attention's feature map: x + 1 for x > 0, else exp(x).
+void elu1_forward(const float* x, float* y, int64_t n);
+void elu1_backward(const float* x, const float* dy, float* dx, int64_t n);  // dx += dy φ'(x)
+
 // SiTU-GLU (ops/situ.h, spec §9): y = [β tanh(g/β) σ(g)] · [β_lin tanh(u/β_lin)]; β ≤ 0 means
 // no cap (SiLU(g)), β_lin ≤ 0 the plain up. The backward needs both dg and du.
 void situ_glu_forward(const float* g, const float* u, float* y, int64_t n, float beta, float beta_lin);

@@ -11,11 +11,9 @@
 #include "core/fastmath.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/norm.h"
-#if defined(K3_HAS_CUDA)
-#include "ops/ops_cuda.h"
-#endif
 
 namespace k3::ag {
 
@@ -49,95 +47,45 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
 }
 
 namespace {
-// f(i) for i in [0, n), split over the thread pool (elementwise: the same values whatever the split).
-template <class F>
-void elementwise(int64_t n, F f) {
-  parallel_for(n, 1 << 15, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) f(i);
-  });
+Tensor like_on_device(const Tensor& t) { return Tensor::empty_on(t.device(), t.shape()); }
+
+// y = f(a) and its backward, on a's device (ops/elementwise.h).
+Var unary(const Var& a, elementwise::Unary f, float s = 1.0f) {
+  Tensor y = like_on_device(a->value);
+  elementwise::unary(f, a->value, y, s);
+  return make_node(std::move(y), {a}, [a, f, s](Node& self) {
+    elementwise::unary_backward(f, a->value, self.grad, a->grad_tensor(), s);
+  }, elementwise::name(f));
 }
+Tensor grad_if_needed(const Var& x) { return needs_grad(x) ? x->grad_tensor() : Tensor(); }
 }  // namespace
 
 Var add(const Var& a, const Var& b) {
-  K3_AG_CUDA(a, add(a, b));
   same_shape(a, b, "add");
-  Tensor y = like(a->value);
-  const float *pa = a->value.f32(), *pb = b->value.f32();
-  float* py = y.f32();
-  elementwise(y.numel(), [&](int64_t i) { py[i] = pa[i] + pb[i]; });
+  Tensor y = like_on_device(a->value);
+  elementwise::add(a->value, b->value, y);
   return make_node(std::move(y), {a, b}, [a, b](Node& self) {
-    const float* g = self.grad.f32();
-    const int64_t n = self.value.numel();
-    float* da = needs_grad(a) ? a->grad_f32() : nullptr;
-    float* db = needs_grad(b) ? b->grad_f32() : nullptr;
-    if (da) elementwise(n, [&](int64_t i) { da[i] += g[i]; });
-    if (db) elementwise(n, [&](int64_t i) { db[i] += g[i]; });
+    if (needs_grad(a)) elementwise::accumulate(a->grad_tensor(), self.grad);
+    if (needs_grad(b)) elementwise::accumulate(b->grad_tensor(), self.grad);
   }, "add");
 }
 
 Var sub(const Var& a, const Var& b) { return add(a, scale(b, -1.0f)); }
 
 Var mul(const Var& a, const Var& b) {
-  K3_AG_CUDA(a, mul(a, b));
   same_shape(a, b, "mul");
-  Tensor y = like(a->value);
-  const float *pa = a->value.f32(), *pb = b->value.f32();
-  float* py = y.f32();
-  elementwise(y.numel(), [&](int64_t i) { py[i] = pa[i] * pb[i]; });
+  Tensor y = like_on_device(a->value);
+  elementwise::mul(a->value, b->value, y);
   return make_node(std::move(y), {a, b}, [a, b](Node& self) {
-    const float* g = self.grad.f32();
-    const int64_t n = self.value.numel();
-    const float *pa2 = a->value.f32(), *pb2 = b->value.f32();
-    float* da = needs_grad(a) ? a->grad_f32() : nullptr;
-    float* db = needs_grad(b) ? b->grad_f32() : nullptr;
-    if (da) elementwise(n, [&](int64_t i) { da[i] += g[i] * pb2[i]; });
-    if (db) elementwise(n, [&](int64_t i) { db[i] += g[i] * pa2[i]; });
+    elementwise::mul_backward(a->value, b->value, self.grad, grad_if_needed(a), grad_if_needed(b));
   }, "mul");
 }
 
-Var scale(const Var& a, float s) {
-  K3_AG_CUDA(a, scale(a, s));
-  Tensor y = like(a->value);
-  const float* pa = a->value.f32();
-  float* py = y.f32();
-  elementwise(y.numel(), [&](int64_t i) { py[i] = pa[i] * s; });
-  return make_node(std::move(y), {a}, [a, s](Node& self) {
-    const float* g = self.grad.f32();
-    float* d = a->grad_f32();
-    elementwise(self.value.numel(), [&](int64_t i) { d[i] += g[i] * s; });
-  }, "scale");
-}
-
-namespace {
-// Elementwise op from an array kernel pair (ops/activation.h): forward(x, y, n), backward(x, dy, dx, n).
-Var unary_arrays(const Var& a, void (*forward)(const float*, float*, int64_t),
-                 void (*backward)(const float*, const float*, float*, int64_t), const char* op) {
-  Tensor y = like(a->value);
-  forward(a->value.f32(), y.f32(), y.numel());
-  return make_node(std::move(y), {a}, [a, backward](Node& self) {
-    backward(a->value.f32(), self.grad.f32(), a->grad_f32(), self.value.numel());
-  }, op);
-}
-}  // namespace
-
-Var sigmoid(const Var& a) {
-  K3_AG_CUDA(a, sigmoid(a));
-  return unary_arrays(a, sigmoid_forward, sigmoid_backward, "sigmoid");
-}
-
-Var silu(const Var& a) {
-  K3_AG_CUDA(a, silu(a));
-  return unary_arrays(a, silu_forward, silu_backward, "silu");
-}
-
-Var gelu_tanh(const Var& a) {
-  K3_AG_CUDA(a, gelu_tanh(a));
-  Tensor y = like(a->value);
-  gelu_tanh_forward(a->value.f32(), y.f32(), y.numel());
-  return make_node(std::move(y), {a}, [a](Node& self) {
-    gelu_tanh_backward(a->value.f32(), self.grad.f32(), a->grad_f32(), self.value.numel());
-  }, "gelu");
-}
+Var scale(const Var& a, float s) { return unary(a, elementwise::Unary::Scale, s); }
+Var sigmoid(const Var& a) { return unary(a, elementwise::Unary::Sigmoid); }
+Var silu(const Var& a) { return unary(a, elementwise::Unary::Silu); }
+Var elu1(const Var& a) { return unary(a, elementwise::Unary::Elu1); }
+Var gelu_tanh(const Var& a) { return unary(a, elementwise::Unary::GeluTanh); }
 
 Var layernorm(const Var& x, const Var& w, const Var& b, float eps) {
   K3_AG_CUDA(x, layernorm(x, w, b, eps));
@@ -191,12 +139,7 @@ Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<i
 Var reshape(const Var& x, Shape shape) {
   Tensor y = x->value.reshape(std::move(shape));
   return make_node(std::move(y), {x}, [x](Node& self) {
-#if defined(K3_HAS_CUDA)
-    if (gpu::on_cuda(x)) return cuda::add_inplace(x->grad_cuda(), self.grad.cuda_f32(), self.value.numel());
-#endif
-    float* d = x->grad_f32();
-    const float* g = self.grad.f32();
-    for (int64_t i = 0; i < self.value.numel(); ++i) d[i] += g[i];
+    elementwise::accumulate(x->grad_tensor(), self.grad);
   }, "reshape");
 }
 

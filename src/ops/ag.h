@@ -19,6 +19,7 @@ Var scale(const Var& a, float s);
 Var sigmoid(const Var& a);
 Var silu(const Var& a);
 Var gelu_tanh(const Var& a);
+Var elu1(const Var& a);  // linear attention's feature map φ(x) = elu(x) + 1 (spec §2)
 Var layernorm(const Var& x, const Var& w, const Var& b, float eps);
 Var rmsnorm(const Var& x, const Var& w, float eps);  // w may be null
 // [n, D]. Rows of padding_idx get no gradient (PyTorch's nn.Embedding(padding_idx=...), which

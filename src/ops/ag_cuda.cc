@@ -29,29 +29,6 @@ Ids upload_ids(const std::vector<int64_t>& v, device::Refresh refresh = device::
 float* grad(const Var& x) { return needs_grad(x) ? x->grad_cuda() : nullptr; }
 const float* dy(Node& self) { return self.grad.cuda_f32(); }
 
-Var map(const Var& a, cuda::Unary f, float s, const char* op) {
-  Tensor y = empty(a->value.shape());
-  cuda::unary(in(a, op), out(y), y.numel(), f, s);
-  return make_node(std::move(y), {a}, [a, f, s](Node& self) {
-    cuda::unary_backward(a->value.cuda_f32(), dy(self), a->grad_cuda(), self.value.numel(), f, s);
-  }, op);
-}
-
-Var zip(const Var& a, const Var& b, cuda::Binary f, const char* op) {
-  if (a->value.shape() != b->value.shape())
-    throw error(op, "shapes differ: ", a->value.describe(), " vs ", b->value.describe());
-  Tensor y = empty(a->value.shape());
-  cuda::binary(in(a, op), in(b, op), out(y), y.numel(), f);
-  return make_node(std::move(y), {a, b}, [a, b, f](Node& self) {
-    const int64_t n = self.value.numel();
-    if (f == cuda::Binary::Add) {
-      if (needs_grad(a)) cuda::add_inplace(a->grad_cuda(), dy(self), n);
-      if (needs_grad(b)) cuda::add_inplace(b->grad_cuda(), dy(self), n);
-    } else {
-      cuda::mul_backward(a->value.cuda_f32(), b->value.cuda_f32(), dy(self), grad(a), grad(b), n);
-    }
-  }, op);
-}
 }  // namespace
 
 bool on_cuda(const Var& x) { return x && x->value.device() == Device::CUDA; }
@@ -171,23 +148,6 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
     }
     if (needs_grad(b)) cuda::bias_grad(dy(self), b->grad_cuda(), M, out_f);
   }, "linear");
-}
-
-Var add(const Var& a, const Var& b) { return zip(a, b, cuda::Binary::Add, "add"); }
-Var mul(const Var& a, const Var& b) { return zip(a, b, cuda::Binary::Mul, "mul"); }
-Var scale(const Var& a, float s) { return map(a, cuda::Unary::Scale, s, "scale"); }
-Var sigmoid(const Var& a) { return map(a, cuda::Unary::Sigmoid, 1.0f, "sigmoid"); }
-Var silu(const Var& a) { return map(a, cuda::Unary::Silu, 1.0f, "silu"); }
-Var elu1(const Var& a) { return map(a, cuda::Unary::Elu1, 1.0f, "elu1"); }
-
-Var gelu_tanh(const Var& a) {
-  Tensor y = empty(a->value.shape());
-  cuda::gelu_tanh_forward(in(a, "gelu"), out(y), y.numel(), device::Storage::F32);
-  return make_node(std::move(y), {a}, [a](Node& self) {
-    Tensor g = empty(a->value.shape());
-    cuda::gelu_tanh_backward(a->value.cuda_f32(), dy(self), out(g), g.numel(), device::Storage::F32);
-    flush(a, g);
-  }, "gelu");
 }
 
 Var layernorm(const Var& x, const Var& w, const Var& b, float eps) {

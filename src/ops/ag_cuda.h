@@ -34,13 +34,6 @@ const float* in(const Var& x, const char* op);  // device pointer of a contiguou
 Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout);
 // x · W_iᵀ for bias-free [out, in] weights of one dtype, in one grouped GEMM, no graph (inference).
 std::vector<Tensor> linears_no_grad(const Tensor& x, const std::vector<const Tensor*>& weights);
-Var add(const Var& a, const Var& b);
-Var mul(const Var& a, const Var& b);
-Var scale(const Var& a, float s);
-Var sigmoid(const Var& a);
-Var silu(const Var& a);
-Var elu1(const Var& a);
-Var gelu_tanh(const Var& a);
 Var layernorm(const Var& x, const Var& w, const Var& b, float eps);
 Var rmsnorm(const Var& x, const Var& w, float eps);
 Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx);

@@ -36,6 +36,14 @@ float* Node::grad_cuda() {
   return grad.cuda_f32();
 }
 
+const Tensor& Node::grad_tensor() {
+  if (value.device() == Device::CUDA)
+    grad_cuda();
+  else
+    grad_f32();
+  return grad;
+}
+
 Var constant(Tensor t) {
   auto n = std::make_shared<Node>();
   n->value = std::move(t);

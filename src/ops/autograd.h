@@ -33,6 +33,8 @@ struct Node {
   // a device pointer; the ops' CUDA backward closures use it).
   float* grad_f32();
   float* grad_cuda();
+  // The same on whichever device the value lives: the gradient buffer itself.
+  const Tensor& grad_tensor();
 };
 
 // Whether ops record the graph. Off by default; a Recording scope turns it on.

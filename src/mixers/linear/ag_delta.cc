@@ -80,13 +80,4 @@ Var kda_gate(const Var& x, const Var& A_log, const Var& dt_bias, int64_t H, int6
   }, "kda_gate");
 }
 
-Var elu1(const Var& x) {
-  K3_AG_CUDA(x, elu1(x));
-  Tensor y = Tensor::empty(x->value.shape());
-  linear::elu1_forward(x->value.f32(), y.f32(), y.numel());
-  return make_node(std::move(y), {x}, [x](Node& self) {
-    linear::elu1_backward(x->value.f32(), self.grad.f32(), x->grad_f32(), self.value.numel());
-  }, "elu1");
-}
-
 }  // namespace k3::ag

@@ -30,7 +30,4 @@ enum class KdaGateForm : uint8_t { Softplus, LowerBound };
 Var kda_gate(const Var& x, const Var& A_log, const Var& dt_bias, int64_t H, int64_t K, KdaGateForm form,
              float lower_bound = -5.0f);
 
-// Linear attention's feature map φ(x) = elu(x) + 1 (spec §2).
-Var elu1(const Var& x);
-
 }  // namespace k3::ag

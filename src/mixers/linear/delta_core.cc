@@ -349,12 +349,4 @@ Tensor delta_step(const DeltaInputs& in, DeltaState& state, const DeltaOptions& 
   return o;
 }
 
-void elu1_forward(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] + 1.0f : std::exp(x[i]);
-}
-
-void elu1_backward(const float* x, const float* dy, float* dx, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * (x[i] > 0.0f ? 1.0f : std::exp(x[i]));
-}
-
 }  // namespace k3::linear

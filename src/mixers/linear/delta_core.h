@@ -91,8 +91,4 @@ struct DeltaState {
 // per-sequence states without a copy); returns o [N, 1, HV, V].
 Tensor delta_step(const DeltaInputs& in, DeltaState& state, const DeltaOptions& opts);
 
-// Linear attention's φ(x) = elu(x) + 1 (spec §2), applied by the layer before the core.
-void elu1_forward(const float* x, float* y, int64_t n);
-void elu1_backward(const float* x, const float* dy, float* dx, int64_t n);  // dx += dy · φ'(x)
-
 }  // namespace k3::linear
