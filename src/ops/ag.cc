@@ -11,6 +11,7 @@
 #include "core/fastmath.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/blocks.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/norm.h"
@@ -144,26 +145,19 @@ Var reshape(const Var& x, Shape shape) {
 }
 
 Var slice_last(const Var& x, int64_t begin, int64_t end) {
-  K3_AG_CUDA(x, slice_last(x, begin, end));
   const int64_t N = last_dim(x->value), M = rows(x->value), n = end - begin;
   K3_CHECK(0 <= begin && begin <= end && end <= N, "slice_last [", begin, ", ", end, ") of ", x->value.describe());
   Shape s = x->value.shape();
   s.back() = n;
-  Tensor y = Tensor::empty(s);
-  const float* px = x->value.f32();
-  float* py = y.f32();
-  for (int64_t m = 0; m < M; ++m) std::memcpy(py + m * n, px + m * N + begin, size_t(n) * 4);
+  Tensor y = Tensor::empty_on(x->value.device(), s);
+  blocks::copy_blocks(x->value, {begin, N, 0}, y, {0, n, 0}, M, 1, n);
   return make_node(std::move(y), {x}, [x, begin, n, N, M](Node& self) {
-    float* d = x->grad_f32();
-    const float* g = self.grad.f32();
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t i = 0; i < n; ++i) d[m * N + begin + i] += g[m * n + i];
+    blocks::add_blocks(self.grad, {0, n, 0}, x->grad_tensor(), {begin, N, 0}, M, 1, n);
   }, "slice");
 }
 
 Var concat_last(const std::vector<Var>& xs) {
   K3_CHECK(!xs.empty(), "concat of nothing");
-  K3_AG_CUDA(xs[0], concat_last(xs));
   const int64_t M = rows(xs[0]->value);
   int64_t N = 0;
   for (const auto& x : xs) {
@@ -172,24 +166,18 @@ Var concat_last(const std::vector<Var>& xs) {
   }
   Shape s = xs[0]->value.shape();
   s.back() = N;
-  Tensor y = Tensor::empty(s);
-  float* py = y.f32();
+  Tensor y = Tensor::empty_on(xs[0]->value.device(), s);
   int64_t off = 0;
   for (const auto& x : xs) {
     const int64_t n = last_dim(x->value);
-    for (int64_t m = 0; m < M; ++m) std::memcpy(py + m * N + off, x->value.f32() + m * n, size_t(n) * 4);
+    blocks::copy_blocks(x->value, {0, n, 0}, y, {off, N, 0}, M, 1, n);
     off += n;
   }
   return make_node(std::move(y), xs, [xs, M, N](Node& self) {
-    const float* g = self.grad.f32();
     int64_t o = 0;
     for (const auto& x : xs) {
       const int64_t n = last_dim(x->value);
-      if (needs_grad(x)) {
-        float* d = x->grad_f32();
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t i = 0; i < n; ++i) d[m * n + i] += g[m * N + o + i];
-      }
+      if (needs_grad(x)) blocks::add_blocks(self.grad, {o, N, 0}, x->grad_tensor(), {0, n, 0}, M, 1, n);
       o += n;
     }
   }, "concat");

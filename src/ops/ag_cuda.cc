@@ -222,45 +222,6 @@ Var position_embedding(const Var& table, const std::vector<int64_t>& positions) 
   return embedding_of(table, positions, std::nullopt, device::Refresh::Advance);  // the next positions
 }
 
-Var slice_last(const Var& x, int64_t begin, int64_t end) {
-  const int64_t N = last_dim(x->value), M = rows(x->value), n = end - begin;
-  K3_CHECK(0 <= begin && begin <= end && end <= N, "slice_last [", begin, ", ", end, ") of ", x->value.describe());
-  Shape s = x->value.shape();
-  s.back() = n;
-  Tensor y = empty(s);
-  cuda::copy_blocks(in(x, "slice") + begin, N, 0, out(y), n, 0, M, 1, n);
-  return make_node(std::move(y), {x}, [x, begin, n, N, M](Node& self) {
-    cuda::add_blocks(dy(self), n, 0, x->grad_cuda() + begin, N, 0, M, 1, n);
-  }, "slice");
-}
-
-Var concat_last(const std::vector<Var>& xs) {
-  K3_CHECK(!xs.empty(), "concat of nothing");
-  const int64_t M = rows(xs[0]->value);
-  int64_t N = 0;
-  for (const auto& x : xs) {
-    K3_CHECK(rows(x->value) == M, "concat_last: row counts differ");
-    N += last_dim(x->value);
-  }
-  Shape s = xs[0]->value.shape();
-  s.back() = N;
-  Tensor y = empty(s);
-  int64_t off = 0;
-  for (const auto& x : xs) {
-    const int64_t n = last_dim(x->value);
-    cuda::copy_blocks(in(x, "concat"), n, 0, out(y) + off, N, 0, M, 1, n);
-    off += n;
-  }
-  return make_node(std::move(y), xs, [xs, M, N](Node& self) {
-    int64_t o = 0;
-    for (const auto& x : xs) {
-      const int64_t n = last_dim(x->value);
-      if (needs_grad(x)) cuda::add_blocks(dy(self) + o, N, 0, x->grad_cuda(), n, 0, M, 1, n);
-      o += n;
-    }
-  }, "concat");
-}
-
 Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float sc) {
   const int64_t D = last_dim(q->value), hd = D / H;
   const int64_t Dv = last_dim(v->value), hdv = Dv / H;
@@ -297,50 +258,6 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_
         dyo(dy(self), self.value.numel(), st);
     cuda::attention_backward(qo.ptr, ko.ptr, vo.ptr, yo.ptr, lse.cuda_f32(), dyo.ptr, dq, dk, dv, a, st);
   }, "attention");
-}
-
-Var head_slice(const Var& x, int64_t H, int64_t begin, int64_t end) {
-  const int64_t cols = last_dim(x->value), M = rows(x->value), hd = cols / H, n = end - begin;
-  K3_CHECK(cols % H == 0 && 0 <= begin && begin <= end && end <= hd, "head_slice [", begin, ", ", end, ") of ",
-           x->value.describe(), " H=", H);
-  Tensor y = empty({M, H * n});
-  cuda::copy_blocks(in(x, "head_slice") + begin, cols, hd, out(y), H * n, n, M, H, n);
-  return make_node(std::move(y), {x}, [x, begin, cols, hd, n, M, H](Node& self) {
-    cuda::add_blocks(dy(self), H * n, n, x->grad_cuda() + begin, cols, hd, M, H, n);
-  }, "head_slice");
-}
-
-Var head_concat(const std::vector<Var>& xs, int64_t H) {
-  const int64_t M = rows(xs[0]->value);
-  int64_t total = 0;
-  for (const auto& x : xs) {
-    K3_CHECK(rows(x->value) == M && last_dim(x->value) % H == 0, "head_concat: ", x->value.describe(), " with H=", H);
-    total += last_dim(x->value) / H;
-  }
-  Tensor y = empty({M, H * total});
-  int64_t off = 0;
-  for (const auto& x : xs) {
-    const int64_t d = last_dim(x->value) / H;
-    cuda::copy_blocks(in(x, "head_concat"), H * d, d, out(y) + off, H * total, total, M, H, d);
-    off += d;
-  }
-  return make_node(std::move(y), xs, [xs, M, H, total](Node& self) {
-    int64_t o = 0;
-    for (const auto& x : xs) {
-      const int64_t d = last_dim(x->value) / H;
-      if (needs_grad(x)) cuda::add_blocks(dy(self) + o, H * total, total, x->grad_cuda(), H * d, d, M, H, d);
-      o += d;
-    }
-  }, "head_concat");
-}
-
-Var broadcast_heads(const Var& x, int64_t H) {
-  const int64_t M = rows(x->value), d = last_dim(x->value);
-  Tensor y = empty({M, H * d});
-  cuda::copy_blocks(in(x, "broadcast_heads"), d, 0, out(y), H * d, d, M, H, d);
-  return make_node(std::move(y), {x}, [x, M, H, d](Node& self) {
-    for (int64_t h = 0; h < H; ++h) cuda::add_blocks(dy(self) + h * d, H * d, 0, x->grad_cuda(), d, 0, M, 1, d);
-  }, "broadcast_heads");
 }
 
 Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t offset, const RopeTable& table) {
