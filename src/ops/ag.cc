@@ -21,7 +21,6 @@ namespace k3::ag {
 namespace {
 int64_t last_dim(const Tensor& t) { return t.ndim() ? t.dim(-1) : 1; }
 int64_t rows(const Tensor& t) { return t.numel() / std::max<int64_t>(1, last_dim(t)); }
-Tensor like(const Tensor& t) { return Tensor::empty(t.shape()); }
 void same_shape(const Var& a, const Var& b, const char* op) {
   if (a->value.shape() != b->value.shape())
     throw error(op, "shapes differ: ", a->value.describe(), " vs ", b->value.describe());
@@ -89,28 +88,24 @@ Var elu1(const Var& a) { return unary(a, elementwise::Unary::Elu1); }
 Var gelu_tanh(const Var& a) { return unary(a, elementwise::Unary::GeluTanh); }
 
 Var layernorm(const Var& x, const Var& w, const Var& b, float eps) {
-  K3_AG_CUDA(x, layernorm(x, w, b, eps));
-  const int64_t D = last_dim(x->value), M = rows(x->value);
-  Tensor y = like(x->value);
-  auto stats = std::make_shared<std::vector<float>>(size_t(2 * M));
-  layernorm_forward(x->value.f32(), w->value.f32(), b ? b->value.f32() : nullptr, eps, M, D, y.f32(), stats->data(),
-                    stats->data() + M);
-  return make_node(std::move(y), {x, w, b}, [=](Node& self) {
-    layernorm_backward(x->value.f32(), w->value.f32(), stats->data(), stats->data() + M, self.grad.f32(), M, D,
-                       needs_grad(x) ? x->grad_f32() : nullptr, needs_grad(w) ? w->grad_f32() : nullptr,
-                       needs_grad(b) ? b->grad_f32() : nullptr);
+  const int64_t M = rows(x->value);
+  Tensor y = like_on_device(x->value);
+  const Tensor stats = recording() ? Tensor::empty_on(x->value.device(), {2, M}) : Tensor();  // mean, rstd
+  norm::layernorm(x->value, w->value, b ? b->value : Tensor(), eps, y, stats);
+  return make_node(std::move(y), {x, w, b}, [x, w, b, stats](Node& self) {
+    norm::layernorm_backward(x->value, w->value, stats, self.grad, grad_if_needed(x), grad_if_needed(w),
+                             grad_if_needed(b));
   }, "layernorm");
 }
 
 Var rmsnorm(const Var& x, const Var& w, float eps) {
-  K3_AG_CUDA(x, rmsnorm(x, w, eps));
-  const int64_t D = last_dim(x->value), M = rows(x->value);
-  Tensor y = like(x->value);
-  auto rstd = std::make_shared<std::vector<float>>(size_t(M));
-  rmsnorm_forward(x->value.f32(), w ? w->value.f32() : nullptr, eps, M, D, y.f32(), rstd->data());
-  return make_node(std::move(y), {x, w}, [=](Node& self) {
-    rmsnorm_backward(x->value.f32(), w ? w->value.f32() : nullptr, rstd->data(), self.grad.f32(), M, D,
-                     needs_grad(x) ? x->grad_f32() : nullptr, needs_grad(w) ? w->grad_f32() : nullptr);
+  const int64_t M = rows(x->value);
+  Tensor y = like_on_device(x->value);
+  const Tensor rstd = recording() ? Tensor::empty_on(x->value.device(), {M}) : Tensor();
+  norm::rmsnorm(x->value, w ? w->value : Tensor(), eps, y, rstd);
+  return make_node(std::move(y), {x, w}, [x, w, rstd, eps](Node& self) {
+    norm::rmsnorm_backward(x->value, w ? w->value : Tensor(), rstd, eps, self.grad, grad_if_needed(x),
+                           grad_if_needed(w));
   }, "rmsnorm");
 }
 

@@ -150,38 +150,6 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
   }, "linear");
 }
 
-Var layernorm(const Var& x, const Var& w, const Var& b, float eps) {
-  const int64_t M = rows(x->value), D = last_dim(x->value);
-  Tensor y = empty(x->value.shape());
-  const bool train = recording();
-  Tensor stats = train ? empty({2, M}) : Tensor();  // mean, rstd
-  cuda::layernorm_forward(in(x, "layernorm"), in(w, "layernorm"), b ? in(b, "layernorm") : nullptr, eps, M, D, out(y),
-                          train ? out(stats) : nullptr, train ? out(stats) + M : nullptr, device::Storage::F32);
-  return make_node(std::move(y), {x, w, b}, [x, w, b, stats, M, D](Node& self) {
-    Tensor dx = needs_grad(x) ? empty(x->value.shape()) : Tensor();
-    cuda::layernorm_backward(x->value.cuda_f32(), w->value.cuda_f32(), stats.cuda_f32(), stats.cuda_f32() + M, dy(self),
-                             M, D, dx.defined() ? dx.raw() : nullptr, grad(w), grad(b), device::Storage::F32);
-    if (dx.defined()) flush(x, dx);
-  }, "layernorm");
-}
-
-Var rmsnorm(const Var& x, const Var& w, float eps) {
-  const int64_t D = last_dim(x->value);
-  if (!w) return gpu::gated_rmsnorm(x, nullptr, nullptr, D, eps, NormGate::None);
-  const int64_t M = rows(x->value);
-  Tensor y = empty(x->value.shape());
-  const bool train = recording();
-  Tensor rstd = train ? empty({M}) : Tensor();
-  cuda::rmsnorm_forward(in(x, "rmsnorm"), in(w, "rmsnorm"), eps, M, D, out(y), train ? out(rstd) : nullptr,
-                        device::Storage::F32);
-  return make_node(std::move(y), {x, w}, [x, w, rstd, M, D](Node& self) {
-    Tensor dx = needs_grad(x) ? empty(x->value.shape()) : Tensor();
-    cuda::rmsnorm_backward(x->value.cuda_f32(), w->value.cuda_f32(), rstd.cuda_f32(), dy(self), M, D,
-                           dx.defined() ? dx.raw() : nullptr, grad(w), device::Storage::F32);
-    if (dx.defined()) flush(x, dx);
-  }, "rmsnorm");
-}
-
 namespace {
 // refresh: the rule of the ids' upload in a captured step (token ids, or positions).
 Var embedding_of(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx,

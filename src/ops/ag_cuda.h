@@ -34,8 +34,6 @@ const float* in(const Var& x, const char* op);  // device pointer of a contiguou
 Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout);
 // x · W_iᵀ for bias-free [out, in] weights of one dtype, in one grouped GEMM, no graph (inference).
 std::vector<Tensor> linears_no_grad(const Tensor& x, const std::vector<const Tensor*>& weights);
-Var layernorm(const Var& x, const Var& w, const Var& b, float eps);
-Var rmsnorm(const Var& x, const Var& w, float eps);
 Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx);
 Var position_embedding(const Var& table, const std::vector<int64_t>& positions);
 Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float scale);

@@ -2,7 +2,11 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "core/parallel.h"
+#if defined(K3_HAS_CUDA)
+#include "ops/ops_cuda.h"
+#endif
 
 namespace k3 {
 
@@ -87,5 +91,80 @@ void rmsnorm_backward(const float* x, const float* w, const float* rstd, const f
     }
   }
 }
+
+namespace norm {
+
+namespace {
+int64_t last(const Tensor& t) { return t.ndim() ? t.dim(-1) : 1; }
+float* host(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
+// x's device, every defined tensor on it (the kernels check dtypes and contiguity through f32()).
+Device device_of(const char* op, const Tensor& x, std::initializer_list<const Tensor*> others) {
+  for (const Tensor* t : others)
+    if (t->defined() && t->device() != x.device())
+      throw error(op, "tensors on different devices: ", x.describe(), " and ", t->describe());
+  if (!x.is_contiguous()) throw error(op, "non-contiguous input ", x.describe());
+  return x.device();
+}
+#if defined(K3_HAS_CUDA)
+float* dev(const Tensor& t) { return t.defined() ? t.cuda_f32() : nullptr; }
+#endif
+}  // namespace
+
+void layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y, const Tensor& stats) {
+  const int64_t D = last(x), M = x.numel() / std::max<int64_t>(1, D);
+  if (device_of("layernorm", x, {&w, &b, &y, &stats}) == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    float* st = dev(stats);
+    return cuda::layernorm_forward(x.cuda_f32(), w.cuda_f32(), dev(b), eps, M, D, y.cuda_f32(), st,
+                                   st ? st + M : nullptr, device::Storage::F32);
+#endif
+  }
+  float* st = host(stats);
+  layernorm_forward(x.f32(), w.f32(), host(b), eps, M, D, y.f32(), st, st ? st + M : nullptr);
+}
+
+void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& stats, const Tensor& dy, const Tensor& dx,
+                        const Tensor& dw, const Tensor& db) {
+  const int64_t D = last(x), M = x.numel() / std::max<int64_t>(1, D);
+  if (device_of("layernorm", x, {&w, &stats, &dy, &dx, &dw, &db}) == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    return cuda::layernorm_backward(x.cuda_f32(), w.cuda_f32(), stats.cuda_f32(), stats.cuda_f32() + M, dy.cuda_f32(),
+                                    M, D, dev(dx), dev(dw), dev(db), device::Storage::F32, /*accumulate=*/true);
+#endif
+  }
+  ::k3::layernorm_backward(x.f32(), w.f32(), stats.f32(), stats.f32() + M, dy.f32(), M, D, host(dx), host(dw), host(db));
+}
+
+void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
+  const int64_t D = last(x), M = x.numel() / std::max<int64_t>(1, D);
+  if (device_of("rmsnorm", x, {&w, &y, &rstd}) == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    if (!w.defined()) return cuda::gated_rmsnorm_groups(x.cuda_f32(), nullptr, nullptr, y.cuda_f32(), M, D, eps, 0);
+    return cuda::rmsnorm_forward(x.cuda_f32(), w.cuda_f32(), eps, M, D, y.cuda_f32(), dev(rstd), device::Storage::F32);
+#endif
+  }
+  rmsnorm_forward(x.f32(), host(w), eps, M, D, y.f32(), host(rstd));
+}
+
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, float eps, const Tensor& dy,
+                      const Tensor& dx, const Tensor& dw) {
+  const int64_t D = last(x), M = x.numel() / std::max<int64_t>(1, D);
+  if (device_of("rmsnorm", x, {&w, &rstd, &dy, &dx, &dw}) == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    if (!w.defined())
+      return cuda::gated_rmsnorm_groups_backward(x.cuda_f32(), nullptr, nullptr, dy.cuda_f32(), dev(dx), nullptr,
+                                                 nullptr, M, D, eps, 0);
+    // The kernel writes dx: into scratch, then added.
+    Tensor g = dx.defined() ? Tensor::empty_on(Device::CUDA, x.shape()) : Tensor();
+    cuda::rmsnorm_backward(x.cuda_f32(), w.cuda_f32(), rstd.cuda_f32(), dy.cuda_f32(), M, D, dev(g), dev(dw),
+                           device::Storage::F32);
+    if (dx.defined()) cuda::add_inplace(dx.cuda_f32(), g.cuda_f32(), x.numel());
+    return;
+#endif
+  }
+  ::k3::rmsnorm_backward(x.f32(), host(w), rstd.f32(), dy.f32(), M, D, host(dx), host(dw));
+}
+
+}  // namespace norm
 
 }  // namespace k3
