@@ -8,6 +8,9 @@
 
 namespace k3 {
 
+const char* device_words(Device d) { return d == Device::CUDA ? "the GPU" : "the host"; }
+
+
 std::string shape_str(const Shape& s) {
   std::ostringstream os;
   os << "[";

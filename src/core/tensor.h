@@ -16,6 +16,8 @@
 namespace k3 {
 
 enum class Device : uint8_t { CPU, CUDA };
+// "the host" or "the GPU", for messages about where tensors live.
+const char* device_words(Device d);
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);

@@ -17,7 +17,8 @@ Device check(const char* op, const Tensor& src, Layout s, const Tensor& dst, Lay
     if (!t->defined() || t->dtype() != DType::F32 || !t->is_contiguous() || !t->has_storage())
       throw error(op, "needs contiguous fp32 tensors with values, got ", t->defined() ? t->describe() : "nothing");
   if (src.device() != dst.device())
-    throw error(op, "tensors on different devices: ", src.describe(), " and ", dst.describe());
+    throw error(op, src.describe(), " is on ", device_words(src.device()), " but ", dst.describe(), " is on ",
+                device_words(dst.device()));
   if (M > 0 && H > 0 && w > 0) {
     auto last = [&](Layout l) { return l.offset + (M - 1) * l.row + (H - 1) * l.head + w - 1; };
     K3_CHECK(s.offset >= 0 && d.offset >= 0 && last(s) < src.numel() && last(d) < dst.numel(), op, ": blocks of ", M,

@@ -22,7 +22,8 @@ Device check(const char* op, std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) {
     if (!t->defined()) continue;
     if (t->device() != dev)
-      throw error(op, "tensors on different devices: ", first.describe(), " and ", t->describe());
+      throw error(op, first.describe(), " is on ", device_words(dev), " but ", t->describe(), " is on ",
+                  device_words(t->device()));
     if (t->dtype() != DType::F32 || !t->is_contiguous() || !t->has_storage())
       throw error(op, "needs contiguous fp32 tensors with values, got ", t->describe());
     if (t->numel() != n) throw error(op, "element counts differ: ", first.describe(), " vs ", t->describe());

@@ -101,7 +101,8 @@ float* host(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
 Device device_of(const char* op, const Tensor& x, std::initializer_list<const Tensor*> others) {
   for (const Tensor* t : others)
     if (t->defined() && t->device() != x.device())
-      throw error(op, "tensors on different devices: ", x.describe(), " and ", t->describe());
+      throw error(op, x.describe(), " is on ", device_words(x.device()), " but ", t->describe(), " is on ",
+                  device_words(t->device()));
   if (!x.is_contiguous()) throw error(op, "non-contiguous input ", x.describe());
   return x.device();
 }
