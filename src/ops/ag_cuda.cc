@@ -333,31 +333,6 @@ Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w
   }, "weighted_combine");
 }
 
-Var l2norm(const Var& x, int64_t d, float eps) {
-  K3_CHECK(d > 0 && x->value.dim(-1) % d == 0, "l2norm: ", x->value.describe(), " is not made of heads of ", d);
-  Tensor y = empty(x->value.shape());
-  cuda::l2norm_groups(in(x, "l2norm"), out(y), x->value.numel() / d, d, eps);
-  return make_node(std::move(y), {x}, [x, d, eps](Node& self) {
-    cuda::l2norm_groups_backward(x->value.cuda_f32(), dy(self), x->grad_cuda(), x->value.numel() / d, d, eps);
-  }, "l2norm");
-}
-
-Var gated_rmsnorm(const Var& x, const Var& gate, const Var& w, int64_t d, float eps, NormGate act) {
-  K3_CHECK(d > 0 && x->value.dim(-1) % d == 0, "gated_rmsnorm: ", x->value.describe(), " is not made of heads of ", d);
-  K3_CHECK((act == NormGate::None) == !gate, "gated_rmsnorm: a gate needs an activation and vice versa");
-  if (gate) K3_CHECK(gate->value.shape() == x->value.shape(), "gated_rmsnorm: gate ", gate->value.describe());
-  if (w) K3_CHECK(w->value.numel() == d, "gated_rmsnorm: weight ", w->value.describe(), " for heads of ", d);
-  Tensor y = empty(x->value.shape());
-  const int a = act == NormGate::Sigmoid ? 1 : act == NormGate::Swish ? 2 : 0;
-  cuda::gated_rmsnorm_groups(in(x, "gated_rmsnorm"), gate ? in(gate, "gated_rmsnorm") : nullptr,
-                             w ? in(w, "gated_rmsnorm") : nullptr, out(y), x->value.numel() / d, d, eps, a);
-  return make_node(std::move(y), {x, gate, w}, [x, gate, w, d, eps, a](Node& self) {
-    cuda::gated_rmsnorm_groups_backward(x->value.cuda_f32(), gate ? gate->value.cuda_f32() : nullptr,
-                                        w ? w->value.cuda_f32() : nullptr, dy(self), grad(x), grad(gate), grad(w),
-                                        x->value.numel() / d, d, eps, a);
-  }, "gated_rmsnorm");
-}
-
 Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts) {
   if (gate->value.shape() != up->value.shape())
     throw error("situ", "gate ", gate->value.describe(), " and up ", up->value.describe(), " differ in shape");

@@ -44,8 +44,6 @@ Var gather_rows(const Var& x, const std::vector<int64_t>& rows);
 Var gather_cols(const Var& s, const std::vector<int64_t>& idx, int64_t K, const Tensor& offset);
 Var normalize_sum_last(const Var& w, float eps);
 Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M);
-Var l2norm(const Var& x, int64_t d, float eps);
-Var gated_rmsnorm(const Var& x, const Var& gate, const Var& w, int64_t d, float eps, NormGate act);
 Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts);
 // Mean next-token cross-entropy (ag::cross_entropy_head) in row chunks of [rows, V] logits on the
 // device; the scalar comes back to the host. No z-loss on CUDA yet.
