@@ -258,14 +258,6 @@ Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T) {
   }, "short_conv");
 }
 
-Var softmax_last(const Var& x) {
-  Tensor y = empty(x->value.shape());
-  cuda::softmax_rows(in(x, "softmax"), out(y), rows(x->value), last_dim(x->value));
-  return make_node(std::move(y), {x}, [x](Node& self) {
-    cuda::softmax_rows_backward(self.value.cuda_f32(), dy(self), x->grad_cuda(), rows(x->value), last_dim(x->value));
-  }, "softmax");
-}
-
 Var gather_rows(const Var& x, const std::vector<int64_t>& r) {
   const int64_t D = last_dim(x->value), M = rows(x->value);
   for (int64_t i : r)
@@ -294,15 +286,6 @@ Var gather_cols(const Var& s, const std::vector<int64_t>& idx, int64_t K, const 
   return make_node(std::move(y), {s}, [s, d_idx, M, E, K](Node& self) {
     cuda::scatter_cols_add(dy(self), d_idx->as<int64_t>(), M, E, K, s->grad_cuda());
   }, "gather_cols");
-}
-
-Var normalize_sum_last(const Var& w, float eps) {
-  Tensor y = empty(w->value.shape());
-  cuda::normalize_sum_rows(in(w, "normalize_sum"), out(y), rows(w->value), last_dim(w->value), eps);
-  return make_node(std::move(y), {w}, [w, eps](Node& self) {
-    cuda::normalize_sum_rows_backward(w->value.cuda_f32(), self.value.cuda_f32(), dy(self), w->grad_cuda(),
-                                      rows(w->value), last_dim(w->value), eps);
-  }, "normalize_sum");
 }
 
 Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M) {

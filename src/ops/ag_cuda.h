@@ -39,10 +39,8 @@ Var position_embedding(const Var& table, const std::vector<int64_t>& positions);
 Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float scale);
 Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t offset, const RopeTable& table);
 Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T);
-Var softmax_last(const Var& x);
 Var gather_rows(const Var& x, const std::vector<int64_t>& rows);
 Var gather_cols(const Var& s, const std::vector<int64_t>& idx, int64_t K, const Tensor& offset);
-Var normalize_sum_last(const Var& w, float eps);
 Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M);
 Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts);
 // Mean next-token cross-entropy (ag::cross_entropy_head) in row chunks of [rows, V] logits on the

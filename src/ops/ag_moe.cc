@@ -18,12 +18,8 @@ int64_t cols(const Tensor& t) { return t.ndim() ? t.dim(-1) : 1; }
 int64_t nrows(const Tensor& t) { return t.numel() / std::max<int64_t>(1, cols(t)); }
 }  // namespace
 
-Var softmax_last(const Var& x) {
-  K3_AG_CUDA(x, softmax_last(x));
-  const int64_t N = cols(x->value), M = nrows(x->value);
-  Tensor y = Tensor::empty(x->value.shape());
-  const float* px = x->value.f32();
-  float* py = y.f32();
+namespace {
+void softmax_host(const float* px, float* py, int64_t M, int64_t N) {
   parallel_for(M, 64, [&](int64_t s, int64_t e) {
     for (int64_t m = s; m < e; ++m) {
       const float* r = px + m * N;
@@ -36,15 +32,35 @@ Var softmax_last(const Var& x) {
       for (int64_t j = 0; j < N; ++j) o[j] *= inv;
     }
   });
+}
+
+void softmax_host_backward(const float* p, const float* g, float* d, int64_t M, int64_t N) {
+  // dx = p ⊙ (g − Σ g·p)
+  for (int64_t m = 0; m < M; ++m) {
+    double dot = 0;
+    for (int64_t j = 0; j < N; ++j) dot += double(g[m * N + j]) * p[m * N + j];
+    for (int64_t j = 0; j < N; ++j) d[m * N + j] += p[m * N + j] * (g[m * N + j] - static_cast<float>(dot));
+  }
+}
+}  // namespace
+
+Var softmax_last(const Var& x) {
+  const int64_t N = cols(x->value), M = nrows(x->value);
+  Tensor y = Tensor::empty_on(x->value.device(), x->value.shape());
+  if (x->value.device() == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    cuda::softmax_rows(x->value.cuda_f32(), y.cuda_f32(), M, N);
+#endif
+  } else {
+    softmax_host(x->value.f32(), y.f32(), M, N);
+  }
   return make_node(std::move(y), {x}, [x, M, N](Node& self) {
-    // dx = p ⊙ (g − Σ g·p)
-    const float *g = self.grad.f32(), *p = self.value.f32();
-    float* d = x->grad_f32();
-    for (int64_t m = 0; m < M; ++m) {
-      double dot = 0;
-      for (int64_t j = 0; j < N; ++j) dot += double(g[m * N + j]) * p[m * N + j];
-      for (int64_t j = 0; j < N; ++j) d[m * N + j] += p[m * N + j] * (g[m * N + j] - static_cast<float>(dot));
+    if (x->value.device() == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+      return cuda::softmax_rows_backward(self.value.cuda_f32(), self.grad.cuda_f32(), x->grad_cuda(), M, N);
+#endif
     }
+    softmax_host_backward(self.value.f32(), self.grad.f32(), x->grad_f32(), M, N);
   }, "softmax");
 }
 
@@ -90,30 +106,48 @@ Var gather_cols(const Var& s, std::vector<int64_t> idx, int64_t K, const Tensor&
   }, "gather_cols");
 }
 
-Var normalize_sum_last(const Var& w, float eps) {
-  K3_AG_CUDA(w, normalize_sum_last(w, eps));
-  const int64_t N = cols(w->value), M = nrows(w->value);
-  Tensor y = Tensor::empty(w->value.shape());
-  const float* pw = w->value.f32();
-  float* py = y.f32();
+namespace {
+void normalize_sum_host(const float* pw, float* py, int64_t M, int64_t N, float eps) {
   for (int64_t m = 0; m < M; ++m) {
     float sum = 0;
     for (int64_t j = 0; j < N; ++j) sum += pw[m * N + j];
     const float den = sum + eps;
     for (int64_t j = 0; j < N; ++j) py[m * N + j] = pw[m * N + j] / den;
   }
+}
+
+void normalize_sum_host_backward(const float* pw2, const float* py2, const float* g, float* d, int64_t M, int64_t N,
+                                 float eps) {
+  // y_i = w_i / S with S = Σ w + eps:  dw_j = g_j / S − Σ_i g_i y_i / S
+  for (int64_t m = 0; m < M; ++m) {
+    float sum = 0;
+    for (int64_t j = 0; j < N; ++j) sum += pw2[m * N + j];
+    const float den = sum + eps;
+    double gy = 0;
+    for (int64_t j = 0; j < N; ++j) gy += double(g[m * N + j]) * py2[m * N + j];
+    for (int64_t j = 0; j < N; ++j) d[m * N + j] += (g[m * N + j] - static_cast<float>(gy)) / den;
+  }
+}
+}  // namespace
+
+Var normalize_sum_last(const Var& w, float eps) {
+  const int64_t N = cols(w->value), M = nrows(w->value);
+  Tensor y = Tensor::empty_on(w->value.device(), w->value.shape());
+  if (w->value.device() == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    cuda::normalize_sum_rows(w->value.cuda_f32(), y.cuda_f32(), M, N, eps);
+#endif
+  } else {
+    normalize_sum_host(w->value.f32(), y.f32(), M, N, eps);
+  }
   return make_node(std::move(y), {w}, [w, M, N, eps](Node& self) {
-    // y_i = w_i / S with S = Σ w + eps:  dw_j = g_j / S − Σ_i g_i y_i / S
-    const float *g = self.grad.f32(), *py2 = self.value.f32(), *pw2 = w->value.f32();
-    float* d = w->grad_f32();
-    for (int64_t m = 0; m < M; ++m) {
-      float sum = 0;
-      for (int64_t j = 0; j < N; ++j) sum += pw2[m * N + j];
-      const float den = sum + eps;
-      double gy = 0;
-      for (int64_t j = 0; j < N; ++j) gy += double(g[m * N + j]) * py2[m * N + j];
-      for (int64_t j = 0; j < N; ++j) d[m * N + j] += (g[m * N + j] - static_cast<float>(gy)) / den;
+    if (w->value.device() == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+      return cuda::normalize_sum_rows_backward(w->value.cuda_f32(), self.value.cuda_f32(), self.grad.cuda_f32(),
+                                               w->grad_cuda(), M, N, eps);
+#endif
     }
+    normalize_sum_host_backward(w->value.f32(), self.value.f32(), self.grad.f32(), w->grad_f32(), M, N, eps);
   }, "normalize_sum");
 }
 
