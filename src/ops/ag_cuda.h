@@ -1,7 +1,9 @@
-// CUDA forms of the differentiable ops (ag.h, ag_heads.h, ag_conv.h, ag_moe.h, ag_norms.h,
-// situ.h) for Vars whose values live on the device (Tensor::to_device). Each op's .cc dispatches
-// here when its first input is a CUDA tensor (K3_AG_CUDA below), so every model composed of these
-// ops runs its forward on the GPU unchanged. fp32 values; kernels in ops_cuda.h.
+// CUDA forms of the differentiable ops still wired per device (linear, embedding, RoPE, softmax
+// attention, the short convolution, gathers, the MoE combine, SiTU, cross-entropy) for Vars whose
+// values live on the device (Tensor::to_device). Each of those ops' .cc dispatches here when its
+// first input is a CUDA tensor (K3_AG_CUDA below). The other ops are wired once over kernels that
+// dispatch on the tensors' device (elementwise.h, blocks.h, norm.h). fp32 values; kernels in
+// ops_cuda.h.
 //
 // Under Recording each form keeps a backward closure that runs the backward kernels on the
 // device and accumulates into the inputs' device gradients (Node::grad_cuda).
