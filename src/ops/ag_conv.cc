@@ -1,6 +1,9 @@
 #include "ops/ag_conv.h"
 
-#include "ops/ag_cuda.h"
+#include "core/error.h"
+#if defined(K3_HAS_CUDA)
+#include "ops/ops_cuda.h"
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -66,19 +69,34 @@ void short_conv_update_tail(const float* x, int64_t T, int64_t C, int64_t W, flo
 namespace ag {
 
 Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T) {
-  K3_AG_CUDA(x, short_conv(x, w, B, T));
   const Tensor& X = x->value;
   const int64_t C = X.dim(-1);
   const int64_t W = w->value.numel() / std::max<int64_t>(1, C);
   K3_CHECK(X.numel() == B * T * C, "short_conv: x ", X.describe(), " for B=", B, " T=", T);
   K3_CHECK(w->value.dim(0) == C && W * C == w->value.numel() && W >= 1, "short_conv: weight ", w->value.describe(),
            " for ", C, " channels");
-  Tensor y = Tensor::empty(X.shape());
-  parallel_for(B, 1, [&](int64_t s, int64_t e) {
-    for (int64_t b = s; b < e; ++b)
-      short_conv_forward(X.f32() + b * T * C, w->value.f32(), nullptr, T, C, W, y.f32() + b * T * C);
-  });
-  return make_node(std::move(y), {x, w}, [x, w, B, T, C, W](Node& self) {
+  if (X.device() != w->value.device())
+    throw error("short_conv", "x ", X.describe(), " is on ", device_words(X.device()), " but the weight ",
+                w->value.describe(), " is on ", device_words(w->value.device()));
+  const bool cuda = X.device() == Device::CUDA;
+  Tensor y = Tensor::empty_on(X.device(), X.shape());
+  if (cuda) {
+#if defined(K3_HAS_CUDA)
+    cuda::short_conv(X.cuda_f32(), w->value.cuda_f32(), B, T, C, W, y.cuda_f32());
+#endif
+  } else {
+    parallel_for(B, 1, [&](int64_t s, int64_t e) {
+      for (int64_t b = s; b < e; ++b)
+        short_conv_forward(X.f32() + b * T * C, w->value.f32(), nullptr, T, C, W, y.f32() + b * T * C);
+    });
+  }
+  return make_node(std::move(y), {x, w}, [x, w, B, T, C, W, cuda](Node& self) {
+    if (cuda) {
+#if defined(K3_HAS_CUDA)
+      return cuda::short_conv_backward(x->value.cuda_f32(), w->value.cuda_f32(), self.grad.cuda_f32(), B, T, C, W,
+                                       needs_grad(x) ? x->grad_cuda() : nullptr, needs_grad(w) ? w->grad_cuda() : nullptr);
+#endif
+    }
     const float* dy = self.grad.f32();
     float* dx = needs_grad(x) ? x->grad_f32() : nullptr;
     float* dw = needs_grad(w) ? w->grad_f32() : nullptr;

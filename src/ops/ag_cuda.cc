@@ -247,17 +247,6 @@ Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t
   }, "rope");
 }
 
-Var short_conv(const Var& x, const Var& w, int64_t B, int64_t T) {
-  const int64_t C = last_dim(x->value), W = w->value.numel() / std::max<int64_t>(1, C);
-  K3_CHECK(rows(x->value) == B * T && W >= 1 && w->value.dim(0) == C && w->value.numel() == C * W, "short_conv: x ",
-           x->value.describe(), " w ", w->value.describe(), " B=", B, " T=", T);
-  Tensor y = empty(x->value.shape());
-  cuda::short_conv(in(x, "short_conv"), in(w, "short_conv"), B, T, C, W, out(y));
-  return make_node(std::move(y), {x, w}, [x, w, B, T, C, W](Node& self) {
-    cuda::short_conv_backward(x->value.cuda_f32(), w->value.cuda_f32(), dy(self), B, T, C, W, grad(x), grad(w));
-  }, "short_conv");
-}
-
 Var gather_rows(const Var& x, const std::vector<int64_t>& r) {
   const int64_t D = last_dim(x->value), M = rows(x->value);
   for (int64_t i : r)
@@ -314,21 +303,6 @@ Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w
                                       d_slots->as<int64_t>() + p0, w->value.cuda_f32(), n, N, grad(ys[j]), dw);
     }
   }, "weighted_combine");
-}
-
-Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts) {
-  if (gate->value.shape() != up->value.shape())
-    throw error("situ", "gate ", gate->value.describe(), " and up ", up->value.describe(), " differ in shape");
-  Tensor y = empty(gate->value.shape());
-  const float beta = opts.beta.value_or(0.0f), beta_lin = opts.beta_lin.value_or(0.0f);
-  cuda::situ_glu_forward(in(gate, "situ"), in(up, "situ"), out(y), y.numel(), beta, beta_lin, device::Storage::F32);
-  return make_node(std::move(y), {gate, up}, [gate, up, beta, beta_lin](Node& self) {
-    Tensor dg = empty(gate->value.shape()), du = empty(up->value.shape());
-    cuda::situ_glu_backward(gate->value.cuda_f32(), up->value.cuda_f32(), dy(self), out(dg), out(du), dg.numel(), beta,
-                            beta_lin, device::Storage::F32);
-    flush(gate, dg);
-    flush(up, du);
-  }, "situ_glu");
 }
 
 Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, float z_loss) {

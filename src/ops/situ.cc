@@ -1,6 +1,10 @@
 #include "ops/situ.h"
 
-#include "ops/ag_cuda.h"
+#include "core/error.h"
+#include "ops/elementwise.h"
+#if defined(K3_HAS_CUDA)
+#include "ops/ops_cuda.h"
+#endif
 
 #include <cmath>
 #include <vector>
@@ -37,17 +41,38 @@ float situ_up_grad(float u, std::optional<float> beta_lin) {
 namespace ag {
 
 Var situ_glu(const Var& gate, const Var& up, const SituOptions& opts) {
-  K3_AG_CUDA(gate, situ_glu(gate, up, opts));
   if (gate->value.shape() != up->value.shape())
     throw error("situ", "gate ", gate->value.describe(), " and up ", up->value.describe(), " differ in shape");
-  Tensor y = Tensor::empty(gate->value.shape());
-  // The array kernels take a cap ≤ 0 as "absent".
+  if (gate->value.device() != up->value.device())
+    throw error("situ", "gate ", gate->value.describe(), " is on ", device_words(gate->value.device()), " but up ",
+                up->value.describe(), " is on ", device_words(up->value.device()));
+  const bool cuda = gate->value.device() == Device::CUDA;
+  Tensor y = Tensor::empty_on(gate->value.device(), gate->value.shape());
+  // The kernels take a cap ≤ 0 as "absent".
   const float beta = opts.beta ? *opts.beta : 0.0f, beta_lin = opts.beta_lin ? *opts.beta_lin : 0.0f;
   if ((opts.beta && !(beta > 0)) || (opts.beta_lin && !(beta_lin > 0)))
     throw error("situ", "the caps must be positive: beta ", beta, ", beta_lin ", beta_lin);
-  situ_glu_forward(gate->value.f32(), up->value.f32(), y.f32(), y.numel(), beta, beta_lin);
-  return make_node(std::move(y), {gate, up}, [gate, up, beta, beta_lin](Node& self) {
+  if (cuda) {
+#if defined(K3_HAS_CUDA)
+    cuda::situ_glu_forward(gate->value.cuda_f32(), up->value.cuda_f32(), y.cuda_f32(), y.numel(), beta, beta_lin,
+                           device::Storage::F32);
+#endif
+  } else {
+    situ_glu_forward(gate->value.f32(), up->value.f32(), y.f32(), y.numel(), beta, beta_lin);
+  }
+  return make_node(std::move(y), {gate, up}, [gate, up, beta, beta_lin, cuda](Node& self) {
     const int64_t n = self.value.numel();
+    if (cuda) {
+#if defined(K3_HAS_CUDA)
+      // The kernel writes both gradients: into scratch, then added where wanted.
+      const Tensor dg = Tensor::empty_on(Device::CUDA, gate->value.shape()), du = Tensor::empty_on(Device::CUDA, up->value.shape());
+      cuda::situ_glu_backward(gate->value.cuda_f32(), up->value.cuda_f32(), self.grad.cuda_f32(), dg.cuda_f32(),
+                              du.cuda_f32(), n, beta, beta_lin, device::Storage::F32);
+      if (needs_grad(gate)) elementwise::accumulate(gate->grad_tensor(), dg);
+      if (needs_grad(up)) elementwise::accumulate(up->grad_tensor(), du);
+      return;
+#endif
+    }
     // Both gradients are computed together; the one not wanted (if any) goes to a scratch buffer.
     float* dg = needs_grad(gate) ? gate->grad_f32() : nullptr;
     float* du = needs_grad(up) ? up->grad_f32() : nullptr;
