@@ -247,36 +247,6 @@ Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t
   }, "rope");
 }
 
-Var gather_rows(const Var& x, const std::vector<int64_t>& r) {
-  const int64_t D = last_dim(x->value), M = rows(x->value);
-  for (int64_t i : r)
-    if (i < 0 || i >= M) throw error("gather_rows", "row ", i, " outside [0, ", M, ")");
-  Tensor y = empty({int64_t(r.size()), D});
-  const Ids d_rows = upload_ids(r);
-  const int64_t n = int64_t(r.size());
-  cuda::gather_rows(in(x, "gather_rows"), d_rows->as<int64_t>(), n, D, out(y));
-  return make_node(std::move(y), {x}, [x, d_rows, n, D](Node& self) {
-    cuda::scatter_add_rows(dy(self), d_rows->as<int64_t>(), n, D, x->grad_cuda());
-  }, "gather_rows");
-}
-
-Var gather_cols(const Var& s, const std::vector<int64_t>& idx, int64_t K, const Tensor& offset) {
-  const int64_t E = last_dim(s->value), M = rows(s->value);
-  K3_CHECK(int64_t(idx.size()) == M * K, "gather_cols: ", idx.size(), " indices for ", M, " rows × ", K);
-  for (int64_t e : idx)
-    if (e < 0 || e >= E) throw error("gather_cols", "column ", e, " outside [0, ", E, ")");
-  const bool has_offset = offset.defined() && offset.numel() > 0;
-  K3_CHECK(!has_offset || (offset.device() == Device::CUDA && offset.numel() == E), "gather_cols: offset ",
-           offset.describe(), " for ", E, " columns on CUDA");
-  Tensor y = empty({M, K});
-  const Ids d_idx = upload_ids(idx);
-  cuda::gather_cols(in(s, "gather_cols"), d_idx->as<int64_t>(), has_offset ? offset.cuda_f32() : nullptr, M, E, K,
-                    out(y));
-  return make_node(std::move(y), {s}, [s, d_idx, M, E, K](Node& self) {
-    cuda::scatter_cols_add(dy(self), d_idx->as<int64_t>(), M, E, K, s->grad_cuda());
-  }, "gather_cols");
-}
-
 Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M) {
   K3_CHECK(static_cast<int64_t>(ys.size()) == d.active(), "weighted_combine: ", ys.size(), " outputs for ", d.active(),
            " experts");

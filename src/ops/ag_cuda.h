@@ -1,5 +1,5 @@
 // CUDA forms of the differentiable ops still wired per device (linear, embedding, RoPE, softmax
-// attention, gathers, the MoE combine, cross-entropy) for Vars whose
+// attention, the MoE combine, cross-entropy) for Vars whose
 // values live on the device (Tensor::to_device). Each of those ops' .cc dispatches here when its
 // first input is a CUDA tensor (K3_AG_CUDA below). The other ops are wired once over kernels that
 // dispatch on the tensors' device (elementwise.h, blocks.h, norm.h). fp32 values; kernels in
@@ -40,8 +40,6 @@ Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<i
 Var position_embedding(const Var& table, const std::vector<int64_t>& positions);
 Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float scale);
 Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t offset, const RopeTable& table);
-Var gather_rows(const Var& x, const std::vector<int64_t>& rows);
-Var gather_cols(const Var& s, const std::vector<int64_t>& idx, int64_t K, const Tensor& offset);
 Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M);
 // Mean next-token cross-entropy (ag::cross_entropy_head) in row chunks of [rows, V] logits on the
 // device; the scalar comes back to the host. No z-loss on CUDA yet.

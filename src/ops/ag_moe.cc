@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/parallel.h"
+#include "ops/device_ids.h"
 #if defined(K3_HAS_CUDA)
 #include "ops/ops_cuda.h"
 #endif
@@ -65,14 +66,28 @@ Var softmax_last(const Var& x) {
 }
 
 Var gather_rows(const Var& x, std::vector<int64_t> rows) {
-  K3_AG_CUDA(x, gather_rows(x, rows));
   const int64_t D = cols(x->value), M = nrows(x->value), n = static_cast<int64_t>(rows.size());
-  for (int64_t r : rows) K3_CHECK(r >= 0 && r < M, "gather_rows: row ", r, " of ", M);
-  Tensor y = Tensor::empty({n, D});
-  const float* px = x->value.f32();
-  float* py = y.f32();
-  for (int64_t i = 0; i < n; ++i) std::memcpy(py + i * D, px + rows[size_t(i)] * D, size_t(D) * sizeof(float));
-  return make_node(std::move(y), {x}, [x, rows = std::move(rows), D](Node& self) {
+  for (int64_t r : rows)
+    if (r < 0 || r >= M) throw error("gather_rows", "row ", r, " outside [0, ", M, ")");
+  const bool cuda = x->value.device() == Device::CUDA;
+  Tensor y = Tensor::empty_on(x->value.device(), {n, D});
+  DeviceIds ids;
+  if (cuda) {
+#if defined(K3_HAS_CUDA)
+    ids = upload_ids(rows);
+    cuda::gather_rows(x->value.cuda_f32(), ids->as<int64_t>(), n, D, y.cuda_f32());
+#endif
+  } else {
+    const float* px = x->value.f32();
+    float* py = y.f32();
+    for (int64_t i = 0; i < n; ++i) std::memcpy(py + i * D, px + rows[size_t(i)] * D, size_t(D) * sizeof(float));
+  }
+  return make_node(std::move(y), {x}, [x, rows = std::move(rows), ids, D, n](Node& self) {
+    if (ids) {
+#if defined(K3_HAS_CUDA)
+      return cuda::scatter_add_rows(self.grad.cuda_f32(), ids->as<int64_t>(), n, D, x->grad_cuda());
+#endif
+    }
     const float* g = self.grad.f32();
     float* d = x->grad_f32();
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -84,21 +99,40 @@ Var gather_rows(const Var& x, std::vector<int64_t> rows) {
 }
 
 Var gather_cols(const Var& s, std::vector<int64_t> idx, int64_t K, const Tensor& offset) {
-  K3_AG_CUDA(s, gather_cols(s, idx, K, offset));
   const int64_t E = cols(s->value), M = nrows(s->value);
   K3_CHECK(static_cast<int64_t>(idx.size()) == M * K, "gather_cols: ", idx.size(), " indices for ", M, "x", K);
-  K3_CHECK(!offset.defined() || offset.numel() == E, "gather_cols: offset of ", offset.numel(), " for ", E, " columns");
-  Tensor y = Tensor::empty({M, K});
-  const float* ps = s->value.f32();
-  const float* po = offset.defined() ? offset.f32() : nullptr;
-  float* py = y.f32();
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t e = idx[size_t(m * K + k)];
-      K3_CHECK(e >= 0 && e < E, "gather_cols: column ", e, " of ", E);
-      py[m * K + k] = ps[m * E + e] + (po ? po[e] : 0.0f);
+  const bool has_offset = offset.defined() && offset.numel() > 0;
+  K3_CHECK(!has_offset || offset.numel() == E, "gather_cols: offset of ", offset.numel(), " for ", E, " columns");
+  for (int64_t e : idx)
+    if (e < 0 || e >= E) throw error("gather_cols", "column ", e, " outside [0, ", E, ")");
+  if (has_offset && offset.device() != s->value.device())
+    throw error("gather_cols", "scores ", s->value.describe(), " are on ", device_words(s->value.device()),
+                " but the offset ", offset.describe(), " is on ", device_words(offset.device()));
+  const bool cuda = s->value.device() == Device::CUDA;
+  Tensor y = Tensor::empty_on(s->value.device(), {M, K});
+  DeviceIds ids;
+  if (cuda) {
+#if defined(K3_HAS_CUDA)
+    ids = upload_ids(idx);
+    cuda::gather_cols(s->value.cuda_f32(), ids->as<int64_t>(), has_offset ? offset.cuda_f32() : nullptr, M, E, K,
+                      y.cuda_f32());
+#endif
+  } else {
+    const float* ps = s->value.f32();
+    const float* po = has_offset ? offset.f32() : nullptr;
+    float* py = y.f32();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t e = idx[size_t(m * K + k)];
+        py[m * K + k] = ps[m * E + e] + (po ? po[e] : 0.0f);
+      }
+  }
+  return make_node(std::move(y), {s}, [s, idx = std::move(idx), ids, K, E, M](Node& self) {
+    if (ids) {
+#if defined(K3_HAS_CUDA)
+      return cuda::scatter_cols_add(self.grad.cuda_f32(), ids->as<int64_t>(), M, E, K, s->grad_cuda());
+#endif
     }
-  return make_node(std::move(y), {s}, [s, idx = std::move(idx), K, E, M](Node& self) {
     const float* g = self.grad.f32();
     float* d = s->grad_f32();
     for (int64_t m = 0; m < M; ++m)
