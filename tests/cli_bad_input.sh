@@ -1,7 +1,7 @@
 #!/bin/sh
 # Bad values given to the k3 program are refused with a non-zero exit and a message naming the
 # field or option: an empty input_ids, serve's --timeout and --http-threads out of range, two
-# sources of drafts, JSON constraints that cannot be honoured, a config
+# sources of drafts, MTP drafts from a model without the layer, JSON constraints that cannot be honoured, a config
 # whose routing or YaRN factor is impossible (k3 info checks what loading checks), a weight stored
 # as an integer dtype, a model too large for the machine.
 k3="$1"
@@ -21,6 +21,8 @@ expect_error "serve --timeout 1e10" "--timeout" "$k3" serve --model "$fixture" -
 expect_error "serve --http-threads 5000" "--http-threads" "$k3" serve --model "$fixture" --http-threads 5000
 expect_error "serve --max-step-tokens 4 --max-batch 8" "--max-step-tokens" "$k3" serve --model "$fixture" --max-step-tokens 4 --max-batch 8
 expect_error "serve --speculate ngram --draft-model" "not both" "$k3" serve --model "$fixture" --speculate ngram --draft-model "$fixture"
+expect_error "generate --speculate mtp without an MTP layer" "MTP layer" "$k3" generate --model "$fixture" --prompt-ids 1,2 --speculate mtp
+expect_error "serve --speculate mtp without an MTP layer" "MTP layer" "$k3" serve --model "$fixture" --port 0 --speculate mtp
 expect_error "generate --json --json-schema" "not both" "$k3" generate --model "$fixture" --prompt-ids 1,2 --json --json-schema "$dir/s.json"
 printf '{"type": "string", "pattern": "^a"}' > "$dir/s.json"
 expect_error "generate --json-schema with a pattern" "'pattern'" "$k3" generate --model "$fixture" --prompt-ids 1,2 --json-schema "$dir/s.json"
