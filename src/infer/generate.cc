@@ -134,15 +134,15 @@ size_t ModelDrafter::bytes() const { return ctx_.bytes(); }
 MtpDrafter::MtpDrafter(const Model& model, Context& target, int64_t context) : m_(model), target_(target) {
   if (!model.mtp())
     throw error("speculate", "the model has no multi-token-prediction layer (its checkpoint holds none)");
+  K3_CHECK(target_.hidden, "MtpDrafter: the target context does not keep its hidden states (Context::hidden)");
   ctx_ = model.mtp()->new_context(context);
-  if (!target_.hidden) target_.hidden = std::make_shared<Context::HiddenRows>();
 }
 
 std::vector<int64_t> MtpDrafter::draft(const std::vector<int64_t>& history, int64_t k) {
   const int64_t n = int64_t(history.size());
   // Rows absorbed_ .. n-2: the target's hidden state at i with token i+1 (the last: with the token
   // the target checks next).
-  const Context::HiddenRows& h = *target_.hidden;
+  Context::HiddenRows& h = *target_.hidden;
   if (k < 1 || n < 2 || absorbed_ > n - 2 || h.start > absorbed_ || h.start + h.count() < n - 1) return {};
   const MtpHead& head = *m_.mtp();
   const Device dev = m_.head_weight()->value.device();
@@ -153,9 +153,8 @@ std::vector<int64_t> MtpDrafter::draft(const std::vector<int64_t>& history, int6
   Var o = head.forward(constant(dev == Device::CPU ? prev : prev.to_device(dev)), next, &ctx_);
   absorbed_ = n - 1;
   // The target's rows before the token it checks next are no longer needed.
-  auto& rows = target_.hidden->rows;
-  rows.erase(rows.begin(), rows.begin() + (n - 1 - h.start) * D);
-  target_.hidden->start = n - 1;
+  h.rows.erase(h.rows.begin(), h.rows.begin() + (n - 1 - h.start) * D);
+  h.start = n - 1;
   std::vector<int64_t> d = {head.pick(o)};
   if (k == 1) return d;
   const ContextMark mark(ctx_);

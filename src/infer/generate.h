@@ -133,7 +133,8 @@ class ModelDrafter final : public Drafter {
 // the target's hidden state at i and token i+1), whose last row gives the first draft; further
 // drafts feed the head its own output and are taken back afterwards.
 // The target context must keep its hidden states from its first token on (Context::hidden: set
-// before the prompt's forward, or restored with a prefix-cache snapshot that kept them); draft()
+// before the prompt's forward, or restored with a prefix-cache snapshot that kept them; the
+// constructor checks it is set); draft()
 // gives none when the rows it needs were not kept (a forward that bypassed Model::logits / greedy).
 class MtpDrafter final : public Drafter {
  public:

@@ -77,6 +77,7 @@ TEST_F(Mtp, DrafterProposesTheReferencePicks) {
     return int64_t(std::max_element(p, p + V) - p);
   };
   Context ctx = model_->new_context(T + 8);
+  ctx.hidden = std::make_shared<Context::HiddenRows>();  // kept from the first token, as generate does
   MtpDrafter drafter(*model_, ctx, T + 8);
   std::vector<float> last(static_cast<size_t>(V));
   model_->forward(t.data(), T - 1, &ctx, last.data(), Logits::Last);  // the target absorbs 0 .. T-2

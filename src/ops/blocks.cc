@@ -28,16 +28,30 @@ Device check(const char* op, const Tensor& src, Layout s, const Tensor& dst, Lay
 }
 }  // namespace
 
+namespace {
+// dst = src (add false) or dst += src over the blocks, on the host.
+void host_blocks(const Tensor& src, Layout s, const Tensor& dst, Layout d, int64_t M, int64_t H, int64_t w, bool add) {
+  const float* ps = src.f32() + s.offset;
+  float* pd = dst.f32() + d.offset;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* a = ps + m * s.row + h * s.head;
+      float* b = pd + m * d.row + h * d.head;
+      if (add)
+        for (int64_t j = 0; j < w; ++j) b[j] += a[j];
+      else
+        std::memcpy(b, a, size_t(w) * sizeof(float));
+    }
+}
+}  // namespace
+
 void copy_blocks(const Tensor& src, Layout s, const Tensor& dst, Layout d, int64_t M, int64_t H, int64_t w) {
   if (check("copy_blocks", src, s, dst, d, M, H, w) == Device::CUDA) {
 #if defined(K3_HAS_CUDA)
     return cuda::copy_blocks(src.cuda_f32() + s.offset, s.row, s.head, dst.cuda_f32() + d.offset, d.row, d.head, M, H, w);
 #endif
   }
-  const float* ps = src.f32() + s.offset;
-  float* pd = dst.f32() + d.offset;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t h = 0; h < H; ++h) std::memcpy(pd + m * d.row + h * d.head, ps + m * s.row + h * s.head, size_t(w) * 4);
+  host_blocks(src, s, dst, d, M, H, w, false);
 }
 
 void add_blocks(const Tensor& src, Layout s, const Tensor& dst, Layout d, int64_t M, int64_t H, int64_t w) {
@@ -46,14 +60,7 @@ void add_blocks(const Tensor& src, Layout s, const Tensor& dst, Layout d, int64_
     return cuda::add_blocks(src.cuda_f32() + s.offset, s.row, s.head, dst.cuda_f32() + d.offset, d.row, d.head, M, H, w);
 #endif
   }
-  const float* ps = src.f32() + s.offset;
-  float* pd = dst.f32() + d.offset;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t h = 0; h < H; ++h) {
-      const float* a = ps + m * s.row + h * s.head;
-      float* b = pd + m * d.row + h * d.head;
-      for (int64_t j = 0; j < w; ++j) b[j] += a[j];
-    }
+  host_blocks(src, s, dst, d, M, H, w, true);
 }
 
 }  // namespace k3::blocks
