@@ -148,9 +148,9 @@ void save_model(const Model& model, const std::string& dir);
 // Refuses weights holding NaN or infinite values (a corrupt checkpoint), naming the first tensor.
 void check_weights_finite(const Model& model);
 
-// Moves every parameter to `device`, so the model's forward runs there (ops/ag_cuda.h) and its
-// new contexts hold device memories; logits come back to the host. Inference only on CUDA for
-// now. gemm_weights BF16 (CUDA only) stores the matrices that feed GEMMs as bf16 (products
+// Moves every parameter to `device`, so the model's forward runs there (each op dispatches on its
+// inputs' device) and its new contexts hold device memories; logits come back to the host.
+// gemm_weights BF16 (CUDA only) stores the matrices that feed GEMMs as bf16 (products
 // accumulate in fp32; activations are rounded to bf16 at those GEMMs only); embeddings, norms,
 // biases, gates, MoE routers and the MLA up-projection stay fp32 (bf16_gemm_weight says which).
 void move_to(const Model& model, Device device, DType gemm_weights = DType::F32);

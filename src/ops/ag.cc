@@ -1,6 +1,6 @@
 #include "ops/ag.h"
 
-#include "ops/ag_cuda.h"
+#include "ops/precision.h"
 
 #include <algorithm>
 #include <array>
@@ -12,9 +12,14 @@
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/blocks.h"
+#include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/norm.h"
+#if defined(K3_HAS_CUDA)
+#include "ops/device_ids.h"
+#include "ops/operand_cuda.h"
+#endif
 
 namespace k3::ag {
 
@@ -33,16 +38,14 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
   const int64_t out = layout == WeightLayout::OutIn ? W.dim(0) : W.dim(1);
   if (last_dim(x->value) != in)
     throw error("linear", "input ", x->value.describe(), " does not match weight ", W.describe());
-  K3_AG_CUDA(x, linear(x, w, b, layout));
-  const int64_t M = rows(x->value);
   Shape ys = x->value.shape();
   ys.back() = out;
-  Tensor y = Tensor::empty(ys);
-  linear_forward(x->value.f32(), M, in, out, W, layout, b ? b->value.f32() : nullptr, y.f32());
-  return make_node(std::move(y), {x, w, b}, [=](Node& self) {
-    const float* dy = self.grad.f32();
-    linear_backward(x->value.f32(), dy, M, in, out, w->value, layout, needs_grad(x) ? x->grad_f32() : nullptr,
-                    needs_grad(w) ? w->grad_f32() : nullptr, needs_grad(b) ? b->grad_f32() : nullptr);
+  Tensor y = Tensor::empty_on(x->value.device(), ys);
+  const bool bf16 = gpu::bf16_gemms();  // the backward rounds its operands as the forward did
+  linear::forward(x->value, W, b ? b->value : Tensor(), layout, y, bf16);
+  return make_node(std::move(y), {x, w, b}, [x, w, b, layout, bf16](Node& self) {
+    auto grad = [](const Var& v) { return needs_grad(v) ? v->grad_tensor() : Tensor(); };
+    linear::backward(x->value, w->value, layout, self.grad, grad(x), grad(w), grad(b), bf16);
   }, "linear");
 }
 
@@ -109,27 +112,55 @@ Var rmsnorm(const Var& x, const Var& w, float eps) {
   }, "rmsnorm");
 }
 
-Var position_embedding(const Var& table, const std::vector<int64_t>& positions) {
-  K3_AG_CUDA(table, position_embedding(table, positions));
-  return embedding(table, positions);
+namespace {
+// refresh: how a replayed step's graph renews the uploaded ids on CUDA (token ids, or the next
+// positions). The padding row gets no gradient: the backward's ids mark its rows with -1, which
+// the scatter-add skips.
+Var embedding_of(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx,
+                 device::Refresh refresh) {
+  const int64_t vocab = table->value.dim(0), D = table->value.dim(1), n = int64_t(ids.size());
+  for (int64_t i = 0; i < n; ++i)  // checked here, so the kernel needs no flag read back
+    if (ids[size_t(i)] < 0 || ids[size_t(i)] >= vocab)
+      throw error("embedding", "token id ", ids[size_t(i)], " at position ", i, " is outside the vocabulary [0, ",
+                  vocab, ")");
+  const bool cuda = table->value.device() == Device::CUDA;
+  Tensor y = Tensor::empty_on(table->value.device(), {n, D});
+  DeviceIds d_ids;
+  if (cuda) {
+#if defined(K3_HAS_CUDA)
+    d_ids = upload_ids(ids, refresh);
+    cuda::embedding_forward(table->value.cuda_f32(), vocab, d_ids->as<int64_t>(), n, D, y.cuda_f32(),
+                            device::Storage::F32, /*check_ids=*/false);
+#endif
+  } else {
+    embedding_forward(table->value, ids.data(), n, y.f32());
+  }
+  // The backward's ids: the padding rows marked (only when something records: an upload a replayed
+  // step could not renew).
+  std::vector<int64_t> back = ids;
+  bool marked = false;
+  if (padding_idx && recording())
+    for (int64_t& id : back)
+      if (id == *padding_idx) id = -1, marked = true;
+  const DeviceIds d_back = cuda && marked ? upload_ids(back) : d_ids;
+  return make_node(std::move(y), {table}, [table, back, d_back, n, D](Node& self) {
+    if (d_back) {
+#if defined(K3_HAS_CUDA)
+      return cuda::embedding_backward(d_back->as<int64_t>(), n, D, self.grad.cuda_f32(), table->grad_cuda(),
+                                      device::Storage::F32);
+#endif
+    }
+    embedding_backward(back.data(), n, D, self.grad.f32(), table->grad_f32());
+  }, "embedding");
 }
+}  // namespace
 
 Var embedding(const Var& table, const std::vector<int64_t>& ids, std::optional<int64_t> padding_idx) {
-  K3_AG_CUDA(table, embedding(table, ids, padding_idx));
-  const int64_t D = table->value.dim(1), n = int64_t(ids.size());
-  Tensor y = Tensor::empty({n, D});
-  embedding_forward(table->value, ids.data(), n, y.f32());
-  return make_node(std::move(y), {table}, [table, ids, D, padding_idx](Node& self) {
-    if (!padding_idx) return embedding_backward(ids.data(), int64_t(ids.size()), D, self.grad.f32(), table->grad_f32());
-    std::vector<int64_t> kept;
-    std::vector<float> g;
-    for (size_t i = 0; i < ids.size(); ++i)
-      if (ids[i] != *padding_idx) {
-        kept.push_back(ids[i]);
-        g.insert(g.end(), self.grad.f32() + int64_t(i) * D, self.grad.f32() + int64_t(i + 1) * D);
-      }
-    embedding_backward(kept.data(), int64_t(kept.size()), D, g.data(), table->grad_f32());
-  }, "embedding");
+  return embedding_of(table, ids, padding_idx, device::Refresh::Input);  // a replayed step's tokens
+}
+
+Var position_embedding(const Var& table, const std::vector<int64_t>& positions) {
+  return embedding_of(table, positions, std::nullopt, device::Refresh::Advance);  // the next positions
 }
 
 Var reshape(const Var& x, Shape shape) {
@@ -179,13 +210,51 @@ Var concat_last(const std::vector<Var>& xs) {
 }
 
 Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_t T, int64_t H, float sc) {
-  K3_AG_CUDA(q, causal_attention(q, k, v, B, T, H, sc));
   const int64_t D = last_dim(q->value), hd = D / H;
   const int64_t Dv = last_dim(v->value), hdv = Dv / H;
   K3_CHECK(rows(q->value) == B * T && D % H == 0 && Dv % H == 0 && last_dim(k->value) == D,
            "causal_attention: q ", q->value.describe(), " k ", k->value.describe(), " v ", v->value.describe(),
            " for B=", B, " T=", T, " H=", H);
-  Tensor y = Tensor::empty({B * T, Dv});
+  const Device dev = q->value.device();
+  Tensor y = Tensor::empty_on(dev, {B * T, Dv});
+  if (dev == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    // The flash kernels keep each row's log-sum-exp for the backward. Under Bf16Gemms the operands
+    // are bf16 (autocast's split: attention's two products are GEMMs) on the tensor cores; softmax,
+    // lse and gradients stay fp32.
+    const cuda::AttnShape a{B, T, T, H, hd, hdv, 0, sc};
+    const Tensor lse = recording() ? Tensor::empty_on(dev, {B, H, T}) : Tensor();
+    const auto st = cuda::gemm_storage(gpu::bf16_gemms());
+    {
+      using cuda::Operand;
+      const Operand qo(q->value.cuda_f32(), q->value.numel(), st), ko(k->value.cuda_f32(), k->value.numel(), st),
+          vo(v->value.cuda_f32(), v->value.numel(), st);
+      const bool bf16 = st == device::Storage::BF16;
+      Tensor yb = bf16 ? Tensor::empty_on(dev, {B * T * Dv}, DType::BF16) : Tensor();
+      cuda::attention_forward(qo.ptr, ko.ptr, vo.ptr, bf16 ? yb.raw() : y.cuda_f32(),
+                              lse.defined() ? lse.cuda_f32() : nullptr, a, st);
+      if (bf16) cuda::widen(yb.raw(), y.cuda_f32(), y.numel(), st);
+    }
+    return make_node(std::move(y), {q, k, v}, [q, k, v, lse, a, st](Node& self) {
+      // The kernel writes all three gradients: inputs that need none get scratch.
+      Tensor sq, sk, sv;
+      auto target = [](const Var& x, Tensor& scratch) {
+        if (needs_grad(x)) return x->grad_cuda();
+        scratch = Tensor::zeros_on(Device::CUDA, x->value.shape());
+        return scratch.cuda_f32();
+      };
+      float *dq = target(q, sq), *dk = target(k, sk), *dv = target(v, sv);
+      // y went through bf16 on the way out, so its bf16 copy here is the one the forward wrote.
+      using cuda::Operand;
+      const Operand qo(q->value.cuda_f32(), q->value.numel(), st), ko(k->value.cuda_f32(), k->value.numel(), st),
+          vo(v->value.cuda_f32(), v->value.numel(), st), yo(self.value.cuda_f32(), self.value.numel(), st),
+          dyo(self.grad.cuda_f32(), self.value.numel(), st);
+      cuda::attention_backward(qo.ptr, ko.ptr, vo.ptr, yo.ptr, lse.cuda_f32(), dyo.ptr, dq, dk, dv, a, st);
+    }, "attention");
+#endif
+  }
+  // The host form keeps nothing: its backward recomputes the probabilities per sequence instead of
+  // keeping B·H·T² of them.
   const AttentionShape s{T, T, H, hd, 0, sc, hdv};
   auto views = [=](const Tensor& tq, const Tensor& tk, const Tensor& tv, int64_t b) {
     return std::array<HeadView, 3>{HeadView{tq.f32() + b * T * D, D, hd}, HeadView{tk.f32() + b * T * D, D, hd},
@@ -196,7 +265,6 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_
     attention_forward(qv, kv, vv, HeadView{y.f32() + b * T * Dv, Dv, hdv}, s);
   }
   return make_node(std::move(y), {q, k, v}, [=](Node& self) {
-    // Recompute the probabilities per sequence instead of keeping B·H·T² of them.
     std::vector<float> probs(static_cast<size_t>(H * T * T)), ytmp(static_cast<size_t>(T * Dv));
     Tensor dq = Tensor::zeros(q->value.shape()), dk = Tensor::zeros(k->value.shape()), dv = Tensor::zeros(v->value.shape());
     for (int64_t b = 0; b < B; ++b) {
@@ -205,79 +273,31 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, int64_t B, int64_
       auto [dqv, dkv, dvv] = views(dq, dk, dv, b);
       attention_backward(qv, kv, vv, probs.data(), HeadView{self.grad.f32() + b * T * Dv, Dv, hdv}, dqv, dkv, dvv, s);
     }
-    auto acc = [](const Var& x, const Tensor& g) {
-      if (!needs_grad(x)) return;
-      float* d = x->grad_f32();
-      for (int64_t i = 0; i < g.numel(); ++i) d[i] += g.f32()[i];
-    };
-    acc(q, dq);
-    acc(k, dk);
-    acc(v, dv);
+    for (auto [x, g] : {std::pair{q, dq}, std::pair{k, dk}, std::pair{v, dv}})
+      if (needs_grad(x)) elementwise::accumulate(x->grad_tensor(), g);
   }, "attention");
 }
 
 Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& targets, int64_t vc, float z_loss) {
-  K3_AG_CUDA(h, cross_entropy_head(h, w, targets, z_loss));
-  const int64_t N = h->value.dim(0), D = h->value.dim(1), V = w->value.dim(0);
+  const int64_t N = h->value.dim(0), V = w->value.dim(0);
   K3_CHECK(int64_t(targets.size()) == N, "cross_entropy: ", targets.size(), " targets for ", N, " rows");
-  auto lse = std::make_shared<std::vector<float>>(size_t(N));
-  std::vector<float> mx(size_t(N), -INFINITY), se(size_t(N), 0.0f), tgt(size_t(N), 0.0f);
-  std::vector<float> chunk(size_t(N * std::min(vc, V)));
+  if (w->value.device() != h->value.device())
+    throw error("cross_entropy", "h ", h->value.describe(), " is on ", device_words(h->value.device()), " but W ",
+                w->value.describe(), " is on ", device_words(w->value.device()));
   int64_t count = 0;
   for (int64_t t : targets) {
     if (t >= V) throw error("cross_entropy", "target id ", t, " outside the vocabulary of ", V);
     count += t >= 0;
   }
-  // Online log-sum-exp over vocabulary chunks.
-  for (int64_t v0 = 0; v0 < V; v0 += vc) {
-    const int64_t n = std::min(vc, V - v0);
-    gemm(Trans::No, Trans::Yes, N, n, D, 1.0f, h->value.f32(), D, w->value.f32() + v0 * D, D, 0.0f, chunk.data(), n);
-    parallel_for(N, 8, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        float* row = chunk.data() + r * n;
-        const int64_t t = targets[size_t(r)];
-        if (t >= v0 && t < v0 + n) tgt[size_t(r)] = row[t - v0];
-        float m = mx[size_t(r)];
-        for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
-        exp_array(row, row, n, m);  // the row is scratch from here on
-        float s = se[size_t(r)] * std::exp(mx[size_t(r)] - m);
-        for (int64_t j = 0; j < n; ++j) s += row[j];
-        mx[size_t(r)] = m;
-        se[size_t(r)] = s;
-      }
-    });
-  }
-  double loss = 0;
-  for (int64_t r = 0; r < N; ++r) {
-    (*lse)[size_t(r)] = mx[size_t(r)] + std::log(se[size_t(r)]);
-    if (targets[size_t(r)] >= 0)
-      loss += (*lse)[size_t(r)] - tgt[size_t(r)] + double(z_loss) * (*lse)[size_t(r)] * (*lse)[size_t(r)];
-  }
-  Tensor y = Tensor::full({1}, count ? float(loss / double(count)) : 0.0f);
-  return make_node(std::move(y), {h, w}, [=](Node& self) {
-    const float g = self.grad.f32()[0] / float(std::max<int64_t>(count, 1));
-    std::vector<float> c(size_t(N * std::min(vc, V)));
-    for (int64_t v0 = 0; v0 < V; v0 += vc) {
-      const int64_t n = std::min(vc, V - v0);
-      gemm(Trans::No, Trans::Yes, N, n, D, 1.0f, h->value.f32(), D, w->value.f32() + v0 * D, D, 0.0f, c.data(), n);
-      parallel_for(N, 8, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {  // dlogits = g (softmax - onehot), zero for ignored rows
-          float* row = c.data() + r * n;
-          const int64_t t = targets[size_t(r)];
-          if (t < 0) {
-            std::fill(row, row + n, 0.0f);
-            continue;
-          }
-          // d/dz of lse - z_t + c·lse² is softmax·(1 + 2c·lse) - onehot.
-          const float l = (*lse)[size_t(r)], scale = g * (1.0f + 2.0f * z_loss * l);
-          exp_array(row, row, n, l);
-          for (int64_t j = 0; j < n; ++j) row[j] *= scale;
-          if (t >= v0 && t < v0 + n) row[t - v0] -= g;
-        }
-      });
-      if (needs_grad(h)) gemm(Trans::No, Trans::No, N, D, n, 1.0f, c.data(), n, w->value.f32() + v0 * D, D, 1.0f, h->grad_f32(), D);
-      if (needs_grad(w)) gemm(Trans::Yes, Trans::No, n, D, N, 1.0f, c.data(), n, h->value.f32(), D, 1.0f, w->grad_f32() + v0 * D, D);
-    }
+  const bool bf16 = gpu::bf16_gemms();
+  auto saved = std::make_shared<cross_entropy::Saved>();
+  const double loss = cross_entropy::forward(h->value, w->value, targets, vc, z_loss, bf16, *saved);
+  // The loss is a host scalar on either device.
+  return make_node(Tensor::full({1}, count ? float(loss / double(count)) : 0.0f), {h, w},
+                   [h, w, targets, vc, z_loss, bf16, saved, count](Node& self) {
+    const float g = self.grad.to_device(Device::CPU).f32()[0] / float(std::max<int64_t>(count, 1));
+    cross_entropy::backward(h->value, w->value, targets, vc, z_loss, bf16, *saved, g,
+                            needs_grad(h) ? h->grad_tensor() : Tensor(), needs_grad(w) ? w->grad_tensor() : Tensor());
   }, "cross_entropy");
 }
 

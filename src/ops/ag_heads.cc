@@ -1,10 +1,13 @@
 #include "ops/ag_heads.h"
 
-#include "ops/ag_cuda.h"
-
 #include <cstring>
 
 #include "ops/blocks.h"
+#include "ops/device_ids.h"
+#include "ops/elementwise.h"
+#if defined(K3_HAS_CUDA)
+#include "ops/ops_cuda.h"
+#endif
 
 namespace k3::ag {
 
@@ -55,16 +58,34 @@ Var broadcast_heads(const Var& x, int64_t H) {
 }
 
 Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t offset, const RopeTable& table) {
-  K3_AG_CUDA(x, rope(x, positions, H, offset, table));
   const int64_t M = nrows(x), hd = cols(x) / H;
   K3_CHECK(int64_t(positions.size()) == M && offset + table.dim <= hd, "rope: ", x->value.describe(), " H=", H);
   Tensor y = x->value.clone();
-  rope_apply(y.f32(), M, H, hd, offset, positions.data(), table, +1);
-  return make_node(std::move(y), {x}, [x, positions, H, hd, offset, table, M](Node& self) {
+  // On CUDA the positions and frequencies are uploaded once and kept for the backward (a replayed
+  // step's positions are the next ones).
+  DeviceIds pos, inv;
+  if (y.device() == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    pos = upload_ids(positions, device::Refresh::Advance);
+    inv = std::make_shared<device::Buffer>(
+        device::upload_new(table.inv_freq.data(), table.inv_freq.size() * sizeof(double), device::Refresh::Constant));
+#endif
+  }
+  // direction -1: the inverse rotation (the backward).
+  auto rotate = [positions, pos, inv, M, H, hd, offset, table](const Tensor& t, int direction) {
+    if (pos) {
+#if defined(K3_HAS_CUDA)
+      return cuda::rope_apply(t.cuda_f32(), M, H, hd, offset, table.dim, pos->as<int64_t>(), inv->as<double>(),
+                              table.attention_factor, direction, device::Storage::F32);
+#endif
+    }
+    rope_apply(t.f32(), M, H, hd, offset, positions.data(), table, direction);
+  };
+  rotate(y, +1);
+  return make_node(std::move(y), {x}, [x, rotate](Node& self) {
     Tensor g = self.grad.clone();
-    rope_apply(g.f32(), M, H, hd, offset, positions.data(), table, -1);
-    float* dx = x->grad_f32();
-    for (int64_t i = 0; i < g.numel(); ++i) dx[i] += g.f32()[i];
+    rotate(g, -1);
+    elementwise::accumulate(x->grad_tensor(), g);
   }, "rope");
 }
 

@@ -1,7 +1,5 @@
 #include "ops/ag_moe.h"
 
-#include "ops/ag_cuda.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -218,30 +216,59 @@ Dispatch make_dispatch(const std::vector<int64_t>& idx, int64_t M, int64_t K, in
 }
 
 Var weighted_combine(const std::vector<Var>& ys, const Dispatch& d, const Var& w, int64_t M) {
-  K3_AG_CUDA(w, weighted_combine(ys, d, w, M));
   K3_CHECK(static_cast<int64_t>(ys.size()) == d.active(), "weighted_combine: ", ys.size(), " outputs for ", d.active(),
            " experts");
   const int64_t K = M ? w->value.numel() / M : 0;
   K3_CHECK(w->value.numel() == M * K, "weighted_combine: weights ", w->value.describe(), " for ", M, " rows");
   const int64_t N = ys.empty() ? 0 : cols(ys[0]->value);
-  for (size_t j = 0; j < ys.size(); ++j)
+  for (size_t j = 0; j < ys.size(); ++j) {
     K3_CHECK(cols(ys[j]->value) == N && nrows(ys[j]->value) == d.offsets[j + 1] - d.offsets[j],
              "weighted_combine: expert output ", ys[j]->value.describe());
-  Tensor out = Tensor::zeros({M, N});
-  float* po = out.f32();
-  const float* pw = w->value.f32();
-  for (size_t j = 0; j < ys.size(); ++j) {
-    const float* py = ys[j]->value.f32();
-    for (int64_t p = d.offsets[j]; p < d.offsets[j + 1]; ++p) {
-      const float wt = pw[d.slots[size_t(p)]];
-      const float* yr = py + (p - d.offsets[j]) * N;
-      float* orow = po + d.rows[size_t(p)] * N;
-      for (int64_t c = 0; c < N; ++c) orow[c] += wt * yr[c];
+    if (ys[j]->value.device() != w->value.device())
+      throw error("weighted_combine", "expert output ", ys[j]->value.describe(), " is on ",
+                  device_words(ys[j]->value.device()), " but the weights are on ", device_words(w->value.device()));
+  }
+  Tensor out = Tensor::zeros_on(w->value.device(), {M, N});
+  // On CUDA the dispatch's rows and slots are uploaded once and kept for the backward.
+  DeviceIds d_rows, d_slots;
+  if (out.device() == Device::CUDA) {
+#if defined(K3_HAS_CUDA)
+    d_rows = upload_ids(d.rows);
+    d_slots = upload_ids(d.slots);
+    for (size_t j = 0; j < ys.size(); ++j) {
+      const int64_t p0 = d.offsets[j], n = d.offsets[j + 1] - p0;
+      cuda::scatter_weighted(ys[j]->value.cuda_f32(), d_rows->as<int64_t>() + p0, d_slots->as<int64_t>() + p0,
+                             w->value.cuda_f32(), n, N, out.cuda_f32());
+    }
+#endif
+  } else {
+    float* po = out.f32();
+    const float* pw = w->value.f32();
+    for (size_t j = 0; j < ys.size(); ++j) {
+      const float* py = ys[j]->value.f32();
+      for (int64_t p = d.offsets[j]; p < d.offsets[j + 1]; ++p) {
+        const float wt = pw[d.slots[size_t(p)]];
+        const float* yr = py + (p - d.offsets[j]) * N;
+        float* orow = po + d.rows[size_t(p)] * N;
+        for (int64_t c = 0; c < N; ++c) orow[c] += wt * yr[c];
+      }
     }
   }
   std::vector<Var> parents = ys;
   parents.push_back(w);
-  return make_node(std::move(out), std::move(parents), [ys, d, w, N](Node& self) {
+  return make_node(std::move(out), std::move(parents), [ys, d, w, N, d_rows, d_slots](Node& self) {
+    if (d_rows) {
+#if defined(K3_HAS_CUDA)
+      float* dw = needs_grad(w) ? w->grad_cuda() : nullptr;
+      for (size_t j = 0; j < ys.size(); ++j) {
+        const int64_t p0 = d.offsets[j], n = d.offsets[j + 1] - p0;
+        cuda::scatter_weighted_backward(self.grad.cuda_f32(), ys[j]->value.cuda_f32(), d_rows->as<int64_t>() + p0,
+                                        d_slots->as<int64_t>() + p0, w->value.cuda_f32(), n, N,
+                                        needs_grad(ys[j]) ? ys[j]->grad_cuda() : nullptr, dw);
+      }
+      return;
+#endif
+    }
     const float* g = self.grad.f32();
     const float* pw2 = w->value.f32();
     float* dw = needs_grad(w) ? w->grad_f32() : nullptr;

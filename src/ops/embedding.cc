@@ -19,7 +19,8 @@ void embedding_forward(const Tensor& table, const int64_t* ids, int64_t n, float
 
 void embedding_backward(const int64_t* ids, int64_t n, int64_t D, const float* dy, float* dtable) {
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t d = 0; d < D; ++d) dtable[ids[i] * D + d] += dy[i * D + d];
+    if (ids[i] >= 0)
+      for (int64_t d = 0; d < D; ++d) dtable[ids[i] * D + d] += dy[i * D + d];
 }
 
 }  // namespace k3

@@ -2,6 +2,8 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+
 #include "core/device.h"
 #include "ops/ops_cuda.h"
 
@@ -66,5 +68,35 @@ void linear_backward(const float* x, const float* dy, int64_t M, int64_t in, int
     for (int64_t m = 0; m < M; ++m)
       for (int64_t o = 0; o < out; ++o) db[o] += dy[m * out + o];
 }
+
+namespace linear {
+
+namespace {
+float* host(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
+}  // namespace
+
+void forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout, const Tensor& y, bool bf16) {
+  if constexpr (device::kCudaBuilt)
+    if (x.device() == Device::CUDA) return linear_cuda::forward(x, w, b, layout, y, bf16);
+  const int64_t in = x.dim(-1), out = y.dim(-1);
+  linear_forward(x.f32(), x.numel() / std::max<int64_t>(1, in), in, out, w, layout, host(b), y.f32());
+}
+
+void backward(const Tensor& x, const Tensor& w, WeightLayout layout, const Tensor& dy, const Tensor& dx,
+              const Tensor& dw, const Tensor& db, bool bf16) {
+  if constexpr (device::kCudaBuilt)
+    if (x.device() == Device::CUDA) return linear_cuda::backward(x, w, layout, dy, dx, dw, db, bf16);
+  const int64_t in = x.dim(-1), out = dy.dim(-1);
+  linear_backward(x.f32(), dy.f32(), x.numel() / std::max<int64_t>(1, in), in, out, w, layout, host(dx), host(dw),
+                  host(db));
+}
+
+std::vector<Tensor> grouped(const Tensor& x, const std::vector<const Tensor*>& weights) {
+  if constexpr (device::kCudaBuilt)
+    if (x.device() == Device::CUDA) return linear_cuda::grouped(x, weights);
+  throw error("linear", "grouped projections of the host tensor ", x.describe(), " (a CUDA form only)");
+}
+
+}  // namespace linear
 
 }  // namespace k3

@@ -1,7 +1,9 @@
-// Matrix products on the CPU (row-major, fp32) through the system BLAS.
+// Matrix products: on the CPU (row-major, fp32) through the system BLAS, and the linear layer on
+// tensors of either device (the CUDA form in linear_cuda.cc, through cuBLASLt).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -28,5 +30,25 @@ void linear_forward(const float* x, int64_t M, int64_t in, int64_t out, const Te
 // Any of dx, dw, db may be null. Gradients accumulate (beta = 1) so several uses add up.
 void linear_backward(const float* x, const float* dy, int64_t M, int64_t in, int64_t out, const Tensor& w,
                      WeightLayout layout, float* dx, float* dw, float* db);
+
+// The linear layer on tensors of either device, behind one dispatch on x's device: x [.., in]
+// contiguous fp32, w fp32 (or bf16 on CUDA) in `layout`, b [out] or undefined, y [.., out].
+// bf16: GEMM operands rounded to bf16 with fp32 accumulation (ops/precision.h; the CPU computes in
+// fp32). Gradients accumulate into dx, dw, db where defined.
+namespace linear {
+void forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout, const Tensor& y, bool bf16);
+void backward(const Tensor& x, const Tensor& w, WeightLayout layout, const Tensor& dy, const Tensor& dx,
+              const Tensor& dw, const Tensor& db, bool bf16);
+// x · W_iᵀ for bias-free [out, in] CUDA weights of one dtype, in one grouped GEMM (inference).
+std::vector<Tensor> grouped(const Tensor& x, const std::vector<const Tensor*>& weights);
+}  // namespace linear
+
+// The CUDA forms behind linear:: (linear_cuda.cc, built with CUDA only).
+namespace linear_cuda {
+void forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout, const Tensor& y, bool bf16);
+void backward(const Tensor& x, const Tensor& w, WeightLayout layout, const Tensor& dy, const Tensor& dx,
+              const Tensor& dw, const Tensor& db, bool bf16);
+std::vector<Tensor> grouped(const Tensor& x, const std::vector<const Tensor*>& weights);
+}  // namespace linear_cuda
 
 }  // namespace k3

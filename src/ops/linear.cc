@@ -1,8 +1,6 @@
 #include "ops/linear.h"
 
-#if defined(K3_HAS_CUDA)
-#include "ops/ag_cuda.h"
-#endif
+#include "core/device.h"
 
 namespace k3 {
 
@@ -18,8 +16,7 @@ void Linear::visit(const std::string& prefix, const ParamVisitor& v) const {
 }
 
 std::vector<Var> apply_each(const std::vector<const Linear*>& ls, const Var& x) {
-#if defined(K3_HAS_CUDA)
-  bool grouped = ls.size() > 1 && x->value.device() == Device::CUDA && x->value.dtype() == DType::F32 &&
+  bool grouped = device::kCudaBuilt && ls.size() > 1 && x->value.device() == Device::CUDA && x->value.dtype() == DType::F32 &&
                  x->value.is_contiguous() && !(recording() && needs_grad(x));
   for (const Linear* l : ls)
     grouped = grouped && !l->bias && l->layout == WeightLayout::OutIn && !(recording() && needs_grad(l->weight)) &&
@@ -31,10 +28,9 @@ std::vector<Var> apply_each(const std::vector<const Linear*>& ls, const Var& x) 
     std::vector<const Tensor*> ws;
     for (const Linear* l : ls) ws.push_back(&l->weight->value);
     std::vector<Var> out;
-    for (Tensor& y : ag::gpu::linears_no_grad(x->value, ws)) out.push_back(constant(std::move(y)));
+    for (Tensor& y : linear::grouped(x->value, ws)) out.push_back(constant(std::move(y)));
     return out;
   }
-#endif
   std::vector<Var> out;
   for (const Linear* l : ls) out.push_back((*l)(x));
   return out;

@@ -1,12 +1,14 @@
 // CUDA kernels of the stateless ops (ops/*_cuda.cu), on device pointers, queued on k3's stream
-// (core/device.h). Each mirrors the CPU function of the same name without the suffix and is
-// tested against it (ops_cuda_test.cc). `Storage` says how activations are stored on the device
-// (fp32 or bf16); arithmetic, statistics and gradients of parameters are fp32.
+// (core/device.h), one section per kernel file with each op's forward and backward together. Each
+// mirrors the CPU function of the same name without the suffix and is tested against it
+// (ops_cuda_test.cc, ag_cuda_test.cc). `Storage` says how activations are stored on the device
+// (fp32 or bf16); arithmetic, statistics and gradients of parameters are fp32. Arrays are
+// row-major [rows, columns] unless said otherwise; backwards accumulate (+=) into their gradients
+// (null ones are skipped) unless said otherwise.
 #pragma once
 
-#include <vector>
-
 #include <cstdint>
+#include <vector>
 
 #include "core/device.h"
 #include "ops/gates.h"
@@ -14,6 +16,8 @@
 namespace k3::cuda {
 
 using device::Storage;
+
+// ---- gates_cuda.cu
 
 // KDA gates (ops/gates.h): x, g [rows, H, K] fp32; A_log [H]; dt_bias [H·K]. Backward
 // accumulates (+=) into dx, dA_log, ddt_bias (any may be null).
@@ -24,6 +28,8 @@ void gate_lowerbound_forward(const float* x, const float* A_log, const float* dt
                              GateShape s);
 void gate_lowerbound_backward(const float* x, const float* A_log, const float* dt_bias, float lower_bound,
                               const float* dg, float* dx, float* dA_log, float* ddt_bias, GateShape s);
+
+// ---- norm_cuda.cu
 
 // Norms over the last dimension of x [M, D] (ops/norm.h). mean/rstd [M] are written when non-null.
 // Backward: dx = (the layer norm's += with accumulate), dw/db accumulate.
@@ -48,6 +54,20 @@ void rmsnorm_forward(const void* x, const float* w, float eps, int64_t M, int64_
 void rmsnorm_backward(const void* x, const float* w, const float* rstd, const void* dy, int64_t M, int64_t D,
                       void* dx, float* dw, Storage st);
 
+// ---- ag_norms_cuda.cu
+
+// Over G groups of d values: y = x / sqrt(Σx² + eps) (ops/ag_norms.h's l2norm), and the gated
+// RMSNorm y = x·rstd·w[j]·act(gate), act 0 none, 1 sigmoid, 2 swish (w may be null).
+void l2norm_groups(const float* x, float* y, int64_t G, int64_t d, float eps);
+void gated_rmsnorm_groups(const float* x, const float* gate, const float* w, float* y, int64_t G, int64_t d, float eps,
+                          int act);
+
+void l2norm_groups_backward(const float* x, const float* dy, float* dx, int64_t G, int64_t d, float eps);
+void gated_rmsnorm_groups_backward(const float* x, const float* gate, const float* w, const float* dy, float* dx,
+                                   float* dgate, float* dw, int64_t G, int64_t d, float eps, int act);
+
+// ---- activation_cuda.cu
+
 // Elementwise activations (ops/activation.h, ops/situ.h). Backward overwrites dx (dgate, dup).
 void gelu_tanh_forward(const void* x, void* y, int64_t n, Storage st);
 // dx_bf16 (fp32 storage only; may be null) receives a bf16 copy of dx, a GEMM's operand.
@@ -69,18 +89,100 @@ void situ_glu_forward(const void* gate, const void* up, void* y, int64_t n, floa
 void situ_glu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n,
                        float beta, float beta_lin, Storage st);
 
+// ---- elementwise_cuda.cu
+
+enum class Unary : uint8_t { Scale, Sigmoid, Silu, Elu1 };  // s·x, σ(x), x·σ(x), elu(x) + 1
+void unary(const float* x, float* y, int64_t n, Unary op, float s = 1.0f);
+enum class Binary : uint8_t { Add, Mul };
+void binary(const float* a, const float* b, float* y, int64_t n, Binary op);
+void unary_backward(const float* x, const float* dy, float* dx, int64_t n, Unary op, float s = 1.0f);
+void mul_backward(const float* a, const float* b, const float* dy, float* da, float* db, int64_t n);
+// Small glue kernels: y += x (n values); y[M, N] += bias[N]; fp32 → bf16/fp32 copy (casts
+// activations to a GEMM's operand storage) and back; the q/k/v column blocks of a fused [M, 3·H·hd]
+// projection into three contiguous [M, H, hd] arrays.
+void add_inplace(float* y, const float* x, int64_t n);
+void add_bias(float* y, const float* bias, int64_t M, int64_t N);
+void cast(const float* x, void* y, int64_t n, Storage st);
+void widen(const void* x, float* y, int64_t n, Storage st);  // cast's inverse: storage `st` → fp32
+// split_qkv_to adds the projection's bias [3D] (null: none) and stores q, k, v as st.
+void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v, int64_t M, int64_t D, Storage st);
+// The same from a bf16 [M, 3D] (a bf16 GEMM's output, its bias added by the GEMM) into bf16 arrays.
+void split_qkv_bf16(const void* qkv, void* q, void* k, void* v, int64_t M, int64_t D);
+// Its inverse (fp32); qkv_bf16 (may be null) receives a bf16 copy of qkv.
+void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D,
+               void* qkv_bf16 = nullptr);
+// The merge with the projection's bias gradient in the one pass: qkv (fp32) and/or qkv_bf16, either
+// may be null, and dbias[3D] += Σ_m qkv[m, :] (dbias null: no sums). One kernel where D % 4 == 0
+// and the arrays are aligned, else the composed ops.
+void merge_qkv_bias(const float* q, const float* k, const float* v, int64_t M, int64_t D, float* qkv, void* qkv_bf16,
+                    float* dbias);
+void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
+// dbias[N] += Σ_m x[m, :] over rows ldx elements apart, x stored as st.
+void column_sums(const void* x, int64_t M, int64_t N, int64_t ldx, Storage st, float* dbias);
+// y (bf16, rows ldy elements apart) = x [M, N] (fp32), and dbias[N] += Σ_m x[m, :] when non-null.
+void to_bf16_with_column_sums(const float* x, int64_t M, int64_t N, void* y, int64_t ldy, float* dbias);
+
+// *acc += Σ x² (acc: one double on the device; gradient clipping reads it back once per step).
+void sum_squares(const float* x, int64_t n, double* acc);
+
+// ---- blocks_cuda.cu
+
+// dst[m·d_row + h·d_head + j] = src[m·s_row + h·s_head + j] for m < M, h < H, j < w: column
+// slices, per-head slices and concatenations, broadcasts (s_head = 0).
+void copy_blocks(const float* src, int64_t s_row, int64_t s_head, float* dst, int64_t d_row, int64_t d_head, int64_t M,
+                 int64_t H, int64_t w);
+// copy_blocks' layout with dst += src (the backward of slices, concatenations and head layouts).
+void add_blocks(const float* src, int64_t s_row, int64_t s_head, float* dst, int64_t d_row, int64_t d_head, int64_t M,
+                int64_t H, int64_t w);
+
+// ---- ag_moe_cuda.cu
+
+// y[i] = x[rows[i]] (rows on the device).
+void gather_rows(const float* x, const int64_t* rows, int64_t n, int64_t D, float* y);
+// out[rows[p]] += w[slots[p]] · ys[p] for p < n (ys [n, D]), atomically.
+void scatter_weighted(const float* ys, const int64_t* rows, const int64_t* slots, const float* w, int64_t n, int64_t D,
+                      float* out);
+// y[m, k] = s[m, idx[m·K + k]] (+ offset[idx], when non-null).
+void gather_cols(const float* s, const int64_t* idx, const float* offset, int64_t M, int64_t E, int64_t K, float* y);
+void softmax_rows(const float* x, float* y, int64_t M, int64_t N);
+// idx[m] = the first column of row m of x [M, N] holding the row's largest value (NaNs never win;
+// a row of NaNs gives 0): greedy decoding on the device, as std::max_element / torch.argmax.
+void argmax_rows(const float* x, int64_t M, int64_t N, int64_t* idx);
+void normalize_sum_rows(const float* x, float* y, int64_t M, int64_t N, float eps);  // y = x / (Σ x + eps)
+void scatter_add_rows(const float* dy, const int64_t* rows, int64_t n, int64_t D, float* dx);  // dx[rows[i]] += dy[i]
+void scatter_cols_add(const float* dy, const int64_t* idx, int64_t M, int64_t E, int64_t K, float* ds);
+void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t M, int64_t N);
+void normalize_sum_rows_backward(const float* x, const float* y, const float* dy, float* dx, int64_t M, int64_t N,
+                                 float eps);
+void scatter_weighted_backward(const float* dout, const float* ys, const int64_t* rows, const int64_t* slots,
+                               const float* w, int64_t n, int64_t D, float* dys, float* dw);
+
+// ---- ag_conv_cuda.cu
+
+// Causal depthwise convolution (ops/ag_conv.h) of B sequences of T rows, zero left padding.
+void short_conv(const float* x, const float* w, int64_t B, int64_t T, int64_t C, int64_t W, float* y);
+void short_conv_backward(const float* x, const float* w, const float* dy, int64_t B, int64_t T, int64_t C, int64_t W,
+                         float* dx, float* dw);
+
+// ---- embedding_cuda.cu
+
 // Embedding rows: y[n, D] = table[ids[n]] (fp32 table); backward atomically adds dy into dtable.
 // check_ids: an id outside [0, vocab) throws (the check waits for the kernel); callers that
 // validated the ids on the host pass false and stay asynchronous.
 void embedding_forward(const float* table, int64_t vocab, const int64_t* ids, int64_t n, int64_t D, void* y,
                        Storage st, bool check_ids = true);
+// Rows with a negative id (padding) add nothing.
 void embedding_backward(const int64_t* ids, int64_t n, int64_t D, const void* dy, float* dtable, Storage st);
+
+// ---- rope_cuda.cu
 
 // RoPE on rows x [M, H, hd] in place, adjacent pairs (ops/rope.h): columns [offset, offset + rot)
 // of each head at row m rotate by positions[m]·inv_freq[i] (inv_freq [rot/2] fp32, scaled cos/sin
 // by attn_factor; angles in double as on the CPU). direction −1 is the inverse rotation.
 void rope_apply(void* x, int64_t M, int64_t H, int64_t hd, int64_t offset, int64_t rot, const int64_t* positions,
                 const double* inv_freq, double attn_factor, int direction, Storage st);
+
+// ---- attention_cuda.cu, attention_mma_cuda.cu
 
 // Causal softmax attention, flash-style (no [T, S] matrix in memory): B sequences, H heads;
 // q [B, Tq, H, hd], k [B, S, H, hd], v [B, S, H, hdv], y [B, Tq, H, hdv] contiguous, all of
@@ -120,30 +222,7 @@ void attention_forward_qkv(const void* qkv, void* y, float* lse, const AttnShape
 void attention_backward_qkv(const void* qkv, const void* y, const float* lse, const void* dy, void* dqkv,
                             float* dbias, const AttnShape& a);
 
-// Small glue kernels: y += x (n values); y[M, N] += bias[N]; fp32 → bf16/fp32 copy (casts
-// activations to a GEMM's operand storage) and back; the q/k/v column blocks of a fused [M, 3·H·hd]
-// projection into three contiguous [M, H, hd] arrays.
-void add_inplace(float* y, const float* x, int64_t n);
-void add_bias(float* y, const float* bias, int64_t M, int64_t N);
-void cast(const float* x, void* y, int64_t n, Storage st);
-void widen(const void* x, float* y, int64_t n, Storage st);  // cast's inverse: storage `st` → fp32
-// split_qkv_to adds the projection's bias [3D] (null: none) and stores q, k, v as st.
-void split_qkv_to(const float* qkv, const float* bias, void* q, void* k, void* v, int64_t M, int64_t D, Storage st);
-// The same from a bf16 [M, 3D] (a bf16 GEMM's output, its bias added by the GEMM) into bf16 arrays.
-void split_qkv_bf16(const void* qkv, void* q, void* k, void* v, int64_t M, int64_t D);
-// Its inverse (fp32); qkv_bf16 (may be null) receives a bf16 copy of qkv.
-void merge_qkv(const float* q, const float* k, const float* v, float* qkv, int64_t M, int64_t D,
-               void* qkv_bf16 = nullptr);
-// The merge with the projection's bias gradient in the one pass: qkv (fp32) and/or qkv_bf16, either
-// may be null, and dbias[3D] += Σ_m qkv[m, :] (dbias null: no sums). One kernel where D % 4 == 0
-// and the arrays are aligned, else the composed ops.
-void merge_qkv_bias(const float* q, const float* k, const float* v, int64_t M, int64_t D, float* qkv, void* qkv_bf16,
-                    float* dbias);
-void bias_grad(const float* dy, float* db, int64_t M, int64_t N);  // db[N] += Σ_m dy[m, :]
-// dbias[N] += Σ_m x[m, :] over rows ldx elements apart, x stored as st.
-void column_sums(const void* x, int64_t M, int64_t N, int64_t ldx, Storage st, float* dbias);
-// y (bf16, rows ldy elements apart) = x [M, N] (fp32), and dbias[N] += Σ_m x[m, :] when non-null.
-void to_bf16_with_column_sums(const float* x, int64_t M, int64_t N, void* y, int64_t ldy, float* dbias);
+// ---- cross_entropy_cuda.cu
 
 // Softmax cross-entropy over logits [M, Vocab] (fp32) against targets [M] (−1 = ignored), with
 // the z-loss c·lse² (c = z_loss): loss[M] per row, and dlogits [M, Vocab] = (softmax·(1 + 2c·lse)
@@ -160,6 +239,8 @@ void cross_entropy_to(const float* logits, const int64_t* targets, int64_t M, in
 // The same over bf16 logits (a bf16 GEMM's output), dlogits bf16 too (may be `logits` itself).
 void cross_entropy_bf16(const void* logits, const int64_t* targets, int64_t M, int64_t vocab, float* loss,
                         void* dlogits, float scale, float z_loss = 0.0f, int64_t ld = 0);
+
+// ---- optim_cuda.cu
 
 // AdamW step on fp32 parameters (train/optimizer.h semantics: decoupled weight decay,
 // bias-corrected moments).
@@ -190,6 +271,8 @@ class AdamWGroup {
   device::Buffer tensors_, chunks_;
   int64_t chunks_count_ = 0;
 };
+
+// ---- gemm_cuda.cu
 
 // C[M, N] = alpha · op(A) op(B) + beta · C (+ bias), row-major, through cuBLASLt. A and B stored
 // as `st` (bf16 operands accumulate in fp32); C is fp32. bias, when given, is an fp32 [N] vector
@@ -251,57 +334,5 @@ void gemm_nt_grouped(int64_t N, int64_t K, const std::vector<GemmProblem>& probl
 void gemm_strided(Op ta, Op tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, int64_t sa,
                   const float* B, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc, int64_t sc,
                   int64_t count);
-
-// Kernels of the differentiable ops' CUDA forms (ops/ag_cuda.cc; tensor_ops_cuda.cu), fp32 [rows,
-// columns] row-major unless said otherwise.
-enum class Unary : uint8_t { Scale, Sigmoid, Silu, Elu1 };  // s·x, σ(x), x·σ(x), elu(x) + 1
-void unary(const float* x, float* y, int64_t n, Unary op, float s = 1.0f);
-enum class Binary : uint8_t { Add, Mul };
-void binary(const float* a, const float* b, float* y, int64_t n, Binary op);
-// dst[m·d_row + h·d_head + j] = src[m·s_row + h·s_head + j] for m < M, h < H, j < w: column
-// slices, per-head slices and concatenations, broadcasts (s_head = 0).
-void copy_blocks(const float* src, int64_t s_row, int64_t s_head, float* dst, int64_t d_row, int64_t d_head, int64_t M,
-                 int64_t H, int64_t w);
-// y[i] = x[rows[i]] (rows on the device).
-void gather_rows(const float* x, const int64_t* rows, int64_t n, int64_t D, float* y);
-// out[rows[p]] += w[slots[p]] · ys[p] for p < n (ys [n, D]), atomically.
-void scatter_weighted(const float* ys, const int64_t* rows, const int64_t* slots, const float* w, int64_t n, int64_t D,
-                      float* out);
-// y[m, k] = s[m, idx[m·K + k]] (+ offset[idx], when non-null).
-void gather_cols(const float* s, const int64_t* idx, const float* offset, int64_t M, int64_t E, int64_t K, float* y);
-void softmax_rows(const float* x, float* y, int64_t M, int64_t N);
-// idx[m] = the first column of row m of x [M, N] holding the row's largest value (NaNs never win;
-// a row of NaNs gives 0): greedy decoding on the device, as std::max_element / torch.argmax.
-void argmax_rows(const float* x, int64_t M, int64_t N, int64_t* idx);
-void normalize_sum_rows(const float* x, float* y, int64_t M, int64_t N, float eps);  // y = x / (Σ x + eps)
-// Causal depthwise convolution (ops/ag_conv.h) of B sequences of T rows, zero left padding.
-void short_conv(const float* x, const float* w, int64_t B, int64_t T, int64_t C, int64_t W, float* y);
-// Over G groups of d values: y = x / sqrt(Σx² + eps) (ops/ag_norms.h's l2norm), and the gated
-// RMSNorm y = x·rstd·w[j]·act(gate), act 0 none, 1 sigmoid, 2 swish (w may be null).
-void l2norm_groups(const float* x, float* y, int64_t G, int64_t d, float eps);
-void gated_rmsnorm_groups(const float* x, const float* gate, const float* w, float* y, int64_t G, int64_t d, float eps,
-                          int act);
-
-// Backward kernels of the ops above (backward_cuda.cu); each accumulates (+=) into its gradients
-// (null ones are skipped), as the CPU closures do.
-void unary_backward(const float* x, const float* dy, float* dx, int64_t n, Unary op, float s = 1.0f);
-void mul_backward(const float* a, const float* b, const float* dy, float* da, float* db, int64_t n);
-// copy_blocks' layout with dst += src (the backward of slices, concatenations and head layouts).
-void add_blocks(const float* src, int64_t s_row, int64_t s_head, float* dst, int64_t d_row, int64_t d_head, int64_t M,
-                int64_t H, int64_t w);
-void scatter_add_rows(const float* dy, const int64_t* rows, int64_t n, int64_t D, float* dx);  // dx[rows[i]] += dy[i]
-void scatter_cols_add(const float* dy, const int64_t* idx, int64_t M, int64_t E, int64_t K, float* ds);
-void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t M, int64_t N);
-void normalize_sum_rows_backward(const float* x, const float* y, const float* dy, float* dx, int64_t M, int64_t N,
-                                 float eps);
-void scatter_weighted_backward(const float* dout, const float* ys, const int64_t* rows, const int64_t* slots,
-                               const float* w, int64_t n, int64_t D, float* dys, float* dw);
-void short_conv_backward(const float* x, const float* w, const float* dy, int64_t B, int64_t T, int64_t C, int64_t W,
-                         float* dx, float* dw);
-void l2norm_groups_backward(const float* x, const float* dy, float* dx, int64_t G, int64_t d, float eps);
-void gated_rmsnorm_groups_backward(const float* x, const float* gate, const float* w, const float* dy, float* dx,
-                                   float* dgate, float* dw, int64_t G, int64_t d, float eps, int act);
-// *acc += Σ x² (acc: one double on the device; gradient clipping reads it back once per step).
-void sum_squares(const float* x, int64_t n, double* acc);
 
 }  // namespace k3::cuda

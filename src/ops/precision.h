@@ -3,7 +3,7 @@
 // operands (both in the forward and in the backward's dX / dW products), products accumulate in
 // fp32 and the gradients and master weights stay fp32. Causal attention's operands (q, k, v, y,
 // dy) are bf16 in the scope too: its two products are GEMMs, run on the tensor cores. Every other
-// op keeps fp32 (PyTorch autocast's split). The CUDA ops honour it (ag_cuda.h); the CPU computes
+// op keeps fp32 (PyTorch autocast's split). The CUDA forms honour it; the CPU computes
 // in fp32 whatever the scope says.
 #pragma once
 

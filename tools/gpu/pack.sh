@@ -44,7 +44,8 @@ done
 for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   grep -E 'openblas|gfortran|quadmath|icu|gomp|httplib|libssl|libcrypto|brotli|libz\.' |
   while read -r lib; do cp -L "$lib" .gpu/lib/; done
-tar -C .gpu -cJf .gpu/bundle.tar.xz bin lib
+# A 64 MiB window (xz -9): the binaries share most of their code, so the window dedupes them.
+XZ_OPT="${XZ_OPT:--9}" tar -C .gpu -cJf .gpu/bundle.tar.xz bin lib
 rm -rf .gpu/bin .gpu/lib
 fixtures="$root/../shared/fixtures"
 mkdir -p .gpu/shared/fixtures/models .gpu/shared/fixtures/ops

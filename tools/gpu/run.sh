@@ -3,7 +3,8 @@
 # binary, `k3 op run --device cuda` on every packed op fixture (fp32 and bf16, compared by
 # compare_ops.py), then any extra command given as arguments. $OUT (or ./out) receives two files,
 # since a device call brings back few: summary.txt (each suite's result and failures, the op
-# fixtures' errors) and logs.tar.gz (every full log and gtest JSON).
+# fixtures' errors) and logs.tar.gz (every full log and gtest JSON). K3_GPU_ONLY_EXTRA=1 skips the
+# tests and fixtures and runs the extra command alone (a second call on the same pack).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-$root/out}"
@@ -22,6 +23,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee
 echo "fixtures packed: $(cd "$root/.gpu/shared/fixtures" && ls models ops 2>/dev/null | tr '\n' ' ')" | tee -a "$summary"
 status=0
 for t in "$root"/.gpu/bin/*_cuda_test; do
+  [ -z "${K3_GPU_ONLY_EXTRA:-}" ] || break
   [ -e "$t" ] || continue
   name=$(basename "$t")
   echo "== $name" | tee -a "$summary"
@@ -29,13 +31,13 @@ for t in "$root"/.gpu/bin/*_cuda_test; do
   { grep -E '^\[  FAILED  \]|Failure$|^Expected|Which is|actual:|C\+\+ exception' "$logs/$name.log" | head -40; tail -n 3 "$logs/$name.log"; } |
     tee -a "$summary"
 done
-if [ -n "$(ls "$root/.gpu/shared/fixtures/ops" 2>/dev/null)" ]; then
+if [ -z "${K3_GPU_ONLY_EXTRA:-}" ] && [ -n "$(ls "$root/.gpu/shared/fixtures/ops" 2>/dev/null)" ]; then
   echo "== k3 op run --device cuda on every packed op fixture" | tee -a "$summary"
   python3 "$root/tools/gpu/compare_ops.py" "$root/.gpu/shared/fixtures/ops" "$logs/ops" 2>&1 | tee -a "$summary" ||
     status=1
 fi
 g="$root/.gpu/shared/fixtures/models/gpt2-tiny"
-if [ -d "$g" ]; then
+if [ -z "${K3_GPU_ONLY_EXTRA:-}" ] && [ -d "$g" ]; then
   echo "== k3 logits --device cuda on gpt2-tiny (f32 and bf16 weights)" | tee -a "$summary"
   for dt in f32 bf16; do
     k3 logits --model "$g" --input "$g/expected.safetensors" --output "$logs/gpt2_logits_$dt.safetensors" --device cuda \

@@ -1,48 +1,13 @@
-// The small kernels behind the differentiable ops' CUDA forms (ops/ag_cuda.cc): elementwise maps,
-// block copies for slicing and head layouts, MoE gather/scatter, row softmax, the short
-// convolution and the grouped norms. Each mirrors the CPU loop of the op it serves (ops/ag.cc,
-// ag_heads.cc, ag_moe.cc, ag_conv.cc, ag_norms.cc) and is tested through it (ag_cuda_test.cc).
+// The routing ops of ops/ag_moe.h on CUDA, forward and backward: row softmax, top-1 argmax, sum
+// normalisation, gathers of rows and columns, and the weighted combine of the experts' outputs.
+// Backwards accumulate (+=), as the host closures do.
+#include <algorithm>
 #include <cmath>
 
-#include "core/cuda_util.cuh"
-#include "ops/ops_cuda.h"
+#include "ops/kernels_cuda.cuh"
 
 namespace k3::cuda {
 namespace {
-
-using device::block_sum;
-using device::blocks_for;
-
-constexpr int kThreads = 256;
-
-__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-__global__ void unary_kernel(const float* x, float* y, int64_t n, Unary op, float s) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float v = x[i];
-  switch (op) {
-    case Unary::Scale: y[i] = v * s; break;
-    case Unary::Sigmoid: y[i] = sigm(v); break;
-    case Unary::Silu: y[i] = v * sigm(v); break;
-    case Unary::Elu1: y[i] = v > 0.0f ? v + 1.0f : expf(v); break;
-  }
-}
-
-__global__ void binary_kernel(const float* a, const float* b, float* y, int64_t n, Binary op) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  y[i] = op == Binary::Add ? a[i] + b[i] : a[i] * b[i];
-}
-
-// One block row per (m, h) pair; threads over the w columns.
-__global__ void copy_blocks_kernel(const float* src, int64_t s_row, int64_t s_head, float* dst, int64_t d_row,
-                                   int64_t d_head, int64_t H, int64_t w) {
-  const int64_t mh = blockIdx.x, m = mh / H, h = mh % H;
-  const float* s = src + m * s_row + h * s_head;
-  float* d = dst + m * d_row + h * d_head;
-  for (int64_t j = threadIdx.x; j < w; j += blockDim.x) d[j] = s[j];
-}
 
 __global__ void gather_rows_kernel(const float* x, const int64_t* rows, int64_t D, float* y) {
   const int64_t i = blockIdx.x;
@@ -130,64 +95,61 @@ __global__ void normalize_sum_kernel(const float* x, float* y, int64_t N, float 
   for (int64_t j = threadIdx.x; j < N; j += blockDim.x) y[int64_t(blockIdx.x) * N + j] = r[j] / s;
 }
 
-// y[b, t, c] = Σ_{i<W} w[c, i] x[b, t − W + 1 + i, c], rows before the sequence's start are zero.
-__global__ void short_conv_kernel(const float* x, const float* w, int64_t T, int64_t C, int64_t W, int64_t n,
-                                  float* y) {
+__global__ void scatter_add_rows_kernel(const float* dy, const int64_t* rows, int64_t D, float* dx) {
+  const int64_t i = blockIdx.x;
+  float* d = dx + rows[i] * D;
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) atomicAdd(d + j, dy[i * D + j]);
+}
+
+__global__ void scatter_cols_kernel(const float* dy, const int64_t* idx, int64_t E, int64_t K, int64_t n, float* ds) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const int64_t c = i % C, bt = i / C, t = bt % T;
-  float acc = 0.0f;
-  for (int64_t k = 0; k < W; ++k) {
-    const int64_t s = t - (W - 1) + k;
-    if (s >= 0) acc += w[c * W + k] * x[(bt - t + s) * C + c];
-  }
-  y[i] = acc;
+  atomicAdd(ds + (i / K) * E + idx[i], dy[i]);
 }
 
-// One block per group of d values. mode 0: l2norm (rstd over the sum); 1: gated RMSNorm (mean).
-__global__ void group_norm_kernel(const float* x, const float* gate, const float* w, float* y, int64_t d, float eps,
-                                  int mode, int act) {
+// dx = p ⊙ (dy − Σ dy·p)
+__global__ void softmax_bwd_kernel(const float* p, const float* dy, float* dx, int64_t N) {
   __shared__ float scratch[32];
-  const float* r = x + int64_t(blockIdx.x) * d;
-  float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += r[j] * r[j];
-  ss = block_sum(ss, scratch);
-  const float rs = mode == 0 ? rsqrtf(ss + eps) : rsqrtf(ss / float(d) + eps);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const int64_t i = int64_t(blockIdx.x) * d + j;
-    float v = r[j] * rs;
-    if (w) v *= w[j];
-    if (gate) {
-      const float g = gate[i];
-      v *= act == 1 ? sigm(g) : g * sigm(g);
-    }
-    y[i] = v;
-  }
+  const int64_t o = int64_t(blockIdx.x) * N;
+  float dot = 0.0f;
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) dot += dy[o + j] * p[o + j];
+  dot = block_sum(dot, scratch);
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) dx[o + j] += p[o + j] * (dy[o + j] - dot);
 }
 
-int threads_for(int64_t w) { return w >= 256 ? 256 : w > 64 ? 128 : 64; }
+// y = x / S, S = Σ x + eps: dx_j = (dy_j − Σ dy·y) / S
+__global__ void normalize_sum_bwd_kernel(const float* x, const float* y, const float* dy, float* dx, int64_t N,
+                                         float eps) {
+  __shared__ float scratch[32];
+  const int64_t o = int64_t(blockIdx.x) * N;
+  float s = 0.0f, gy = 0.0f;
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+    s += x[o + j];
+    gy += dy[o + j] * y[o + j];
+  }
+  s = block_sum(s, scratch) + eps;
+  gy = block_sum(gy, scratch);
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) dx[o + j] += (dy[o + j] - gy) / s;
+}
+
+// One block per routed row p: dys[p] += w[slot]·dout[row]; dw[slot] += dout[row]·ys[p].
+__global__ void scatter_weighted_bwd_kernel(const float* dout, const float* ys, const int64_t* rows,
+                                            const int64_t* slots, const float* w, int64_t D, float* dys, float* dw) {
+  __shared__ float scratch[32];
+  const int64_t p = blockIdx.x;
+  const float* g = dout + rows[p] * D;
+  const float c = w[slots[p]];
+  float dot = 0.0f;
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+    if (dys) dys[p * D + j] += c * g[j];
+    dot += g[j] * ys[p * D + j];
+  }
+  if (!dw) return;
+  dot = block_sum(dot, scratch);
+  if (threadIdx.x == 0) atomicAdd(dw + slots[p], dot);
+}
 
 }  // namespace
-
-void unary(const float* x, float* y, int64_t n, Unary op, float s) {
-  if (!n) return;
-  unary_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(x, y, n, op, s);
-  K3_CUDA_LAUNCHED();
-}
-
-void binary(const float* a, const float* b, float* y, int64_t n, Binary op) {
-  if (!n) return;
-  binary_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(a, b, y, n, op);
-  K3_CUDA_LAUNCHED();
-}
-
-void copy_blocks(const float* src, int64_t s_row, int64_t s_head, float* dst, int64_t d_row, int64_t d_head, int64_t M,
-                 int64_t H, int64_t w) {
-  if (!M || !H || !w) return;
-  copy_blocks_kernel<<<unsigned(M * H), threads_for(w), 0, device::stream()>>>(src, s_row, s_head, dst, d_row, d_head,
-                                                                                H, w);
-  K3_CUDA_LAUNCHED();
-}
 
 void gather_rows(const float* x, const int64_t* rows, int64_t n, int64_t D, float* y) {
   if (!n || !D) return;
@@ -228,24 +190,37 @@ void normalize_sum_rows(const float* x, float* y, int64_t M, int64_t N, float ep
   K3_CUDA_LAUNCHED();
 }
 
-void short_conv(const float* x, const float* w, int64_t B, int64_t T, int64_t C, int64_t W, float* y) {
-  const int64_t n = B * T * C;
+void scatter_add_rows(const float* dy, const int64_t* rows, int64_t n, int64_t D, float* dx) {
+  if (!n || !D) return;
+  scatter_add_rows_kernel<<<unsigned(n), threads_for(D), 0, device::stream()>>>(dy, rows, D, dx);
+  K3_CUDA_LAUNCHED();
+}
+
+void scatter_cols_add(const float* dy, const int64_t* idx, int64_t M, int64_t E, int64_t K, float* ds) {
+  const int64_t n = M * K;
   if (!n) return;
-  short_conv_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(x, w, T, C, W, n, y);
+  scatter_cols_kernel<<<blocks_for(n, kThreads), kThreads, 0, device::stream()>>>(dy, idx, E, K, n, ds);
   K3_CUDA_LAUNCHED();
 }
 
-void l2norm_groups(const float* x, float* y, int64_t G, int64_t d, float eps) {
-  if (!G) return;
-  group_norm_kernel<<<unsigned(G), threads_for(d), 0, device::stream()>>>(x, nullptr, nullptr, y, d, eps, 0, 0);
+void softmax_rows_backward(const float* y, const float* dy, float* dx, int64_t M, int64_t N) {
+  if (!M || !N) return;
+  softmax_bwd_kernel<<<unsigned(M), threads_for(N), 0, device::stream()>>>(y, dy, dx, N);
   K3_CUDA_LAUNCHED();
 }
 
-void gated_rmsnorm_groups(const float* x, const float* gate, const float* w, float* y, int64_t G, int64_t d, float eps,
-                          int act) {
-  if (!G) return;
-  group_norm_kernel<<<unsigned(G), threads_for(d), 0, device::stream()>>>(x, act ? gate : nullptr, w, y, d, eps, 1,
-                                                                          act);
+void normalize_sum_rows_backward(const float* x, const float* y, const float* dy, float* dx, int64_t M, int64_t N,
+                                 float eps) {
+  if (!M || !N) return;
+  normalize_sum_bwd_kernel<<<unsigned(M), threads_for(N), 0, device::stream()>>>(x, y, dy, dx, N, eps);
+  K3_CUDA_LAUNCHED();
+}
+
+void scatter_weighted_backward(const float* dout, const float* ys, const int64_t* rows, const int64_t* slots,
+                               const float* w, int64_t n, int64_t D, float* dys, float* dw) {
+  if (!n || !D || (!dys && !dw)) return;
+  scatter_weighted_bwd_kernel<<<unsigned(n), threads_for(D), 0, device::stream()>>>(dout, ys, rows, slots, w, D, dys,
+                                                                                     dw);
   K3_CUDA_LAUNCHED();
 }
 
