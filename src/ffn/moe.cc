@@ -10,6 +10,7 @@
 #include "core/parallel.h"
 #include "core/profile.h"
 #include "ffn/moe_group_score.h"
+#include "ops/ag_heads.h"
 
 namespace k3 {
 
@@ -94,7 +95,12 @@ MoE::MoE(const MoeOptions& options) : opts(options) {
   experts.reserve(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) experts.emplace_back(width, opts.expert_hidden, glu_options(opts, opts.names.expert));
   if (opts.n_shared > 0)
-    shared.emplace(D, opts.n_shared * opts.expert_hidden, glu_options(opts, opts.names.shared_glu));
+    shared.emplace(D, opts.shared_hidden > 0 ? opts.shared_hidden : opts.n_shared * opts.expert_hidden,
+                   glu_options(opts, opts.names.shared_glu));
+  if (opts.shared_gate == SharedGate::Sigmoid) {
+    if (opts.n_shared <= 0) throw error("moe", "a shared-expert gate without a shared expert");
+    shared_gate = Linear(D, 1, Bias::None);
+  }
   if (opts.latent_dim > 0) {
     latent_down = Linear(D, opts.latent_dim, Bias::None);
     latent_up = Linear(opts.latent_dim, D, Bias::None);
@@ -134,7 +140,11 @@ Var MoE::forward(const Var& x) const {
     r = latent_up(r);  // [M, D]
   }
   scope.emplace("shared experts");
-  if (shared) r = ag::add(r, shared->forward(x));  // shared experts on the full x
+  if (shared) {  // shared experts on the full x
+    Var y = shared->forward(x);
+    if (shared_gate.weight) y = ag::mul(y, ag::broadcast_heads(ag::sigmoid(shared_gate(x)), opts.d_model));
+    r = ag::add(r, y);
+  }
   scope.reset();
   last_scores_ = scores;
   return r;
@@ -270,6 +280,7 @@ void MoE::visit(const std::string& prefix, const ParamVisitor& v) const {
   const std::string ep = join_name(prefix, opts.names.experts);
   for (size_t e = 0; e < experts.size(); ++e) experts[e].visit(join_name(ep, std::to_string(e)), v);
   if (shared) shared->visit(join_name(prefix, opts.names.shared), v);
+  if (shared_gate.weight) shared_gate.visit(join_name(prefix, opts.names.shared_gate), v);
   if (opts.latent_dim > 0) {
     latent_down.visit(join_name(prefix, opts.names.latent_down), v);
     latent_up.visit(join_name(prefix, opts.names.latent_up), v);
@@ -280,7 +291,7 @@ void MoE::visit(const std::string& prefix, const ParamVisitor& v) const {
 int64_t MoE::active_params() const {
   int64_t n = router.params() + (router_bias ? opts.n_experts : 0);
   n += opts.top_k * experts.front().active_params();
-  if (shared) n += shared->active_params();
+  if (shared) n += shared->active_params() + (shared_gate.weight ? opts.d_model : 0);
   if (opts.latent_dim > 0) n += latent_down.params() + latent_up.params() + (latent_norm ? opts.latent_dim : 0);
   return n;
 }

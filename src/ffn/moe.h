@@ -40,6 +40,7 @@ struct MoeNames {
   std::string router = "gate";              // gate.weight, gate.e_score_correction_bias
   std::string experts = "experts";          // experts.{e}.<expert.gate|up|down>.weight
   std::string shared = "shared_experts";    // shared_experts.<shared_glu...>.weight
+  std::string shared_gate = "shared_expert_gate";  // shared_expert_gate.weight [1, D] (SharedGate::Sigmoid)
   GluNames expert = GluNames::hf();
   GluNames shared_glu = GluNames::hf();
   std::string latent_down = "routed_expert_down_proj";
@@ -52,7 +53,14 @@ struct MoeNames {
     n.expert = GluNames::kimi_expert();
     return n;
   }
+  static MoeNames qwen3_next() {  // mlp.experts.{e}.{gate,up,down}_proj, mlp.shared_expert, mlp.shared_expert_gate
+    MoeNames n;
+    n.shared = "shared_expert";
+    return n;
+  }
 };
+// Qwen3-Next scales its shared expert's output per token by sigmoid(shared_expert_gate · x).
+enum class SharedGate : uint8_t { None, Sigmoid };
 
 struct MoeOptions {
   int64_t d_model = 0;
@@ -60,6 +68,8 @@ struct MoeOptions {
   int64_t top_k = 0;          // num_experts_per_tok / num_experts_per_token
   int64_t expert_hidden = 0;  // moe_intermediate_size
   int64_t n_shared = 0;       // shared GLU width = n_shared · expert_hidden; 0: no shared experts
+  int64_t shared_hidden = 0;  // the shared GLU's width where it is set (shared_expert_intermediate_size)
+  SharedGate shared_gate = SharedGate::None;
   int64_t n_group = 1, topk_group = 1;  // n_group / num_expert_group, topk_group
   float routed_scaling = 1.0f;          // routed_scaling_factor
   ScoreFunction score = ScoreFunction::Sigmoid;
@@ -138,6 +148,7 @@ class MoE final : public Ffn {
   Var router_bias;   // gate.e_score_correction_bias [E] (no gradient) or null
   std::vector<GluMlp> experts;
   std::optional<GluMlp> shared;
+  Linear shared_gate;  // [1, D] with SharedGate::Sigmoid
   Linear latent_down, latent_up;  // only with latent_dim > 0
   std::optional<Norm> latent_norm;
 

@@ -76,7 +76,7 @@ Var rope(const Var& x, const std::vector<int64_t>& positions, int64_t H, int64_t
     if (pos) {
 #if defined(K3_HAS_CUDA)
       return cuda::rope_apply(t.cuda_f32(), M, H, hd, offset, table.dim, pos->as<int64_t>(), inv->as<double>(),
-                              table.attention_factor, direction, device::Storage::F32);
+                              table.attention_factor, direction, device::Storage::F32, table.half_pairs);
 #endif
     }
     rope_apply(t.f32(), M, H, hd, offset, positions.data(), table, direction);

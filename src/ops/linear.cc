@@ -36,17 +36,22 @@ std::vector<Var> apply_each(const std::vector<const Linear*>& ls, const Var& x) 
   return out;
 }
 
-Norm::Norm(NormType t, int64_t d, float e) : type(t), dim(d), eps(e) {
+Norm::Norm(NormType t, int64_t d, float e, NormWeight w) : type(t), dim(d), eps(e), weight_form(w) {
+  K3_CHECK(w == NormWeight::Plain || t == NormType::RMSNorm, "a zero-centred weight is an RMSNorm's");
   weight = parameter({d});
   if (t == NormType::LayerNorm) bias = parameter({d});
 }
 
 Var Norm::operator()(const Var& x) const {
-  return type == NormType::LayerNorm ? ag::layernorm(x, weight, bias, eps) : ag::rmsnorm(x, weight, eps);
+  if (type == NormType::LayerNorm) return ag::layernorm(x, weight, bias, eps);
+  // x̂·(1 + w) as x̂·w + x̂: the norm's own ops on either device, no constant of ones to keep.
+  if (weight_form == NormWeight::ZeroCentred) return ag::add(ag::rmsnorm(x, weight, eps), ag::rmsnorm(x, nullptr, eps));
+  return ag::rmsnorm(x, weight, eps);
 }
 
 void Norm::visit(const std::string& prefix, const ParamVisitor& v) const {
-  v(join_name(prefix, "weight"), *weight, ParamKind::Norm);
+  // A zero-centred weight starts at 0 (init_normal sets Other to zero, Norm to one).
+  v(join_name(prefix, "weight"), *weight, weight_form == NormWeight::ZeroCentred ? ParamKind::Other : ParamKind::Norm);
   if (bias) v(join_name(prefix, "bias"), *bias, ParamKind::Norm);
 }
 

@@ -29,14 +29,18 @@ enum class NormType : uint8_t { LayerNorm, RMSNorm };
 // the decode step is bound by its launches); otherwise the linears one by one.
 std::vector<Var> apply_each(const std::vector<const Linear*>& ls, const Var& x);
 
+// Zero-centred (Qwen3-Next's RMSNorm): the stored weight w scales by (1 + w), so it starts at 0.
+enum class NormWeight : uint8_t { Plain, ZeroCentred };
+
 struct Norm {
   NormType type = NormType::LayerNorm;
   int64_t dim = 0;
   float eps = 1e-5f;
+  NormWeight weight_form = NormWeight::Plain;  // RMSNorm only
   Var weight, bias;  // bias only for LayerNorm
 
   Norm() = default;
-  Norm(NormType t, int64_t d, float e);
+  Norm(NormType t, int64_t d, float e, NormWeight w = NormWeight::Plain);
   Var operator()(const Var& x) const;
   void visit(const std::string& prefix, const ParamVisitor& v) const;
 };

@@ -179,8 +179,9 @@ void embedding_backward(const int64_t* ids, int64_t n, int64_t D, const void* dy
 // RoPE on rows x [M, H, hd] in place, adjacent pairs (ops/rope.h): columns [offset, offset + rot)
 // of each head at row m rotate by positions[m]·inv_freq[i] (inv_freq [rot/2] fp32, scaled cos/sin
 // by attn_factor; angles in double as on the CPU). direction −1 is the inverse rotation.
+// half_pairs: column i pairs with i + rot/2 (rotate-half) instead of 2i with 2i + 1.
 void rope_apply(void* x, int64_t M, int64_t H, int64_t hd, int64_t offset, int64_t rot, const int64_t* positions,
-                const double* inv_freq, double attn_factor, int direction, Storage st);
+                const double* inv_freq, double attn_factor, int direction, Storage st, bool half_pairs = false);
 
 // ---- attention_cuda.cu, attention_mma_cuda.cu
 

@@ -369,19 +369,22 @@ TEST_P(OpsCuda, EmbeddingAndRope) {
   // RoPE with YaRN at large positions (angles in double), forward and inverse.
   YarnScaling yarn;
   yarn.factor = 32.0;
-  const RopeTable rt = make_rope(8, 10000.0, yarn);
+  RopeTable rt = make_rope(8, 10000.0, yarn);
   std::vector<int64_t> pos(static_cast<size_t>(n));
   for (int64_t m = 0; m < n; ++m) pos[size_t(m)] = m * 25000 + 3;
   auto x = randv(rng, n * H * hd);
   if (st == Storage::BF16) x = bf16_round(x);
-  for (int dir : {1, -1}) {
-    std::vector<float> ref = x;
-    rope_apply(ref.data(), n, H, hd, 4, pos.data(), rt, dir);
-    Buffer gx = up(x, st), gpos = device::upload_new(pos.data(), pos.size() * 8),
-           gf = device::upload_new(rt.inv_freq.data(), rt.inv_freq.size() * 8);
-    cuda::rope_apply(gx.get(), n, H, hd, 4, rt.dim, gpos.as<int64_t>(), gf.as<double>(), rt.attention_factor, dir, st);
-    EXPECT_LE(rel(down(gx, n * H * hd, st), ref), tol(st)) << "rope direction " << dir;
-  }
+  for (bool half : {false, true})  // adjacent pairs (DeepSeek) and rotate-half (Qwen)
+    for (int dir : {1, -1}) {
+      rt.half_pairs = half;
+      std::vector<float> ref = x;
+      rope_apply(ref.data(), n, H, hd, 4, pos.data(), rt, dir);
+      Buffer gx = up(x, st), gpos = device::upload_new(pos.data(), pos.size() * 8),
+             gf = device::upload_new(rt.inv_freq.data(), rt.inv_freq.size() * 8);
+      cuda::rope_apply(gx.get(), n, H, hd, 4, rt.dim, gpos.as<int64_t>(), gf.as<double>(), rt.attention_factor, dir,
+                       st, half);
+      EXPECT_LE(rel(down(gx, n * H * hd, st), ref), tol(st)) << "rope direction " << dir << " half pairs " << half;
+    }
 }
 
 // Flash-style attention against the CPU's direct softmax: prefill (pos0 = 0), a chunk after a

@@ -56,12 +56,15 @@ void rope_apply(float* x, int64_t M, int64_t H, int64_t hd, int64_t offset, cons
     table.angles(positions[m], c, s);
     for (int64_t h = 0; h < H; ++h) {
       float* p = x + m * H * hd + h * hd + offset;
-      for (int64_t i = 0; i < table.dim / 2; ++i) {
-        float a = p[2 * i], b = p[2 * i + 1];
+      const int64_t half = table.dim / 2, step = table.half_pairs ? 1 : 2, partner = table.half_pairs ? half : 1;
+      for (int64_t i = 0; i < half; ++i) {
+        float& a = p[i * step];
+        float& b = p[i * step + partner];
+        const float a0 = a, b0 = b;
         float si = direction > 0 ? s[size_t(i)] : -s[size_t(i)];
         // The backward of y = A x with A = f·R(θ) is Aᵀ = f·R(−θ).
-        p[2 * i] = a * c[size_t(i)] - b * si;
-        p[2 * i + 1] = a * si + b * c[size_t(i)];
+        a = a0 * c[size_t(i)] - b0 * si;
+        b = a0 * si + b0 * c[size_t(i)];
       }
     }
   }
