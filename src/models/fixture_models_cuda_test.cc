@@ -291,7 +291,8 @@ TEST_P(FixtureModelCuda, AHostContextOnADeviceModelIsAClearError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModelCuda,
-                         ::testing::Values("gpt2-tiny", "deepseek-v3-tiny", "kimi-linear-tiny", "kimi-k3-tiny"),
+                         ::testing::Values("gpt2-tiny", "deepseek-v3-tiny", "kimi-linear-tiny", "kimi-k3-tiny",
+                                           "qwen3-next-tiny"),
                          [](const auto& param_info) {
                            std::string n = param_info.param;
                            for (auto& c : n) if (c == '-') c = '_';

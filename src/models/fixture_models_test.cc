@@ -100,7 +100,8 @@ TEST_P(FixtureModel, DecoderOnTheCpuIsTheQueuedStep) {
   EXPECT_THROW(ctx.layers.front()->set_length(1), Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModel, ::testing::Values("gpt2-tiny", "deepseek-v3-tiny", "kimi-linear-tiny", "kimi-k3-tiny"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModel, ::testing::Values("gpt2-tiny", "deepseek-v3-tiny", "kimi-linear-tiny", "kimi-k3-tiny",
+                                                                      "qwen3-next-tiny"),
                          [](const auto& param_info) {
                            std::string n = param_info.param;
                            for (auto& c : n) if (c == '-') c = '_';

@@ -7,6 +7,7 @@
 #include "models/gpt2.h"
 #include "models/kimi.h"
 #include "models/presets.h"
+#include "models/qwen3_next.h"
 
 namespace k3 {
 
@@ -29,6 +30,7 @@ constexpr Architecture kArchitectures[] = {
     {"kda", &FlaModel::load, &FlaModel::from_config, nullptr},
     {"kimi_linear", &KimiModel::load, &KimiModel::linear_from_config, &report_kimi},
     {"kimi_k3", &KimiModel::load, &KimiModel::k3_from_config, &report_kimi},
+    {"qwen3_next", &Qwen3NextModel::load, &Qwen3NextModel::from_config, nullptr},
 };
 
 const Architecture& find(const Json& config, const std::string& where) {

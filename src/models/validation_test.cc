@@ -140,4 +140,35 @@ TEST_F(WeightValidation, NonFiniteWeightsAreFoundOnRequest) {
   EXPECT_NE(m.find("'lm_head.weight' (2 of them)"), std::string::npos) << m;
 }
 
+// Qwen3-Next: the layer types, the head groupings and the RoPE parameters are checked where read.
+TEST(ConfigValidation, Qwen3NextLayerTypesHeadsAndRope) {
+  const Json base = read_json_file(testing::fixture_model("qwen3-next-tiny") + "/config.json");
+  EXPECT_EQ(error_of([&] { build_model(base, "qn"); }), "");
+  auto with = [&](const std::string& key, Json v) {
+    Json c = base;
+    c[key] = v;
+    return error_of([&] { build_model(c, "qn"); });
+  };
+  EXPECT_NE(with("layer_types", Json::array({"linear_attention", "full_attention"})).find("one type per layer"),
+            std::string::npos);
+  EXPECT_NE(with("layer_types", Json::array({"linear_attention", "mamba", "linear_attention", "full_attention"}))
+                .find("\"mamba\" is not supported"),
+            std::string::npos);
+  EXPECT_NE(with("num_key_value_heads", 3).find("cannot share 3 key/value heads"), std::string::npos);
+  EXPECT_NE(with("linear_num_value_heads", 3).find("value heads are not groups"), std::string::npos);
+  EXPECT_NE(with("attention_bias", true).find("attention_bias"), std::string::npos);
+  EXPECT_NE(with("rope_parameters", Json{{"rope_type", "yarn"}}).find("default only"), std::string::npos);
+  EXPECT_NE(with("rope_parameters", Json{{"partial_rotary_factor", 2.0}}).find("partial_rotary_factor"),
+            std::string::npos);
+  EXPECT_NE(with("num_experts_per_tok", 9).find("top-9 of 8 experts"), std::string::npos);
+  // Without layer_types, every full_attention_interval-th layer is attention (transformers' rule).
+  Json c = base;
+  c.erase("layer_types");
+  c["full_attention_interval"] = 2;
+  const auto m = build_model(c, "qn");
+  int attention = 0;
+  m->visit([&](const std::string& n, Node&, ParamKind) { attention += n.ends_with("self_attn.q_proj.weight"); });
+  EXPECT_EQ(attention, 2);
+}
+
 }  // namespace k3

@@ -5,6 +5,7 @@
 
 #include "core/profile.h"
 #include "ops/ag_conv.h"
+#include "ops/ag_heads.h"
 #include "mixers/linear/delta_states.h"
 
 namespace k3 {
@@ -76,6 +77,16 @@ DeltaLayerOptions DeltaLayerOptions::fla_gated_delta_net(int64_t d_model, int64_
   return o;
 }
 
+DeltaLayerOptions DeltaLayerOptions::qwen3_next_gdn(int64_t d_model, int64_t heads, int64_t value_heads,
+                                                    int64_t head_k_dim, int64_t head_v_dim, int64_t conv_size,
+                                                    float eps) {
+  DeltaLayerOptions o = fla_gated_delta_net(d_model, heads, value_heads, head_k_dim, head_v_dim);
+  o.naming = DeltaNaming::Qwen3Next;
+  o.conv_size = conv_size;
+  o.norm_eps = eps;
+  return o;
+}
+
 DeltaLayer::DeltaLayer(const DeltaLayerOptions& o)
     : o_(o), H_(o.heads), HV_(o.hv()), K_(o.head_k_dim), V_(o.head_v_dim) {
   const int64_t D = o.d_model;
@@ -83,18 +94,28 @@ DeltaLayer::DeltaLayer(const DeltaLayerOptions& o)
            " value_heads=", HV_, " K=", K_, " V=", V_);
   K3_CHECK(!o.normalize || o.kind == DeltaKind::LinearAttention, "delta layer: the normaliser is for linear attention");
   K3_CHECK(o.conv_size >= 0, "delta layer: conv_size ", o.conv_size);
-  q_proj_ = Linear(D, H_ * K_, Bias::None);
-  k_proj_ = Linear(D, H_ * K_, Bias::None);
-  v_proj_ = Linear(D, HV_ * V_, Bias::None);
-  if (o.conv_size > 0) {
-    q_conv_ = parameter({H_ * K_, 1, o.conv_size});
-    k_conv_ = parameter({H_ * K_, 1, o.conv_size});
-    v_conv_ = parameter({HV_ * V_, 1, o.conv_size});
+  const bool qwen = o.naming == DeltaNaming::Qwen3Next;
+  if (qwen) {
+    K3_CHECK(o.kind == DeltaKind::GatedDeltaNet && o.use_beta && o.output_gate == DeltaOutputGate::Swish &&
+                 o.output_norm && o.conv_size > 0,
+             "delta layer: Qwen3-Next's fused projections belong to its Gated DeltaNet (β, swish-gated norm, conv)");
+    in_proj_qkvz_ = Linear(D, 2 * H_ * K_ + 2 * HV_ * V_, Bias::None);
+    in_proj_ba_ = Linear(D, 2 * HV_, Bias::None);
+    qkv_conv_ = parameter({2 * H_ * K_ + HV_ * V_, 1, o.conv_size});
+  } else {
+    q_proj_ = Linear(D, H_ * K_, Bias::None);
+    k_proj_ = Linear(D, H_ * K_, Bias::None);
+    v_proj_ = Linear(D, HV_ * V_, Bias::None);
+    if (o.conv_size > 0) {
+      q_conv_ = parameter({H_ * K_, 1, o.conv_size});
+      k_conv_ = parameter({H_ * K_, 1, o.conv_size});
+      v_conv_ = parameter({HV_ * V_, 1, o.conv_size});
+    }
   }
   const bool delta = o.kind != DeltaKind::LinearAttention;
-  if (delta && o.use_beta) b_proj_ = Linear(D, HV_, Bias::None);
+  if (delta && o.use_beta && !qwen) b_proj_ = Linear(D, HV_, Bias::None);
   if (o.kind == DeltaKind::GatedDeltaNet) {
-    a_proj_ = Linear(D, HV_, Bias::None);
+    if (!qwen) a_proj_ = Linear(D, HV_, Bias::None);
     A_log_ = parameter(o.a_log_shape.empty() ? Shape{HV_} : o.a_log_shape);
     dt_bias_ = parameter({HV_});
   } else if (o.kind == DeltaKind::Kda) {
@@ -115,7 +136,9 @@ DeltaLayer::DeltaLayer(const DeltaLayerOptions& o)
       break;
     }
     case DeltaOutputGate::FullRank:
-    case DeltaOutputGate::Swish: g_proj_ = Linear(D, HV_ * V_, Bias::None); break;
+    case DeltaOutputGate::Swish:
+      if (!qwen) g_proj_ = Linear(D, HV_ * V_, Bias::None);
+      break;
   }
   if (o.output_norm) o_norm_ = parameter({V_});
   o_proj_ = Linear(HV_ * V_, D, Bias::None);
@@ -151,6 +174,17 @@ Var DeltaLayer::conv(const Var& x, const Var& w, const SeqBatch& batch) const {
   return ag::short_conv(x, w, batch.B, batch.T);
 }
 
+DeltaLayer::ConvWeights DeltaLayer::conv_weights() const {
+  if (!qkv_conv_) return {q_conv_, k_conv_, v_conv_};
+  // Rows [a, b) of the fused [C, 1, W] weight, differentiable (a view of its flat values).
+  const int64_t W = o_.conv_size, C = qkv_conv_->value.dim(0);
+  auto rows = [&](int64_t a, int64_t b) {
+    return ag::reshape(ag::slice_last(ag::reshape(qkv_conv_, {1, C * W}), a * W, b * W), {b - a, 1, W});
+  };
+  const int64_t hk = H_ * K_;
+  return {rows(0, hk), rows(hk, 2 * hk), rows(2 * hk, C)};
+}
+
 Var DeltaLayer::core(const Var& q, const Var& k, const Var& v, const Var& beta, const Var& g,
                      const SeqBatch& batch) const {
   const linear::DeltaOptions c = core_options();
@@ -170,7 +204,17 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   // (apply_each); otherwise each where it is used.
   enum Proj { kQ, kK, kV, kBeta, kDecay, kGate, kProjs };
   std::vector<Var> px(kProjs);
-  if (batch.memories) {
+  if (o_.naming == DeltaNaming::Qwen3Next) {
+    // Two fused GEMMs, sliced per key head: q, k, the head's value heads' v and z; b then a.
+    const std::vector<Var> f = apply_each({&in_proj_qkvz_, &in_proj_ba_}, x);
+    const int64_t r = HV_ / H_;
+    px[kQ] = ag::head_slice(f[0], H_, 0, K_);
+    px[kK] = ag::head_slice(f[0], H_, K_, 2 * K_);
+    px[kV] = ag::head_slice(f[0], H_, 2 * K_, 2 * K_ + r * V_);
+    px[kGate] = ag::head_slice(f[0], H_, 2 * K_ + r * V_, 2 * K_ + 2 * r * V_);
+    px[kBeta] = ag::head_slice(f[1], H_, 0, r);
+    px[kDecay] = ag::head_slice(f[1], H_, r, 2 * r);
+  } else if (batch.memories) {
     std::vector<const Linear*> ls = {&q_proj_, &k_proj_, &v_proj_};
     std::vector<Proj> which = {kQ, kK, kV};
     auto want = [&](const Linear& l, Proj p) {
@@ -188,21 +232,22 @@ Var DeltaLayer::forward(const Var& x, const SeqBatch& batch) const {
   scope.emplace("q k v");
   Var q, k, v;
   bool silu_done = false;
-  if (batch.memories && q_conv_) {
+  const ConvWeights cw = conv_weights();
+  if (batch.memories && cw.q) {
     // Decoding: the three streams' convolutions (and their SiLU) continuing each sequence's tails,
     // one launch on CUDA. The state step must take the heads before the tails move on, or a
     // refused shape would leave the tails a token ahead of the state.
     linear::check_state_step(x->value.device(), K_, V_);
     const std::vector<Tensor> ys =
         linear::convs_with_tails({proj(kQ, q_proj_)->value, proj(kK, k_proj_)->value, proj(kV, v_proj_)->value},
-                                 {q_conv_->value, k_conv_->value, v_conv_->value}, batch.B, batch.T, o_.conv_size,
+                                 {cw.q->value, cw.k->value, cw.v->value}, batch.B, batch.T, o_.conv_size,
                                  o_.silu, batch.memories);
     q = constant(ys[0]), k = constant(ys[1]), v = constant(ys[2]);
     silu_done = o_.silu;
   } else {
-    q = conv(proj(kQ, q_proj_), q_conv_, batch);
-    k = conv(proj(kK, k_proj_), k_conv_, batch);
-    v = conv(proj(kV, v_proj_), v_conv_, batch);
+    q = conv(proj(kQ, q_proj_), cw.q, batch);
+    k = conv(proj(kK, k_proj_), cw.k, batch);
+    v = conv(proj(kV, v_proj_), cw.v, batch);
   }
   // The decay gate's pre-activations (GDN: a_proj; KDA: the low-rank f_a, f_b).
   auto gate_input = [&] { return o_.kind == DeltaKind::Kda ? f_b_proj_(proj(kDecay, f_a_proj_)) : proj(kDecay, a_proj_); };
@@ -285,7 +330,7 @@ std::unique_ptr<Memory> DeltaLayer::new_memory(int64_t) const {
   std::vector<int64_t> channels;
   if (o_.conv_size > 1) channels = {H_ * K_, H_ * K_, HV_ * V_};
   return std::make_unique<RecurrentState>(HV_, K_, V_, o_.normalize, std::move(channels), o_.conv_size,
-                                          q_proj_.weight->value.device());
+                                          o_proj_.weight->value.device());
 }
 
 std::vector<MemorySpec> DeltaLayer::memory_spec() const {
@@ -299,6 +344,16 @@ std::vector<MemorySpec> DeltaLayer::memory_spec() const {
 void DeltaLayer::visit(const std::string& prefix, const ParamVisitor& v) const {
   const bool fla = o_.naming == DeltaNaming::Fla;
   auto p = [&](const char* n) { return join_name(prefix, n); };
+  if (o_.naming == DeltaNaming::Qwen3Next) {
+    in_proj_qkvz_.visit(p("in_proj_qkvz"), v);
+    in_proj_ba_.visit(p("in_proj_ba"), v);
+    v(p("conv1d.weight"), *qkv_conv_, ParamKind::Weight);
+    v(p("A_log"), *A_log_, ParamKind::Other);
+    v(p("dt_bias"), *dt_bias_, ParamKind::Other);
+    v(p("norm.weight"), *o_norm_, ParamKind::Norm);
+    o_proj_.visit(p("out_proj"), v);
+    return;
+  }
   q_proj_.visit(p("q_proj"), v);
   k_proj_.visit(p("k_proj"), v);
   v_proj_.visit(p("v_proj"), v);

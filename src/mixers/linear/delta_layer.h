@@ -22,7 +22,11 @@ enum class DeltaKind : uint8_t { LinearAttention, DeltaNet, GatedDeltaNet, Kda }
 // KimiHF: Kimi-Linear / K3 checkpoints (f_a_proj, f_b_proj, g_a_proj, g_b_proj, g_proj).
 // Fla: flash-linear-attention's layers (KDA: f_proj.0/1, g_proj.0/1 with a bias on g_proj.1;
 // LinearAttention's output norm is `norm`).
-enum class DeltaNaming : uint8_t { KimiHF, Fla };
+// Qwen3Next: Qwen3-Next's Gated DeltaNet, its projections fused as transformers stores them:
+// in_proj_qkvz [H·(2K + 2·(HV/H)·V), D] grouped by key head (each head's q, k, then its value
+// heads' v and z), in_proj_ba [H·2·(HV/H), D] likewise (b then a), conv1d over q | k | v,
+// norm (the gated RMSNorm's weight), out_proj. The forward slices them per head.
+enum class DeltaNaming : uint8_t { KimiHF, Fla, Qwen3Next };
 enum class DeltaOutputGate : uint8_t {
   None,
   KimiLowRank,  // sigmoid(g_b_proj(g_a_proj x)) (fla: g_proj.1(g_proj.0 x) + bias)
@@ -69,6 +73,8 @@ struct DeltaLayerOptions {
   static DeltaLayerOptions fla_delta_net(int64_t d_model, int64_t heads, int64_t head_dim, bool use_gate = false);
   static DeltaLayerOptions fla_gated_delta_net(int64_t d_model, int64_t heads, int64_t value_heads, int64_t head_k_dim,
                                                int64_t head_v_dim);
+  static DeltaLayerOptions qwen3_next_gdn(int64_t d_model, int64_t heads, int64_t value_heads, int64_t head_k_dim,
+                                          int64_t head_v_dim, int64_t conv_size, float eps);
 };
 
 class DeltaLayer final : public Mixer {
@@ -84,12 +90,17 @@ class DeltaLayer final : public Mixer {
 
  private:
   Var conv(const Var& x, const Var& w, const SeqBatch& batch) const;
+  struct ConvWeights {
+    Var q, k, v;
+  };
+  ConvWeights conv_weights() const;  // the three streams' (rows of the fused one under Qwen3Next)
   Var core(const Var& q, const Var& k, const Var& v, const Var& beta, const Var& g, const SeqBatch& batch) const;
 
   DeltaLayerOptions o_;
   int64_t H_, HV_, K_, V_;
   Linear q_proj_, k_proj_, v_proj_, b_proj_, a_proj_, f_a_proj_, f_b_proj_, g_a_proj_, g_b_proj_, g_proj_, o_proj_;
-  Var q_conv_, k_conv_, v_conv_, A_log_, dt_bias_, o_norm_;
+  Linear in_proj_qkvz_, in_proj_ba_;  // Qwen3Next
+  Var q_conv_, k_conv_, v_conv_, qkv_conv_, A_log_, dt_bias_, o_norm_;
 };
 
 }  // namespace k3
