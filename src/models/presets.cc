@@ -82,6 +82,132 @@ Json kimi_k3_config(int64_t layers) {
               {"text_config", text}};
 }
 
+// Kimi-Linear-48B-A3B as published (moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json): 27
+// layers, 20 KDA + 7 NoPE MLA, 256 experts top-8 + 1 shared. The file gives its context as
+// model_max_length (1,048,576) and has no max_position_embeddings: that length is used.
+Json kimi_linear_48b_config() {
+  std::vector<int64_t> full = {4, 8, 12, 16, 20, 24, 27}, kda;
+  for (int64_t l = 1; l <= 27; ++l)
+    if (std::find(full.begin(), full.end(), l) == full.end()) kda.push_back(l);
+  return Json{{"model_type", "kimi_linear"},
+              {"architectures", {"KimiLinearForCausalLM"}},
+              {"vocab_size", 163840},
+              {"hidden_size", 2304},
+              {"intermediate_size", 9216},
+              {"moe_intermediate_size", 1024},
+              {"num_hidden_layers", 27},
+              {"num_attention_heads", 32},
+              {"num_key_value_heads", 32},
+              {"head_dim", 72},
+              {"q_lora_rank", nullptr},
+              {"kv_lora_rank", 512},
+              {"qk_nope_head_dim", 128},
+              {"qk_rope_head_dim", 64},
+              {"v_head_dim", 128},
+              {"mla_use_nope", true},
+              {"num_experts", 256},
+              {"num_experts_per_token", 8},
+              {"num_shared_experts", 1},
+              {"first_k_dense_replace", 1},
+              {"moe_layer_freq", 1},
+              {"routed_scaling_factor", 2.446},
+              {"moe_router_activation_func", "sigmoid"},
+              {"moe_renormalize", true},
+              {"use_grouped_topk", true},
+              {"num_expert_group", 1},
+              {"topk_group", 1},
+              {"num_nextn_predict_layers", 0},
+              {"rms_norm_eps", 1e-5},
+              {"rope_theta", 10000.0},
+              {"max_position_embeddings", 1048576},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", 163584},
+              {"eos_token_id", 163586},
+              {"pad_token_id", 163839},
+              {"hidden_act", "silu"},
+              {"linear_attn_config",
+               {{"num_heads", 32}, {"head_dim", 128}, {"short_conv_kernel_size", 4}, {"kda_layers", kda},
+                {"full_attn_layers", full}}}};
+}
+
+// Qwen3-Next-80B-A3B as published (Qwen/Qwen3-Next-80B-A3B-Instruct's config.json): 48 layers,
+// every fourth gated attention, the others Gated DeltaNet; 512 experts top-10 + a gated shared one.
+Json qwen3_next_80b_config() {
+  return Json{{"model_type", "qwen3_next"},
+              {"architectures", {"Qwen3NextForCausalLM"}},
+              {"vocab_size", 151936},
+              {"hidden_size", 2048},
+              {"intermediate_size", 5120},
+              {"moe_intermediate_size", 512},
+              {"shared_expert_intermediate_size", 512},
+              {"num_hidden_layers", 48},
+              {"num_attention_heads", 16},
+              {"num_key_value_heads", 2},
+              {"head_dim", 256},
+              {"linear_num_key_heads", 16},
+              {"linear_num_value_heads", 32},
+              {"linear_key_head_dim", 128},
+              {"linear_value_head_dim", 128},
+              {"linear_conv_kernel_dim", 4},
+              {"num_experts", 512},
+              {"num_experts_per_tok", 10},
+              {"decoder_sparse_step", 1},
+              {"mlp_only_layers", Json::array()},
+              {"full_attention_interval", 4},
+              {"norm_topk_prob", true},
+              {"partial_rotary_factor", 0.25},
+              {"rope_theta", 10000000.0},
+              {"rms_norm_eps", 1e-6},
+              {"max_position_embeddings", 262144},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", 151643},
+              {"eos_token_id", 151645},
+              {"hidden_act", "silu"}};
+}
+
+// DeepSeek-V3 (671B) as published (deepseek-ai/DeepSeek-V3's config.json), YaRN to 163,840
+// positions; its weights ship as block-scaled FP8.
+Json deepseek_v3_config() {
+  return Json{{"model_type", "deepseek_v3"},
+              {"architectures", {"DeepseekV3ForCausalLM"}},
+              {"vocab_size", 129280},
+              {"hidden_size", 7168},
+              {"intermediate_size", 18432},
+              {"moe_intermediate_size", 2048},
+              {"num_hidden_layers", 61},
+              {"num_attention_heads", 128},
+              {"num_key_value_heads", 128},
+              {"q_lora_rank", 1536},
+              {"kv_lora_rank", 512},
+              {"qk_nope_head_dim", 128},
+              {"qk_rope_head_dim", 64},
+              {"v_head_dim", 128},
+              {"n_routed_experts", 256},
+              {"n_shared_experts", 1},
+              {"num_experts_per_tok", 8},
+              {"n_group", 8},
+              {"topk_group", 4},
+              {"first_k_dense_replace", 3},
+              {"num_nextn_predict_layers", 1},
+              {"routed_scaling_factor", 2.5},
+              {"norm_topk_prob", true},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 10000.0},
+              {"max_position_embeddings", 163840},
+              {"rope_scaling",
+               {{"type", "yarn"},
+                {"factor", 40.0},
+                {"original_max_position_embeddings", 4096},
+                {"beta_fast", 32},
+                {"beta_slow", 1},
+                {"mscale", 1.0},
+                {"mscale_all_dim", 1.0}}},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", 0},
+              {"eos_token_id", 1},
+              {"hidden_act", "silu"}};
+}
+
 // flash-linear-attention-style models of the family (fla.h): one mixer kind, SwiGLU MLPs.
 Json fla_config(const char* type, int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t inter) {
   Json j = {{"model_type", type},   {"vocab_size", vocab},       {"hidden_size", d},
@@ -193,6 +319,12 @@ const std::vector<Preset>& presets() {
        [] { return kimi_k3_config(93); }, std::nullopt},
       {"kimi-k3-seed", "Kimi K3 as the article describes it: 92 layers, 23 x (3 KDA + 1 MLA)",
        [] { return kimi_k3_config(92); }, std::nullopt},
+      {"kimi-linear-48b", "Kimi-Linear-48B-A3B as published: 27 layers (20 KDA + 7 MLA), 256 experts top-8 + 1 shared",
+       [] { return kimi_linear_48b_config(); }, std::nullopt},
+      {"qwen3-next-80b", "Qwen3-Next-80B-A3B as published: 48 layers (36 Gated DeltaNet + 12 gated attention), 512 experts top-10 + 1 shared",
+       [] { return qwen3_next_80b_config(); }, std::nullopt},
+      {"deepseek-v3", "DeepSeek-V3 (671B) as published: 61 MLA layers, 256 experts top-8 + 1 shared, an MTP layer",
+       [] { return deepseek_v3_config(); }, std::nullopt},
   };
   return p;
 }
