@@ -1,5 +1,6 @@
-// The harnesses of `k3 bench bandwidth`, `k3 bench train` and `k3 bench decode`: figures printed
-// beside this machine's measured ceilings (read bandwidth or device copy rate, sgemm peak).
+// The harnesses of `k3 bench bandwidth`, `k3 bench train`, `k3 bench decode` and `k3 bench
+// prefill`: figures printed beside this machine's measured ceilings (read bandwidth or device copy
+// rate, GEMM peak).
 #include "bench/harness/decode.h"
 
 #include <omp.h>
@@ -20,6 +21,7 @@
 #include "infer/sampler.h"
 #include "models/registry.h"
 #include "ops/gemm.h"
+#include "ops/ops_cuda.h"
 #include "train/optimizer.h"
 
 namespace k3::bench {
@@ -30,6 +32,47 @@ using clock_type = std::chrono::steady_clock;
 
 double seconds_since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+// A preset's config, cut to its first `layers` layers where asked.
+Json bench_config(const std::string& preset, int64_t layers) {
+  const Json c = preset_config(preset);
+  return layers > 0 ? first_layers(c, layers, preset) : c;
+}
+
+// The best of a few square GEMMs through the GEMM the models use: the host's BLAS (1024³ fp32), or
+// cuBLASLt on the device (8192³, bf16 or fp32 operands as the weights are stored).
+double measure_gemm_flops(bool gpu, bool bf16) {
+  if (gpu) {
+    if constexpr (device::kCudaBuilt) {
+      const int64_t n = 8192;
+      const auto st = bf16 ? device::Storage::BF16 : device::Storage::F32;
+      const size_t bytes = size_t(n * n) * (bf16 ? 2 : 4);
+      device::Buffer A(bytes), B(bytes), C(size_t(n * n) * 4);
+      device::zero(A.get(), bytes), device::zero(B.get(), bytes);
+      auto run = [&] {
+        cuda::gemm(cuda::Op::N, cuda::Op::N, n, n, n, 1.0f, A.get(), 0, B.get(), 0, 0.0f, C.as<float>(), 0, st);
+      };
+      run();
+      double best = 0;
+      for (int r = 0; r < 3; ++r) {
+        device::Timer t;
+        t.start();
+        run();
+        best = std::max(best, 2.0 * double(n) * n * n / (t.stop_ms() * 1e-3));
+      }
+      return best;
+    }
+  }
+  const int64_t n = 1024;
+  std::vector<float> A(static_cast<size_t>(n * n), 0.5f), B(A.size(), 0.25f), C(A.size());
+  double peak = 0;
+  for (int r = 0; r < 4; ++r) {
+    auto t = clock_type::now();
+    gemm(Trans::No, Trans::No, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n);
+    peak = std::max(peak, 2.0 * double(n * n * n) / seconds_since(t));
+  }
+  return peak;
 }
 
 }  // namespace
@@ -77,15 +120,7 @@ double measure_read_bandwidth(size_t bytes) {
 }
 
 void run_train_bench(const TrainBenchOptions& o) {
-  // Peak: the best of a few 1024^3 sgemms through the same BLAS.
-  const int64_t n = 1024;
-  std::vector<float> A(static_cast<size_t>(n * n), 0.5f), B(A.size(), 0.25f), C(A.size());
-  double peak = 0;
-  for (int r = 0; r < 4; ++r) {
-    auto t = clock_type::now();
-    gemm(Trans::No, Trans::No, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n);
-    peak = std::max(peak, 2.0 * double(n * n * n) / seconds_since(t));
-  }
+  const double peak = measure_gemm_flops(false, false);  // the same BLAS
   std::printf("measured sgemm peak: %.1f GFLOP/s (%d threads, 1024^3)\n\n", peak / 1e9, num_threads());
   std::printf("%-14s %12s %10s %12s %14s %10s\n", "preset", "params", "tok/s", "ms/step", "GFLOP/s", "of peak");
   for (const std::string& p : o.presets) {
@@ -137,7 +172,7 @@ void run_decode_bench(const DecodeBenchOptions& o) {
   if (budget) std::printf("memory budget: %s for the sequences' memories; batch = the sequences that fit\n",
                           human_bytes(budget_bytes).c_str());
   for (size_t k = 0; k < names.size(); ++k) {
-    auto model = build_model(preset_config(names[k]), names[k]);
+    auto model = build_model(bench_config(names[k], o.layers), names[k]);
     model->init_random(1);
     if (gpu) move_to(*model, Device::CUDA, o.bf16_weights ? DType::BF16 : DType::F32);  // weights and memories
     // Bytes a decode step of n sequences must read: every weight but the embedding tables (n rows
@@ -156,7 +191,9 @@ void run_decode_bench(const DecodeBenchOptions& o) {
       per_token += lm.spec.per_token_bytes;
       fixed += lm.spec.fixed_bytes;
     }
-    std::printf("\n%s: %s params, %s of weights read for one token; memory %s/context token + %s fixed\n", names[k].c_str(),
+    const std::string label =
+        names[k] + (o.layers > 0 ? " (first " + std::to_string(o.layers) + " layers at full width)" : std::string());
+    std::printf("\n%s: %s params, %s of weights read for one token; memory %s/context token + %s fixed\n", label.c_str(),
                 with_commas(model->total_params()).c_str(), human_bytes(weight_bytes).c_str(),
                 human_bytes(per_token).c_str(), human_bytes(fixed).c_str());
     std::printf("%8s %7s %12s %14s %12s %10s\n", "context", "batch", "tok/s", "roofline tok/s", "of roofline", "ms/step");
@@ -273,6 +310,59 @@ void run_decode_bench(const DecodeBenchOptions& o) {
   }
   std::printf("\nroofline = %s / (weight bytes the step reads, routed experts as uniform routing picks them, + state bytes read and written + KV bytes at the context)\n",
               gpu ? "device copy rate" : "read bandwidth");
+}
+
+void run_prefill_bench(const PrefillBenchOptions& o) {
+  const double peak = measure_gemm_flops(o.gpu, o.bf16_weights);
+  if (o.gpu)
+    std::printf("%s; measured cuBLASLt %s GEMM 8192^3: %.0f TFLOP/s\n", device::describe(), o.bf16_weights ? "bf16" : "fp32",
+                peak / 1e12);
+  else
+    std::printf("measured sgemm peak: %.1f GFLOP/s (%d threads, 1024^3)\n", peak / 1e9, num_threads());
+  auto model = build_model(bench_config(o.preset, o.layers), o.preset);
+  model->init_random(1);
+  if (o.gpu) move_to(*model, Device::CUDA, o.bf16_weights ? DType::BF16 : DType::F32);
+  // The head runs for each prompt's last position only.
+  const double head = double(model->head_weight()->value.numel()), active = double(model->active_params()) - head;
+  std::printf("\n%s%s: %s params, %s active per prompt token (the head apart)\n", o.preset.c_str(),
+              o.layers > 0 ? (", first " + std::to_string(o.layers) + " layers at full width").c_str() : "",
+              with_commas(model->total_params()).c_str(), with_commas(int64_t(active)).c_str());
+  std::printf("%8s %6s %12s %14s %12s %10s\n", "seq_len", "batch", "tok/s", "roofline tok/s", "of roofline", "ms");
+  const int64_t V = model->vocab_size();
+  for (int64_t T : o.seq_lens) {
+    if (T > model->max_positions()) {
+      std::printf("%8lld %6s %12s   (beyond the model's %lld positions)\n", (long long)T, "-", "-",
+                  (long long)model->max_positions());
+      continue;
+    }
+    std::vector<int64_t> ids(static_cast<size_t>(o.batch * T));
+    Rng rng(5);
+    for (auto& id : ids) id = int64_t(rng.below(uint64_t(V)));
+    std::vector<float> last(static_cast<size_t>(o.batch * V));
+    // Each prefill from empty memories, as a new request's; the first one warms up.
+    auto prefill = [&] {
+      std::vector<Context> cx;
+      std::vector<Context*> cp;
+      for (int64_t b = 0; b < o.batch; ++b) cx.push_back(model->new_context(T));
+      for (auto& x : cx) cp.push_back(&x);
+      model->logits(TokenBatch{ids.data(), o.batch, T, cp.data()}, last.data(), Logits::Last);
+    };
+    prefill();
+    double best = 1e30;
+    for (int64_t r = 0; r < o.reps; ++r) {
+      auto t = clock_type::now();
+      prefill();  // the logits come back: synchronised
+      best = std::min(best, seconds_since(t));
+    }
+    const double tokens = double(o.batch * T);
+    const double roof = tokens / ((2.0 * active * tokens + 2.0 * head * double(o.batch)) / peak);
+    std::printf("%8lld %6lld %12.0f %14.0f %11.1f%% %10.2f\n", (long long)T, (long long)o.batch, tokens / best, roof,
+                100.0 * tokens / best / roof, best * 1e3);
+  }
+  std::printf("\nroofline = tokens / (2 FLOPs x active parameters x tokens + the head's at each last position, at the "
+              "GEMM peak): the weights' products alone (attention's and the recurrences' work is extra); best of %lld "
+              "prefills\n",
+              (long long)o.reps);
 }
 
 }  // namespace k3::bench

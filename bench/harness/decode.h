@@ -1,5 +1,6 @@
-// The harnesses of `k3 bench bandwidth`, `k3 bench train` and `k3 bench decode` (decode.cc). The
-// CLI parses flags (and applies the runtime options: threads, device) and calls these.
+// The harnesses of `k3 bench bandwidth`, `k3 bench train`, `k3 bench decode` and `k3 bench
+// prefill` (decode.cc). The CLI parses flags (and applies the runtime options: threads, device)
+// and calls these.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +27,7 @@ void run_train_bench(const TrainBenchOptions& o);
 
 struct DecodeBenchOptions {
   std::string preset = "gpt2", versus;  // versus: a second preset timed at the same contexts
+  int64_t layers = 0;                   // > 0: the presets' first `layers` layers only (models/registry.h)
   std::vector<int64_t> contexts = {128, 1024};
   int64_t steps = 16, batch = 1;
   double memory_mb = 0;    // > 0: each model decodes as many sequences as fit (instead of batch)
@@ -35,5 +37,16 @@ struct DecodeBenchOptions {
 };
 // Decode tokens/s at each context beside the bandwidth roofline (and, with versus, the speed-up).
 void run_decode_bench(const DecodeBenchOptions& o);
+
+struct PrefillBenchOptions {
+  std::string preset = "gpt2";
+  int64_t layers = 0;  // > 0: the preset's first `layers` layers only
+  std::vector<int64_t> seq_lens = {512, 4096};
+  int64_t batch = 1, reps = 3;
+  bool gpu = false, bf16_weights = false;
+};
+// Prefill tokens/s (B prompts of T tokens from empty memories, the last position's logits) beside
+// the compute roofline: 2 FLOPs per active parameter per token against the measured GEMM peak.
+void run_prefill_bench(const PrefillBenchOptions& o);
 
 }  // namespace k3::bench

@@ -1,6 +1,7 @@
 // k3 bench: measurements that print figures beside their anchors and physical limits (the
 // harnesses are in bench/harness/).
 //   k3 bench decode     decode tokens/s at given contexts vs the memory-bandwidth roofline
+//   k3 bench prefill    prefill tokens/s at given lengths vs the GEMM-peak roofline
 //   k3 bench train      training tokens/s and FLOP/s vs the measured sgemm peak
 //   k3 bench bandwidth  this machine's read bandwidth (the CPU decode ceiling)
 #include <sstream>
@@ -87,6 +88,11 @@ void register_bench(CLI::App& app) {
       ->excludes(batch_opt);
   dec->add_option("--preset", preset, "Model preset (random weights at the real shape)")->capture_default_str();
   dec->add_option("--versus", versus, "A second preset to time at the same contexts (e.g. --preset k3-small-attn --versus k3-small)");
+  static int64_t dec_layers = 0;
+  dec->add_option("--layers", dec_layers,
+                  "Only the preset's first N layers, at full width (a real-width slice of a model too large to "
+                  "instantiate whole, e.g. --preset qwen3-next-80b --layers 4)")
+      ->check(CLI::PositiveNumber);
   dec->add_option("--context", contexts, "Comma-separated context lengths")->capture_default_str();
   dec->add_option("--steps", steps, "Decode steps timed per context")->capture_default_str()->check(CLI::Range(2, 100000));
   dec->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation; the roofline counts the bytes as stored)")
@@ -115,11 +121,37 @@ void register_bench(CLI::App& app) {
     const bool gpu = rt.device == "cuda";
     if (dtype == "bf16" && !gpu) throw error("bench decode", "--dtype bf16 applies to --device cuda");
     bench::DecodeBenchOptions o;
-    o.preset = preset, o.versus = versus, o.contexts = parse_list(contexts);
+    o.preset = preset, o.versus = versus, o.contexts = parse_list(contexts), o.layers = dec_layers;
     o.steps = steps, o.batch = batch, o.memory_mb = memory_mb, o.temperature = temperature;
     o.gpu = gpu, o.bf16_weights = dtype == "bf16";
     o.profile = profile_steps, o.profile_host = profile_host, o.no_graph = no_graph;
     bench::run_decode_bench(o);
+  });
+
+  auto* pre = bench->add_subcommand("prefill", "Prefill tokens/s against the GEMM-peak roofline, at a preset's real shape");
+  static std::string pre_preset = "gpt2", pre_lens = "512,4096", pre_dtype = "f32";
+  static int64_t pre_layers = 0, pre_batch = 1, pre_reps = 3;
+  static RuntimeOptions pre_rt;
+  pre->add_option("--preset", pre_preset, "Model preset (random weights at the real shape)")->capture_default_str();
+  pre->add_option("--layers", pre_layers, "Only the preset's first N layers, at full width (a real-width slice)")
+      ->check(CLI::PositiveNumber);
+  pre->add_option("--seq-len", pre_lens, "Comma-separated prompt lengths")->capture_default_str();
+  pre->add_option("--batch", pre_batch, "Prompts prefilled together")->capture_default_str()->check(CLI::Range(1, 1024));
+  pre->add_option("--reps", pre_reps, "Timed prefills per length (the best is reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  pre->add_option("--dtype", pre_dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  add_runtime_options(pre, pre_rt);
+  pre->callback([] {
+    apply_runtime_options(pre_rt, DeviceSupport::CpuAndCuda);
+    const bool gpu = pre_rt.device == "cuda";
+    if (pre_dtype == "bf16" && !gpu) throw error("bench prefill", "--dtype bf16 applies to --device cuda");
+    bench::PrefillBenchOptions o;
+    o.preset = pre_preset, o.layers = pre_layers, o.seq_lens = parse_list(pre_lens);
+    o.batch = pre_batch, o.reps = pre_reps, o.gpu = gpu, o.bf16_weights = pre_dtype == "bf16";
+    bench::run_prefill_bench(o);
   });
 }
 

@@ -51,4 +51,40 @@ TEST(PublishedPresets, Qwen3Next80bCountsItsStatedParameters) {
   EXPECT_EQ(m->total_params(), r.total_params);
 }
 
+// A real-width slice: the first n layers, every width kept, the layer-kind lists cut to them.
+TEST(PublishedPresets, FirstLayersKeepTheWidthAndTheLayerKinds) {
+  const Json k3 = first_layers(preset_config("kimi-k3"), 8, "kimi-k3");
+  const Json& lac = k3["text_config"]["linear_attn_config"];
+  EXPECT_EQ(k3["text_config"]["num_hidden_layers"], 8);
+  EXPECT_EQ(lac["full_attn_layers"], Json::array({4, 8}));
+  EXPECT_EQ(lac["kda_layers"], Json::array({1, 2, 3, 5, 6, 7}));
+  EXPECT_EQ(k3["text_config"]["hidden_size"], 7168);
+  const ArchReport whole = report_config(preset_config("kimi-k3"), "k3"), cut = report_config(k3, "k3/8");
+  EXPECT_EQ(cut.layers, 8);
+  EXPECT_LT(cut.total_params, whole.total_params / 8);
+
+  // Qwen3-Next: every fourth layer is attention, so four layers hold one; the per-layer widths stay.
+  const Json q = first_layers(preset_config("qwen3-next-80b"), 4, "q");
+  auto m = build_model(q, "q");
+  int attention = 0, gdn = 0;
+  m->visit([&](const std::string& n, Node& p, ParamKind) {
+    attention += n.ends_with("self_attn.q_proj.weight");
+    if (n.ends_with("linear_attn.in_proj_qkvz.weight")) {
+      ++gdn;
+      EXPECT_EQ(p.value.shape(), Shape({12288, 2048}));
+    }
+  });
+  EXPECT_EQ(attention, 1);
+  EXPECT_EQ(gdn, 3);
+  EXPECT_EQ(first_layers(preset_config("gpt2"), 2, "gpt2")["n_layer"], 2);
+
+  for (int64_t bad : {0, 49})
+    try {
+      first_layers(preset_config("qwen3-next-80b"), bad, "q");
+      ADD_FAILURE() << bad << " layers accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is not in [1, 48]"), std::string::npos) << e.what();
+    }
+}
+
 }  // namespace k3

@@ -90,4 +90,32 @@ const Preset& find_preset(const std::string& name) {
 
 Json preset_config(const std::string& name) { return find_preset(name).config(); }
 
+Json first_layers(const Json& config, int64_t n, const std::string& where) {
+  find(config, where);  // a known architecture
+  Json c = config;
+  // Kimi K3 keeps its text model's config under text_config.
+  Json& t = c.contains("text_config") && c["text_config"].is_object() ? c["text_config"] : c;
+  const char* key = t.contains("n_layer") ? "n_layer" : "num_hidden_layers";  // GPT-2 names it n_layer
+  if (!t.contains(key) || !t[key].is_number_integer())
+    throw error("config", where, ": no integer '", key, "' to cut the layers of");
+  const int64_t all = t[key].get<int64_t>();
+  if (n < 1 || n > all) throw error("config", where, ": --layers ", n, " is not in [1, ", all, "]");
+  t[key] = n;
+  // 1-based (Kimi's layer-kind lists) or 0-based (mlp_only_layers) indices past the cut go.
+  auto keep_below = [](Json& list, int64_t limit) {
+    if (!list.is_array()) return;
+    Json kept = Json::array();
+    for (const auto& x : list)
+      if (!x.is_number_integer() || x.get<int64_t>() < limit) kept.push_back(x);
+    list = kept;
+  };
+  if (t.contains("linear_attn_config") && t["linear_attn_config"].is_object())
+    for (const char* k : {"kda_layers", "full_attn_layers"})
+      if (t["linear_attn_config"].contains(k)) keep_below(t["linear_attn_config"][k], n + 1);
+  if (t.contains("mlp_only_layers")) keep_below(t["mlp_only_layers"], n);
+  if (t.contains("layer_types") && t["layer_types"].is_array() && int64_t(t["layer_types"].size()) > n)
+    t["layer_types"].erase(t["layer_types"].begin() + n, t["layer_types"].end());
+  return c;
+}
+
 }  // namespace k3

@@ -21,6 +21,10 @@ ArchReport report_config(const Json& config, const std::string& name);
 
 std::vector<std::string> preset_names();
 Json preset_config(const std::string& name);  // k3::Error listing the presets if unknown
+// The same config cut to its first n layers at full width (every other size kept, the layer-kind
+// lists trimmed): a real-width slice of a model too large to instantiate whole, so per-layer
+// figures are measured. n must be in [1, num_hidden_layers].
+Json first_layers(const Json& config, int64_t n, const std::string& where);
 struct Preset;
 const Preset& find_preset(const std::string& name);
 
