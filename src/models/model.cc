@@ -139,6 +139,31 @@ Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& 
   return out;
 }
 
+Tensor load_fp8_blocks(const Checkpoint& ckpt, const std::string& name) {
+  const TensorEntry& e = ckpt.entry(name);
+  const std::string sname = name + "_scale_inv";
+  if (e.shape.size() != 2)
+    throw error("load", ckpt.path(), ": FP8 tensor '", name, "' has shape ", shape_str(e.shape),
+                "; block-scaled FP8 weights are matrices");
+  if (!ckpt.has(sname))
+    throw error("load", ckpt.path(), ": FP8 tensor '", name, "' has no '", sname,
+                "' (k3 reads FP8 weights with one float scale per ", kFp8Block, " x ", kFp8Block, " block)");
+  const int64_t rows = e.shape[0], cols = e.shape[1];
+  const Shape want{(rows + kFp8Block - 1) / kFp8Block, (cols + kFp8Block - 1) / kFp8Block};
+  const Tensor scale = ckpt.get_f32(sname);
+  if (scale.shape() != want)
+    throw error("load", ckpt.path(), ": '", sname, "' has shape ", shape_str(scale.shape()), " but ", shape_str(e.shape),
+                " in blocks of ", kFp8Block, " x ", kFp8Block, " needs ", shape_str(want));
+  Tensor w = ckpt.get_f32(name);  // the FP8 values, exactly
+  float* pw = w.f32();
+  const float* ps = scale.f32();
+  parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < cols; ++c) pw[r * cols + c] *= ps[(r / kFp8Block) * want[1] + c / kFp8Block];
+  });
+  return w;
+}
+
 void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts) {
   // Weights are held as fp32 on the host: a model that cannot fit is refused before any is read.
   double need = 0;
@@ -159,9 +184,12 @@ void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& 
       if (e.shape != p.value.shape())
         throw error("load", ckpt.path(), ": tensor '", c, "' has shape ", shape_str(e.shape), " but the config implies ",
                     shape_str(p.value.shape()), " (config.json and weights disagree?)");
-      if (e.dtype == DType::F8E4M3)
-        throw error("load", ckpt.path(), ": tensor '", c, "' is stored as FP8 (F8_E4M3); block-scaled FP8 weights "
-                    "(weight_scale_inv) are not supported yet: convert the checkpoint to bf16 first");
+      if (e.dtype == DType::F8E4M3) {  // block-scaled FP8 (DeepSeek-V3, Kimi): dequantised on load
+        p.value = load_fp8_blocks(ckpt, c);
+        used.insert(c);
+        used.insert(c + "_scale_inv");
+        return;
+      }
       if (e.dtype != DType::F32 && e.dtype != DType::BF16 && e.dtype != DType::F16 && e.dtype != DType::F64)
         throw error("load", ckpt.path(), ": tensor '", c, "' is stored as ", dtype_name(e.dtype),
                     "; a weight is F32, BF16, F16 or F64 (integer dtypes belong only to packed formats such as "

@@ -137,9 +137,12 @@ struct LoadOptions {
   std::function<std::vector<std::string>(const std::string&)> alias;
   std::function<bool(const std::string&)> ignorable;
 };
-// MXFP4-packed parameters ("<name>_packed" + "<name>_scale", core/mxfp4.h) are dequantised to
-// fp32 on load.
+// MXFP4-packed parameters ("<name>_packed" + "<name>_scale", core/mxfp4.h) and block-scaled FP8
+// ones (F8_E4M3 "<name>" + float "<name>_scale_inv" per kFp8Block² block, as DeepSeek-V3 and Kimi
+// ship them) are dequantised to fp32 on load.
 void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts);
+inline constexpr int64_t kFp8Block = 128;
+Tensor load_fp8_blocks(const Checkpoint& ckpt, const std::string& name);  // w · scale_inv, block by block
 Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& want);
 
 // Writes config.json + model.safetensors (HF names) into dir, each file atomically.
