@@ -56,6 +56,22 @@ TEST(Arena, ReusesBlocksAfterReset) {
   EXPECT_EQ(a.bytes_reserved(), reserved);
 }
 
+// discard(n) lands where n draws would, so a stream cut into pieces is the same stream.
+TEST(Rng, DiscardSkipsExactlyThatManyDraws) {
+  Rng seq(42);
+  std::vector<float> whole;
+  for (int i = 0; i < 1000; ++i) whole.push_back(seq.normal());
+  for (int start : {0, 1, 17, 999}) {
+    Rng piece(42);
+    piece.discard(2 * uint64_t(start));
+    EXPECT_EQ(piece.normal(), whole[size_t(start)]) << start;
+  }
+  Rng a(7), b(7);
+  for (int i = 0; i < 5; ++i) a.next_u64();
+  b.discard(5);
+  EXPECT_EQ(a.next_u64(), b.next_u64());
+}
+
 TEST(Rng, IsDeterministicAndUniform) {
   Rng a(7), b(7);
   double sum = 0;
