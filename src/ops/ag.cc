@@ -26,6 +26,8 @@ namespace k3::ag {
 namespace {
 int64_t last_dim(const Tensor& t) { return t.ndim() ? t.dim(-1) : 1; }
 int64_t rows(const Tensor& t) { return t.numel() / std::max<int64_t>(1, last_dim(t)); }
+// x's gradient to accumulate into, or none where x needs none.
+Tensor grad_if_needed(const Var& x) { return needs_grad(x) ? x->grad_tensor() : Tensor(); }
 void same_shape(const Var& a, const Var& b, const char* op) {
   if (a->value.shape() != b->value.shape())
     throw error(op, "shapes differ: ", a->value.describe(), " vs ", b->value.describe());
@@ -44,8 +46,8 @@ Var linear(const Var& x, const Var& w, const Var& b, WeightLayout layout) {
   const bool bf16 = gpu::bf16_gemms();  // the backward rounds its operands as the forward did
   linear::forward(x->value, W, b ? b->value : Tensor(), layout, y, bf16);
   return make_node(std::move(y), {x, w, b}, [x, w, b, layout, bf16](Node& self) {
-    auto grad = [](const Var& v) { return needs_grad(v) ? v->grad_tensor() : Tensor(); };
-    linear::backward(x->value, w->value, layout, self.grad, grad(x), grad(w), grad(b), bf16);
+    linear::backward(x->value, w->value, layout, self.grad, grad_if_needed(x), grad_if_needed(w), grad_if_needed(b),
+                     bf16);
   }, "linear");
 }
 
@@ -60,7 +62,6 @@ Var unary(const Var& a, elementwise::Unary f, float s = 1.0f) {
     elementwise::unary_backward(f, a->value, self.grad, a->grad_tensor(), s);
   }, elementwise::name(f));
 }
-Tensor grad_if_needed(const Var& x) { return needs_grad(x) ? x->grad_tensor() : Tensor(); }
 }  // namespace
 
 Var add(const Var& a, const Var& b) {
@@ -296,8 +297,8 @@ Var cross_entropy_head(const Var& h, const Var& w, const std::vector<int64_t>& t
   return make_node(Tensor::full({1}, count ? float(loss / double(count)) : 0.0f), {h, w},
                    [h, w, targets, vc, z_loss, bf16, saved, count](Node& self) {
     const float g = self.grad.to_device(Device::CPU).f32()[0] / float(std::max<int64_t>(count, 1));
-    cross_entropy::backward(h->value, w->value, targets, vc, z_loss, bf16, *saved, g,
-                            needs_grad(h) ? h->grad_tensor() : Tensor(), needs_grad(w) ? w->grad_tensor() : Tensor());
+    cross_entropy::backward(h->value, w->value, targets, vc, z_loss, bf16, *saved, g, grad_if_needed(h),
+                            grad_if_needed(w));
   }, "cross_entropy");
 }
 
