@@ -174,7 +174,7 @@ void run_decode_bench(const DecodeBenchOptions& o) {
   for (size_t k = 0; k < names.size(); ++k) {
     auto model = build_model(bench_config(names[k], o.layers), names[k]);
     model->init_random(1);
-    if (gpu) move_to(*model, Device::CUDA, o.bf16_weights ? DType::BF16 : DType::F32);  // weights and memories
+    move_to(*model, gpu ? Device::CUDA : Device::CPU, o.weights);  // weights and memories
     // Bytes a decode step of n sequences must read: every weight but the embedding tables (n rows
     // of them) and the routed experts no sequence picked (expected under uniform routing).
     double all_weight_bytes = 0, all_params = 0;
@@ -313,15 +313,17 @@ void run_decode_bench(const DecodeBenchOptions& o) {
 }
 
 void run_prefill_bench(const PrefillBenchOptions& o) {
-  const double peak = measure_gemm_flops(o.gpu, o.bf16_weights);
+  // Block-format weights go through bf16 GEMMs on the device (ops/ops_cuda.h, dequantize_to_bf16).
+  const bool bf16 = o.weights.gemm == DType::BF16 || is_block_dtype(o.weights.quantize);
+  const double peak = measure_gemm_flops(o.gpu, bf16);
   if (o.gpu)
-    std::printf("%s; measured cuBLASLt %s GEMM 8192^3: %.0f TFLOP/s\n", device::describe(), o.bf16_weights ? "bf16" : "fp32",
+    std::printf("%s; measured cuBLASLt %s GEMM 8192^3: %.0f TFLOP/s\n", device::describe(), bf16 ? "bf16" : "fp32",
                 peak / 1e12);
   else
     std::printf("measured sgemm peak: %.1f GFLOP/s (%d threads, 1024^3)\n", peak / 1e9, num_threads());
   auto model = build_model(bench_config(o.preset, o.layers), o.preset);
   model->init_random(1);
-  if (o.gpu) move_to(*model, Device::CUDA, o.bf16_weights ? DType::BF16 : DType::F32);
+  move_to(*model, o.gpu ? Device::CUDA : Device::CPU, o.weights);
   // The head runs for each prompt's last position only.
   const double head = double(model->head_weight()->value.numel()), active = double(model->active_params()) - head;
   std::printf("\n%s%s: %s params, %s active per prompt token (the head apart)\n", o.preset.c_str(),

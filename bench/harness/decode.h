@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "models/model.h"
+
 namespace k3::bench {
 
 constexpr int64_t kMaxDecodeBatch = 4096;
@@ -32,7 +34,8 @@ struct DecodeBenchOptions {
   int64_t steps = 16, batch = 1;
   double memory_mb = 0;    // > 0: each model decodes as many sequences as fit (instead of batch)
   double temperature = 0;  // > 0: sampled steps (B·V logits back to the host)
-  bool gpu = false, bf16_weights = false;
+  bool gpu = false;
+  WeightStorage weights;  // GEMM weight storage (bf16 on CUDA) and --quantize's block format
   bool profile = false, profile_host = false, no_graph = false;
 };
 // Decode tokens/s at each context beside the bandwidth roofline (and, with versus, the speed-up).
@@ -43,7 +46,8 @@ struct PrefillBenchOptions {
   int64_t layers = 0;  // > 0: the preset's first `layers` layers only
   std::vector<int64_t> seq_lens = {512, 4096};
   int64_t batch = 1, reps = 3;
-  bool gpu = false, bf16_weights = false;
+  bool gpu = false;
+  WeightStorage weights;
 };
 // Prefill tokens/s (B prompts of T tokens from empty memories, the last position's logits) beside
 // the compute roofline: 2 FLOPs per active parameter per token against the measured GEMM peak.

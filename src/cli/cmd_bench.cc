@@ -99,6 +99,8 @@ void register_bench(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   add_cache_dtype_option(dec, cache_dtype);
+  static std::string quantize = "none";
+  add_quantize_option(dec, quantize);
   dec->add_flag("--profile", profile_steps,
                 "After the timed steps, time as many again scope by scope (mixers, their memories, experts, head) "
                 "and print where a step goes; each scope boundary waits for the device, so those steps run slower");
@@ -119,11 +121,11 @@ void register_bench(CLI::App& app) {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     apply_cache_dtype(cache_dtype, rt, "bench decode");
     const bool gpu = rt.device == "cuda";
-    if (dtype == "bf16" && !gpu) throw error("bench decode", "--dtype bf16 applies to --device cuda");
     bench::DecodeBenchOptions o;
+    o.weights = weight_storage(dtype, quantize, rt, "bench decode");
     o.preset = preset, o.versus = versus, o.contexts = parse_list(contexts), o.layers = dec_layers;
     o.steps = steps, o.batch = batch, o.memory_mb = memory_mb, o.temperature = temperature;
-    o.gpu = gpu, o.bf16_weights = dtype == "bf16";
+    o.gpu = gpu;
     o.profile = profile_steps, o.profile_host = profile_host, o.no_graph = no_graph;
     bench::run_decode_bench(o);
   });
@@ -143,14 +145,16 @@ void register_bench(CLI::App& app) {
   pre->add_option("--dtype", pre_dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
+  static std::string pre_quantize = "none";
+  add_quantize_option(pre, pre_quantize);
   add_runtime_options(pre, pre_rt);
   pre->callback([] {
     apply_runtime_options(pre_rt, DeviceSupport::CpuAndCuda);
     const bool gpu = pre_rt.device == "cuda";
-    if (pre_dtype == "bf16" && !gpu) throw error("bench prefill", "--dtype bf16 applies to --device cuda");
     bench::PrefillBenchOptions o;
+    o.weights = weight_storage(pre_dtype, pre_quantize, pre_rt, "bench prefill");
     o.preset = pre_preset, o.layers = pre_layers, o.seq_lens = parse_list(pre_lens);
-    o.batch = pre_batch, o.reps = pre_reps, o.gpu = gpu, o.bf16_weights = pre_dtype == "bf16";
+    o.batch = pre_batch, o.reps = pre_reps, o.gpu = gpu;
     bench::run_prefill_bench(o);
   });
 }

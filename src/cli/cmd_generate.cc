@@ -39,7 +39,7 @@ void register_generate(CLI::App& app) {
   static std::string model_dir, prompt, prompt_ids;
   static GenerateOptions g;
   static bool print_ids = false, ignore_eos = false, stats = false;
-  static std::string dtype = "f32", cache_dtype = "f32";
+  static std::string dtype = "f32", cache_dtype = "f32", quantize = "none";
   static RuntimeOptions rt;
   cmd->add_option("--model", model_dir, "Hugging Face model folder")->required();
   auto* pt = cmd->add_option("--prompt", prompt, "Prompt text (uses the tokenizer files beside the weights)");
@@ -80,10 +80,11 @@ void register_generate(CLI::App& app) {
       ->type_name("FILE");
   add_check_weights_option(cmd, check_weights);
   add_cache_dtype_option(cmd, cache_dtype);
+  add_quantize_option(cmd, quantize);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
-    if (dtype == "bf16" && rt.device != "cuda") throw error("generate", "--dtype bf16 applies to --device cuda");
+    const WeightStorage storage = weight_storage(dtype, quantize, rt, "generate");
     if (json_object && !json_schema_file.empty()) throw error("generate", "give --json or --json-schema FILE, not both");
     if (json_object) g.json = JsonSchema::any_object();
     if (!json_schema_file.empty()) g.json = JsonSchema::compile(read_json_file(json_schema_file));
@@ -95,17 +96,16 @@ void register_generate(CLI::App& app) {
     g.speculate.mtp = speculate == "mtp";
     if (speculate != "off" && !draft_model_dir.empty())
       throw error("generate", "give --speculate ", speculate, " or --draft-model, not both");
-    auto model = load_model(model_dir);
+    auto model = load_model(model_dir, PackedWeights::Keep);
     if (check_weights) check_weights_finite(*model);
-    // On CUDA the weights move to the device (fp32) and the context's memories are made there.
+    // On CUDA the weights move to the device and the context's memories are made there.
     const Device device = rt.device == "cuda" ? Device::CUDA : Device::CPU;
-    const DType gemm = dtype == "bf16" ? DType::BF16 : DType::F32;
-    move_to(*model, device, gemm);
+    move_to(*model, device, storage);
     std::unique_ptr<Model> draft;
     if (!draft_model_dir.empty()) {
-      draft = load_model(draft_model_dir);
+      draft = load_model(draft_model_dir, PackedWeights::Keep);
       if (check_weights) check_weights_finite(*draft);
-      move_to(*draft, device, gemm);
+      move_to(*draft, device, storage);
       g.speculate.draft_model = draft.get();
     }
     std::vector<int64_t> ids;

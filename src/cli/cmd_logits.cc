@@ -11,7 +11,7 @@ namespace k3::cli {
 
 void register_logits(CLI::App& app) {
   auto* cmd = app.add_subcommand("logits", "Full forward pass: input_ids [B,T] (int64) -> logits [B,T,V] (float32)");
-  static std::string model_dir, input, output, dtype = "f32";
+  static std::string model_dir, input, output, dtype = "f32", quantize = "none";
   static RuntimeOptions rt;
   cmd->add_option("--model", model_dir, "Hugging Face model folder")->required();
   cmd->add_option("--input", input, "safetensors file with 'input_ids' int64 [B, T]")->required();
@@ -21,10 +21,11 @@ void register_logits(CLI::App& app) {
       ->capture_default_str();
   static bool check_weights = false;
   add_check_weights_option(cmd, check_weights);
+  add_quantize_option(cmd, quantize);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
-    if (dtype == "bf16" && rt.device != "cuda") throw error("logits", "--dtype bf16 applies to --device cuda");
+    const WeightStorage storage = weight_storage(dtype, quantize, rt, "logits");
     SafeTensors in = SafeTensors::open(input);
     if (!in.has("input_ids")) throw error("logits", input, ": no tensor named 'input_ids'");
     Tensor ids = in.get("input_ids");
@@ -39,12 +40,12 @@ void register_logits(CLI::App& app) {
       for (int64_t i = 0; i < ids.numel(); ++i) c.data<int64_t>()[i] = ids.data<int32_t>()[i];
       ids = c;
     }
-    auto model = load_model(model_dir);
+    auto model = load_model(model_dir, PackedWeights::Keep);
     if (check_weights) check_weights_finite(*model);
     const int64_t B = ids.dim(0), T = ids.dim(1), V = model->vocab_size();
     Tensor logits = Tensor::empty({B, T, V});  // [B, T, V]
     // Every architecture runs on CUDA through the ops' device forms (models/model.h).
-    if (rt.device == "cuda") move_to(*model, Device::CUDA, dtype == "bf16" ? DType::BF16 : DType::F32);
+    move_to(*model, rt.device == "cuda" ? Device::CUDA : Device::CPU, storage);
     for (int64_t b = 0; b < B; ++b)
       model->forward(ids.data<int64_t>() + b * T, T, nullptr, logits.f32() + b * T * V, Logits::All);
     save_safetensors(output, {{"logits", logits}});

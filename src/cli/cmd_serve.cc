@@ -13,7 +13,7 @@ void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching, prefix caching)");
   static serve::ServeOptions o;
   static RuntimeOptions rt;
-  static std::string cache_dtype = "f32";
+  static std::string cache_dtype = "f32", dtype = "f32", quantize = "none";
   cmd->add_option("--model", o.model_dir, "Hugging Face model folder")->required();
   cmd->add_option("--host", o.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o.port, "Port (0: any free port; the chosen one is printed)")->capture_default_str()->check(CLI::Range(0, 65535));
@@ -76,6 +76,10 @@ void register_serve(CLI::App& app) {
   static bool check_weights = true;
   add_check_weights_option(cmd, check_weights);
   add_cache_dtype_option(cmd, cache_dtype);
+  cmd->add_option("--dtype", dtype, "GEMM weight storage on CUDA: f32, or bf16 (fp32 accumulation)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  add_quantize_option(cmd, quantize);
   add_runtime_options(cmd, rt);
   cmd->callback([] {
     o.speculate_ngram = speculate == "ngram";
@@ -87,17 +91,19 @@ void register_serve(CLI::App& app) {
                   " (the decode rows come first, the prompts' chunks after them), or be 0");
     apply_runtime_options(rt, DeviceSupport::CpuAndCuda);
     apply_cache_dtype(cache_dtype, rt, "serve");
-    auto model = load_model(o.model_dir);
+    const WeightStorage storage = weight_storage(dtype, quantize, rt, "serve");
+    const Device device = rt.device == "cuda" ? Device::CUDA : Device::CPU;
+    auto model = load_model(o.model_dir, PackedWeights::Keep);
     if (check_weights) check_weights_finite(*model);
     // On CUDA the weights and every sequence's memories live on the device (mixers_cuda.h); the
     // KV and latent caches are allocated whole for the context there, so the page budget counts
     // less than the device holds.
-    if (rt.device == "cuda") move_to(*model, Device::CUDA);
+    move_to(*model, device, storage);
     std::unique_ptr<Model> draft;
     if (!draft_model_dir.empty()) {
-      draft = load_model(draft_model_dir);
+      draft = load_model(draft_model_dir, PackedWeights::Keep);
       if (check_weights) check_weights_finite(*draft);
-      if (rt.device == "cuda") move_to(*draft, Device::CUDA);
+      move_to(*draft, device, storage);
       o.draft_model = draft.get();
     }
     std::optional<Tokenizer> tok;

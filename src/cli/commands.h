@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "models/model.h"
+
 namespace k3::cli {
 
 void register_info(CLI::App& app);
@@ -17,6 +19,7 @@ void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_tokenizer(CLI::App& app);
 void register_serve(CLI::App& app);  // cmd_serve.cc
+void register_quantize(CLI::App& app);  // cmd_quantize.cc
 
 // Options shared by commands that run models.
 struct RuntimeOptions {
@@ -36,5 +39,12 @@ void apply_runtime_options(const RuntimeOptions& opts, DeviceSupport support = D
 // device and sets it for the MLA layers' new memories.
 void add_cache_dtype_option(CLI::App* cmd, std::string& dtype);
 void apply_cache_dtype(const std::string& dtype, const RuntimeOptions& opts, const char* who);
+
+// --quantize (generate, logits, serve, bench decode and prefill): the linear layers' weights held in
+// a block format (fp8, mxfp4; "-experts": the routed experts' only), on either device. With the
+// GEMM storage of --dtype (f32, or bf16 on CUDA), the weights' storage for move_to.
+void add_quantize_option(CLI::App* cmd, std::string& quantize);
+WeightStorage weight_storage(const std::string& dtype, const std::string& quantize, const RuntimeOptions& opts,
+                             const char* who);
 
 }  // namespace k3::cli

@@ -53,6 +53,26 @@ void apply_cache_dtype(const std::string& dtype, const RuntimeOptions& opts, con
   set_latent_storage(dtype == "bf16" ? DType::BF16 : DType::F32);
 }
 
+void add_quantize_option(CLI::App* cmd, std::string& quantize) {
+  cmd->add_option("--quantize", quantize,
+                  "Hold the linear layers' weights in a block format and multiply them packed: fp8 (E4M3, one scale "
+                  "per 128 x 128 tile), mxfp4 (E2M1, one power-of-two scale per 32), or fp8-experts / mxfp4-experts "
+                  "for the routed experts only. A checkpoint's own FP8 or MXFP4 weights stay packed either way")
+      ->check(CLI::IsMember({"none", "fp8", "mxfp4", "fp8-experts", "mxfp4-experts"}))
+      ->capture_default_str();
+}
+
+WeightStorage weight_storage(const std::string& dtype, const std::string& quantize, const RuntimeOptions& opts,
+                             const char* who) {
+  WeightStorage s;
+  if (dtype == "bf16") {
+    if (opts.device != "cuda") throw error(who, "--dtype bf16 applies to --device cuda");
+    s.gemm = DType::BF16;
+  }
+  if (quantize != "none" && !parse_quantize(quantize, &s)) throw error(who, "--quantize ", quantize, " is not a format");
+  return s;
+}
+
 }  // namespace k3::cli
 
 namespace {
@@ -99,6 +119,7 @@ int main(int argc, char** argv) {
   k3::cli::register_eval(app);
   k3::cli::register_tokenizer(app);
   k3::cli::register_serve(app);
+  k3::cli::register_quantize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -7,7 +7,7 @@
 namespace k3 {
 
 Tensor Arena::alloc(Shape shape, DType dtype) {
-  size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  size_t bytes = dtype_bytes(dtype, shape_numel(shape));
   size_t need = (bytes + 63) / 64 * 64;
   while (current_ < blocks_.size() && blocks_[current_].size - blocks_[current_].used < need) ++current_;
   if (current_ == blocks_.size()) {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/device.h"
+#include "core/quant.h"
 
 namespace k3 {
 
@@ -35,9 +36,18 @@ Shape Tensor::contiguous_strides(const Shape& s) {
   return st;
 }
 
-Tensor Tensor::empty(Shape shape, DType dtype) {
+namespace {
+void check_shape(const Shape& shape, DType dtype) {
   for (int64_t d : shape)
     if (d < 0) throw error("tensor", "negative dimension in shape ", shape_str(shape));
+  if (is_block_dtype(dtype) && (shape.empty() || shape.back() % dtype_block(dtype) != 0))
+    throw error("tensor", dtype_name(dtype), shape_str(shape), ": rows of ", dtype_name(dtype), " are whole blocks of ",
+                dtype_block(dtype), " values");
+}
+}  // namespace
+
+Tensor Tensor::empty(Shape shape, DType dtype) {
+  check_shape(shape, dtype);
   Tensor t;
   t.numel_ = shape_numel(shape);
   t.strides_ = contiguous_strides(shape);
@@ -56,8 +66,7 @@ Tensor Tensor::empty(Shape shape, DType dtype) {
 
 Tensor Tensor::empty_on(Device device, Shape shape, DType dtype) {
   if (device == Device::CPU) return empty(std::move(shape), dtype);
-  for (int64_t d : shape)
-    if (d < 0) throw error("tensor", "negative dimension in shape ", shape_str(shape));
+  check_shape(shape, dtype);
   Tensor t = meta(std::move(shape), dtype);
   t.device_ = Device::CUDA;
   if (t.nbytes() > 0) {
@@ -178,6 +187,7 @@ Tensor Tensor::reshape(Shape shape) const {
   }
   if (infer >= 0) shape[size_t(infer)] = known ? numel_ / known : 0;
   K3_CHECK(shape_numel(shape) == numel_, "reshape ", describe(), " to ", shape_str(shape));
+  check_shape(shape, dtype_);
   Tensor t = *this;
   t.shape_ = std::move(shape);
   t.strides_ = contiguous_strides(t.shape_);
@@ -188,6 +198,7 @@ Tensor Tensor::slice(int d, int64_t begin, int64_t end) const {
   if (d < 0) d += ndim();
   K3_CHECK(d >= 0 && d < ndim() && begin >= 0 && begin <= end && end <= shape_[size_t(d)],
            "slice(", d, ", ", begin, ", ", end, ") of ", describe());
+  K3_CHECK(!is_block_dtype(dtype_), "slice of ", describe(), ": a block format keeps its scales apart from its codes");
   Tensor t = *this;
   if (data_) t.data_ = static_cast<char*>(data_) + begin * strides_[size_t(d)] * int64_t(dtype_size(dtype_));
   t.shape_[size_t(d)] = end - begin;
@@ -254,7 +265,11 @@ Tensor Tensor::to(DType dtype) const {
   Tensor c = is_contiguous() ? *this : clone();
   if (dtype == dtype_) return c.clone();
   Tensor t = empty(shape_, dtype);
-  if (dtype == DType::F32) {
+  if (is_block_dtype(dtype)) {  // quantised by rows, so that F8B128's tiles are 128 rows tall
+    const Tensor f = dtype_ == DType::F32 ? c : c.to(DType::F32);
+    const int64_t cols = shape_.empty() ? 1 : shape_.back();
+    quantize_blocks(dtype, static_cast<const float*>(f.data_), cols ? numel_ / cols : 0, cols, t.data_);
+  } else if (dtype == DType::F32) {
     convert_to_f32(dtype_, c.data_, static_cast<float*>(t.data_), size_t(numel_));
   } else if (dtype_ == DType::F32) {
     convert_from_f32(dtype, static_cast<const float*>(c.data_), t.data_, size_t(numel_));

@@ -49,7 +49,7 @@ class Tensor {
   int ndim() const { return int(shape_.size()); }
   int64_t dim(int i) const;  // negative counts from the end
   int64_t numel() const { return numel_; }
-  size_t nbytes() const { return size_t(numel_) * dtype_size(dtype_); }
+  size_t nbytes() const { return dtype_bytes(dtype_, numel_); }  // a block format's codes and scales
   bool is_contiguous() const;
 
   void* raw() const { return data_; }

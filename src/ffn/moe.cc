@@ -222,7 +222,7 @@ Var MoE::routed_rows(const Var& x, const Var& scores, const Tensor& offset,
 
 bool MoE::runs_dense(int64_t M) const {
   const int64_t E = opts.n_experts;
-  if (experts.empty() || M * E > kDenseRows) return false;
+  if (experts.empty() || M * E > kDenseRows || is_block_dtype(experts[0].gate.weight->value.dtype())) return false;
   double expert_bytes = 0;
   for (const Linear* l : {&experts[0].gate, &experts[0].up, &experts[0].down}) expert_bytes += double(l->weight->value.nbytes());
   return double(std::max<int64_t>(E - M * opts.top_k, 0)) * expert_bytes <= kDenseExtraBytes;

@@ -43,7 +43,8 @@ Tensor dense_experts(const Tensor& xr, const Tensor& dense, const std::vector<Gl
 
 std::optional<Tensor> routed_experts(const Tensor& xr, const ag::Dispatch& d, const Tensor& w,
                                      const std::vector<GluMlp>& experts, int64_t M) {
-  if (xr.device() == Device::CUDA) {
+  // Block-format experts (core/quant.h) go expert by expert, through the linear layer's packed forms.
+  if (xr.device() == Device::CUDA && !is_block_dtype(experts.at(0).gate.weight->value.dtype())) {
     if constexpr (device::kCudaBuilt) return gpu::moe_routed(xr, d, w, experts, M);
   }
   return std::nullopt;

@@ -30,7 +30,7 @@ DenseRouting dense_routing(const Tensor& scores, const Tensor& bias, const Tenso
 Tensor dense_experts(const Tensor& xr, const Tensor& dense, const std::vector<GluMlp>& experts);
 
 // Every routed expert on its rows and the weighted combine in one pass, for inference; nullopt
-// where there is no such form (the host).
+// where there is no such form (the host, block-format experts).
 std::optional<Tensor> routed_experts(const Tensor& xr, const ag::Dispatch& d, const Tensor& w,
                                      const std::vector<GluMlp>& experts, int64_t M);
 

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <cstring>
+#include <set>
 #include <fstream>
 #include <unistd.h>
 
@@ -31,16 +33,20 @@ std::string edited(const std::string& tag, const std::function<void(std::vector<
   save_safetensors((dir / "model.safetensors").string(), ts);
   return dir.string();
 }
+// The model's logits on the golden's ids against transformers' on the weights torch dequantized.
+void expect_golden_logits(const Model& model) {
+  const SafeTensors expected = SafeTensors::open(fp8_checkpoint() + "/expected.safetensors");
+  const Tensor ids = expected.get("input_ids"), ref = expected.get_f32("logits");
+  const int64_t B = ids.dim(0), T = ids.dim(1), V = model.vocab_size();
+  std::vector<float> out(static_cast<size_t>(B * T * V));
+  model.logits(TokenBatch{ids.data<int64_t>(), B, T, nullptr}, out.data(), Logits::All);
+  EXPECT_LT(testing::rel_l2(out.data(), ref.f32(), B * T * V), 1e-4);
+}
 }  // namespace
 
 TEST(Fp8Weights, BlockScaledCheckpointMatchesTransformersOnTheDequantizedWeights) {
   auto model = load_model(fp8_checkpoint());
-  const SafeTensors expected = SafeTensors::open(fp8_checkpoint() + "/expected.safetensors");
-  const Tensor ids = expected.get("input_ids"), ref = expected.get_f32("logits");
-  const int64_t B = ids.dim(0), T = ids.dim(1), V = model->vocab_size();
-  std::vector<float> out(static_cast<size_t>(B * T * V));
-  model->logits(TokenBatch{ids.data<int64_t>(), B, T, nullptr}, out.data(), Logits::All);
-  EXPECT_LT(testing::rel_l2(out.data(), ref.f32(), B * T * V), 1e-4);
+  expect_golden_logits(*model);
 }
 
 TEST(Fp8Weights, AMissingOrMisshapenScaleIsRefusedByName) {
@@ -66,6 +72,44 @@ TEST(Fp8Weights, AMissingOrMisshapenScaleIsRefusedByName) {
   }
   fs::remove_all(fs::path(no_scale));
   fs::remove_all(fs::path(bad_shape));
+}
+
+}  // namespace k3
+
+namespace k3 {
+
+// Kept packed (PackedWeights::Keep, as inference loads it; weights whose rows are not whole blocks
+// of 128 are inflated), the same checkpoint gives the same logits through the linear layer's FP8
+// product, and writing it back reproduces torch's codes and scales bit for bit.
+TEST(Fp8Weights, KeptPackedMatchesAndWritesBackTheSameTensors) {
+  auto model = load_model(fp8_checkpoint(), PackedWeights::Keep);
+  std::set<std::string> packed_names;  // those whose rows are whole blocks of 128 (others are inflated)
+  model->visit([&](const std::string& name, Node& p, ParamKind) {
+    if (p.value.dtype() == DType::F8B128) packed_names.insert(model->checkpoint_name(name));
+  });
+  const int64_t packed = int64_t(packed_names.size());
+  EXPECT_GT(packed, 0);
+  expect_golden_logits(*model);
+
+  const fs::path dir = fs::temp_directory_path() / ("k3_fp8_roundtrip_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  save_model(*model, dir.string());
+  const SafeTensors orig = SafeTensors::open(fp8_checkpoint() + "/model.safetensors");
+  const SafeTensors back = SafeTensors::open((dir / "model.safetensors").string());
+  int64_t compared = 0;
+  for (const auto& n : orig.names()) {
+    const Tensor a = orig.get(n);
+    const std::string weight = n.ends_with("_scale_inv") ? n.substr(0, n.size() - 10) : n;
+    if (!packed_names.count(weight)) continue;
+    ASSERT_TRUE(back.has(n)) << n;
+    const Tensor b = back.get(n);
+    ASSERT_EQ(b.shape(), a.shape()) << n;
+    ASSERT_EQ(b.dtype(), a.dtype()) << n;
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << n;
+    ++compared;
+  }
+  EXPECT_GE(compared, 2 * packed);
+  fs::remove_all(dir);
 }
 
 }  // namespace k3

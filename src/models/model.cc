@@ -2,6 +2,7 @@
 #include "models/model.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,7 +15,7 @@
 #include "core/host_memory.h"
 #include "core/parallel.h"
 #include "core/profile.h"
-#include "core/mxfp4.h"
+#include "core/quant.h"
 #include "ops/ag.h"
 #include "ops/ag_moe.h"
 #include "models/lm_head.h"
@@ -31,7 +32,40 @@ bool bf16_gemm_weight(const std::string& name, const Tensor& value, ParamKind ki
   return kind == ParamKind::Weight && value.ndim() == 2 && !ends_with(".gate.weight") && !ends_with("kv_b_proj.weight");
 }
 
-void move_to(const Model& model, Device device, DType gemm_weights) {
+bool block_gemm_weight(const Model& model, const std::string& name, const Tensor& value, ParamKind kind, DType fmt) {
+  return model.architecture() != "gpt2" && bf16_gemm_weight(name, value, kind) && !name.ends_with("lm_head.weight") &&
+         value.dim(1) % dtype_block(fmt) == 0;
+}
+
+bool parse_quantize(const std::string& text, WeightStorage* storage) {
+  const bool experts = text.ends_with("-experts");
+  const std::string fmt = experts ? text.substr(0, text.size() - 8) : text;
+  if (fmt != "fp8" && fmt != "mxfp4") return false;
+  storage->quantize = fmt == "fp8" ? DType::F8B128 : DType::MXFP4;
+  storage->experts_only = experts;
+  return true;
+}
+
+namespace {
+bool routed_expert(const std::string& name) { return name.find(".experts.") != std::string::npos; }
+}  // namespace
+
+void move_to(const Model& model, Device device, DType gemm_weights) { move_to(model, device, WeightStorage{gemm_weights}); }
+
+void move_to(const Model& model, Device device, const WeightStorage& storage) {
+  const DType gemm_weights = storage.gemm;
+  const bool quantize = is_block_dtype(storage.quantize);
+  if (quantize && model.architecture() == "gpt2")
+    throw error("model", "GPT-2's linear weights are stored [in, out] (Conv1D); k3's block formats hold [out, in] "
+                         "weights, so GPT-2 cannot be quantised");
+  // The storage each parameter gets.
+  auto storage_of = [&](const std::string& name, const Tensor& value, ParamKind kind) {
+    if (is_block_dtype(value.dtype())) return value.dtype();
+    if (quantize && (!storage.experts_only || routed_expert(name)) &&
+        block_gemm_weight(model, name, value, kind, storage.quantize))
+      return storage.quantize;
+    return gemm_weights == DType::BF16 && bf16_gemm_weight(name, value, kind) ? DType::BF16 : DType::F32;
+  };
   if (device == Device::CUDA) device::require_cuda("model");
   if (gemm_weights != DType::F32 && (gemm_weights != DType::BF16 || device != Device::CUDA))
     throw error("model", "GEMM weights can be bf16 on CUDA only (or fp32 anywhere), not ", dtype_name(gemm_weights));
@@ -39,8 +73,7 @@ void move_to(const Model& model, Device device, DType gemm_weights) {
     double need = 0;
     model.visit([&](const std::string& name, Node& p, ParamKind kind) {
       if (p.value.device() == Device::CUDA || !p.value.has_storage()) return;
-      const bool bf16 = gemm_weights == DType::BF16 && bf16_gemm_weight(name, p.value, kind);
-      need += double(p.value.numel()) * (bf16 ? 2 : 4);
+      need += double(dtype_bytes(storage_of(name, p.value, kind), p.value.numel()));
     });
     const size_t avail = device::available_bytes();
     if (need > double(avail))
@@ -49,9 +82,13 @@ void move_to(const Model& model, Device device, DType gemm_weights) {
   }
   model.visit([&](const std::string& name, Node& p, ParamKind kind) {
     if (!p.value.has_storage()) throw error("model", "parameter '", name, "' has no values to move to the device");
+    const DType want = storage_of(name, p.value, kind);
+    if (p.value.dtype() == want) {
+      p.value = p.value.to_device(device);
+      return;
+    }
     const Tensor host = p.value.to_device(Device::CPU);
-    const DType want = gemm_weights == DType::BF16 && bf16_gemm_weight(name, host, kind) ? DType::BF16 : DType::F32;
-    p.value = (host.dtype() == want ? host : host.to(want)).to_device(device);
+    p.value = host.to(want).to_device(device);
   });
 }
 
@@ -139,7 +176,22 @@ Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& 
   return out;
 }
 
-Tensor load_fp8_blocks(const Checkpoint& ckpt, const std::string& name) {
+Tensor load_mxfp4_packed(const Checkpoint& ckpt, const std::string& name, const Shape& want) {
+  const Tensor packed = ckpt.get(name + "_packed"), scale = ckpt.get(name + "_scale");
+  if (want.size() != 2 || want[1] % kMxfp4Block != 0 || packed.dtype() != DType::U8 ||
+      packed.shape() != Shape{want[0], want[1] / 2} || scale.dtype() != DType::U8 ||
+      scale.shape() != Shape{want[0], want[1] / kMxfp4Block})
+    return load_mxfp4(ckpt, name, want);  // its checks name what is wrong
+  Tensor out = Tensor::empty(want, DType::MXFP4);
+  const int64_t n = out.numel();
+  std::memcpy(out.raw(), packed.raw(), size_t(n / 2));
+  std::memcpy(static_cast<uint8_t*>(out.raw()) + n / 2, scale.raw(), size_t(n / kMxfp4Block));
+  return out;
+}
+
+namespace {
+// The FP8 tensor's scale grid, checked: [⌈rows/128⌉, ⌈cols/128⌉] fp32.
+Tensor fp8_scales(const Checkpoint& ckpt, const std::string& name) {
   const TensorEntry& e = ckpt.entry(name);
   const std::string sname = name + "_scale_inv";
   if (e.shape.size() != 2)
@@ -150,10 +202,31 @@ Tensor load_fp8_blocks(const Checkpoint& ckpt, const std::string& name) {
                 "' (k3 reads FP8 weights with one float scale per ", kFp8Block, " x ", kFp8Block, " block)");
   const int64_t rows = e.shape[0], cols = e.shape[1];
   const Shape want{(rows + kFp8Block - 1) / kFp8Block, (cols + kFp8Block - 1) / kFp8Block};
-  const Tensor scale = ckpt.get_f32(sname);
+  Tensor scale = ckpt.get_f32(sname);
   if (scale.shape() != want)
     throw error("load", ckpt.path(), ": '", sname, "' has shape ", shape_str(scale.shape()), " but ", shape_str(e.shape),
                 " in blocks of ", kFp8Block, " x ", kFp8Block, " needs ", shape_str(want));
+  return scale;
+}
+}  // namespace
+
+Tensor load_fp8_packed(const Checkpoint& ckpt, const std::string& name) {
+  const Tensor scale = fp8_scales(ckpt, name);
+  const Tensor codes = ckpt.get(name);
+  const int64_t rows = codes.dim(0), cols = codes.dim(1), cb = cols / kFp8Block;
+  K3_CHECK(cols % kFp8Block == 0, "load_fp8_packed: ", cols, " columns are not whole blocks");
+  Tensor out = Tensor::empty({rows, cols}, DType::F8B128);
+  std::memcpy(out.raw(), codes.raw(), size_t(rows * cols));
+  float* s = reinterpret_cast<float*>(static_cast<uint8_t*>(out.raw()) + rows * cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cb; ++j) s[r * cb + j] = scale.f32()[(r / kFp8Block) * cb + j];
+  return out;
+}
+
+Tensor load_fp8_blocks(const Checkpoint& ckpt, const std::string& name) {
+  const Tensor scale = fp8_scales(ckpt, name);
+  const int64_t rows = scale.dim(0) ? ckpt.entry(name).shape[0] : 0, cols = ckpt.entry(name).shape[1];
+  const Shape want = scale.shape();
   Tensor w = ckpt.get_f32(name);  // the FP8 values, exactly
   float* pw = w.f32();
   const float* ps = scale.f32();
@@ -165,19 +238,33 @@ Tensor load_fp8_blocks(const Checkpoint& ckpt, const std::string& name) {
 }
 
 void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts) {
-  // Weights are held as fp32 on the host: a model that cannot fit is refused before any is read.
+  // Weights are held as fp32 on the host, or packed where they are kept so: a model that cannot
+  // fit is refused before any is read.
   double need = 0;
   int64_t params = 0;
-  model.visit([&](const std::string&, Node& p, ParamKind) {
-    if (!p.value.has_storage()) need += 4.0 * double(p.value.numel()), params += p.value.numel();
+  model.visit([&](const std::string& name, Node& p, ParamKind kind) {
+    if (p.value.has_storage()) return;
+    params += p.value.numel();
+    DType held = DType::F32;
+    if (opts.packed == PackedWeights::Keep)
+      for (const auto& c : opts.alias ? opts.alias(name) : std::vector<std::string>{name}) {
+        const DType fmt = ckpt.has(c) && ckpt.entry(c).dtype == DType::F8E4M3 ? DType::F8B128
+                          : ckpt.has(c + "_packed")                           ? DType::MXFP4
+                                                                              : DType::F32;
+        if (fmt != DType::F32 && block_gemm_weight(model, name, p.value, kind, fmt)) held = fmt;
+      }
+    need += double(dtype_bytes(held, p.value.numel()));
   });
   if (const auto avail = host_available_bytes(); avail && need > double(*avail))
-    throw error("load", ckpt.path(), ": the weights need ", human_bytes(need), " as fp32 (", params,
+    throw error("load", ckpt.path(), ": the weights need ", human_bytes(need), " on the host (", params,
                 " parameters) but this machine has ", human_bytes(double(*avail)), " of memory available");
   std::set<std::string> used;
   std::vector<std::string> missing;
-  model.visit([&](const std::string& name, Node& p, ParamKind) {
+  model.visit([&](const std::string& name, Node& p, ParamKind kind) {
     std::vector<std::string> candidates = opts.alias ? opts.alias(name) : std::vector<std::string>{name};
+    auto keep = [&](DType fmt) {
+      return opts.packed == PackedWeights::Keep && block_gemm_weight(model, name, p.value, kind, fmt);
+    };
     for (const auto& c : candidates) {
       if (!ckpt.has(c)) continue;
       const TensorEntry& e = ckpt.entry(c);
@@ -185,7 +272,7 @@ void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& 
         throw error("load", ckpt.path(), ": tensor '", c, "' has shape ", shape_str(e.shape), " but the config implies ",
                     shape_str(p.value.shape()), " (config.json and weights disagree?)");
       if (e.dtype == DType::F8E4M3) {  // block-scaled FP8 (DeepSeek-V3, Kimi): dequantised on load
-        p.value = load_fp8_blocks(ckpt, c);
+        p.value = keep(DType::F8B128) ? load_fp8_packed(ckpt, c) : load_fp8_blocks(ckpt, c);
         used.insert(c);
         used.insert(c + "_scale_inv");
         return;
@@ -201,7 +288,7 @@ void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& 
     // MXFP4-packed weights (K3's routed experts): "<name>_packed" + "<name>_scale".
     for (const auto& c : candidates) {
       if (!c.ends_with(".weight") || !ckpt.has(c + "_packed") || !ckpt.has(c + "_scale")) continue;
-      p.value = load_mxfp4(ckpt, c, p.value.shape());
+      p.value = keep(DType::MXFP4) ? load_mxfp4_packed(ckpt, c, p.value.shape()) : load_mxfp4(ckpt, c, p.value.shape());
       used.insert(c + "_packed");
       used.insert(c + "_scale");
       return;
@@ -222,10 +309,43 @@ void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& 
               << " tensor(s) this architecture does not use, e.g. '" << extra.front() << "'\n";
 }
 
+std::vector<std::pair<std::string, Tensor>> packed_checkpoint_tensors(const std::string& name, const Tensor& w) {
+  K3_CHECK(w.device() == Device::CPU && w.ndim() == 2 && is_block_dtype(w.dtype()), "packed_checkpoint_tensors: ",
+           w.describe());
+  const int64_t rows = w.dim(0), cols = w.dim(1), n = w.numel();
+  const uint8_t* base = static_cast<const uint8_t*>(w.raw());
+  if (w.dtype() == DType::MXFP4) {
+    if (!name.ends_with(".weight"))
+      throw error("save", "'", name, "' is MXFP4, which checkpoints store only for '.weight' tensors");
+    Tensor codes = Tensor::empty({rows, cols / 2}, DType::U8), scales = Tensor::empty({rows, cols / kMxfp4Block}, DType::U8);
+    std::memcpy(codes.raw(), base, size_t(n / 2));
+    std::memcpy(scales.raw(), base + n / 2, size_t(n / kMxfp4Block));
+    return {{name + "_packed", codes}, {name + "_scale", scales}};
+  }
+  // F8B128: one scale per 128 × 128 tile, as each tile's rows repeat it (how k3 quantises and loads).
+  const int64_t cb = cols / kF8Block, tiles = (rows + kF8Block - 1) / kF8Block;
+  Tensor codes = Tensor::empty({rows, cols}, DType::F8E4M3), scales = Tensor::empty({tiles, cb});
+  std::memcpy(codes.raw(), base, size_t(n));
+  const float* s = reinterpret_cast<const float*>(base + n);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cb; ++j) {
+      float& tile = scales.f32()[(r / kF8Block) * cb + j];
+      if (r % kF8Block == 0) tile = s[r * cb + j];
+      else if (std::bit_cast<uint32_t>(tile) != std::bit_cast<uint32_t>(s[r * cb + j]))
+        throw error("save", "'", name, "' has FP8 scales that differ within a ", kFp8Block, " x ", kFp8Block,
+                    " tile (row ", r, "), which the checkpoint layout cannot hold");
+    }
+  return {{name, codes}, {name + "_scale_inv", scales}};
+}
+
 void save_model(const Model& model, const std::string& dir) {
   std::vector<std::pair<std::string, Tensor>> ts;
   model.visit([&](const std::string& name, Node& p, ParamKind) {
-    ts.push_back({model.checkpoint_name(name), p.value.device() == Device::CPU ? p.value : p.value.to_device(Device::CPU)});
+    const Tensor host = p.value.device() == Device::CPU ? p.value : p.value.to_device(Device::CPU);
+    if (is_block_dtype(host.dtype()))
+      for (auto& t : packed_checkpoint_tensors(model.checkpoint_name(name), host)) ts.push_back(std::move(t));
+    else
+      ts.push_back({model.checkpoint_name(name), host});
   });
   save_safetensors(dir + "/model.safetensors", ts, {{"format", "pt"}});
   std::string tmp = dir + "/config.json.tmp";

@@ -23,6 +23,9 @@ class MtpHead;
 
 enum class Logits : uint8_t { All, Last };
 
+// Whether loading keeps a checkpoint's block-format weights packed (LoadOptions::packed).
+enum class PackedWeights : uint8_t { Inflate, Keep };
+
 // B sequences of T tokens (ids row-major [B, T]). With contexts (B of them) the tokens continue
 // those sequences; without, each sequence starts at position 0.
 struct TokenBatch {
@@ -136,16 +139,25 @@ class Decoder {
 struct LoadOptions {
   std::function<std::vector<std::string>(const std::string&)> alias;
   std::function<bool(const std::string&)> ignorable;
+  PackedWeights packed = PackedWeights::Inflate;
 };
-// MXFP4-packed parameters ("<name>_packed" + "<name>_scale", core/mxfp4.h) and block-scaled FP8
+// MXFP4-packed parameters ("<name>_packed" + "<name>_scale", core/quant.h) and block-scaled FP8
 // ones (F8_E4M3 "<name>" + float "<name>_scale_inv" per kFp8Block² block, as DeepSeek-V3 and Kimi
-// ship them) are dequantised to fp32 on load.
+// ship them) are dequantised to fp32 on load, or with PackedWeights::Keep kept as MXFP4 and
+// F8B128 tensors wherever block_gemm_weight says a linear layer multiplies them.
 void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts);
 inline constexpr int64_t kFp8Block = 128;
 Tensor load_fp8_blocks(const Checkpoint& ckpt, const std::string& name);  // w · scale_inv, block by block
 Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& want);
+// The same tensors kept packed (F8B128: each 128 × 128 tile's scale repeated on its rows).
+Tensor load_fp8_packed(const Checkpoint& ckpt, const std::string& name);
+Tensor load_mxfp4_packed(const Checkpoint& ckpt, const std::string& name, const Shape& want);
+// A packed host weight as a checkpoint stores it: MXFP4 as "<name>_packed" + "<name>_scale",
+// F8B128 as F8_E4M3 "<name>" + "<name>_scale_inv" (one fp32 scale per 128 × 128 tile).
+std::vector<std::pair<std::string, Tensor>> packed_checkpoint_tensors(const std::string& name, const Tensor& w);
 
-// Writes config.json + model.safetensors (HF names) into dir, each file atomically.
+// Writes config.json + model.safetensors (HF names) into dir, each file atomically. Block-format
+// weights are written in the layouts load_params reads (packed_checkpoint_tensors).
 void save_model(const Model& model, const std::string& dir);
 
 // Refuses weights holding NaN or infinite values (a corrupt checkpoint), naming the first tensor.
@@ -158,6 +170,24 @@ void check_weights_finite(const Model& model);
 // biases, gates, MoE routers and the MLA up-projection stay fp32 (bf16_gemm_weight says which).
 void move_to(const Model& model, Device device, DType gemm_weights = DType::F32);
 bool bf16_gemm_weight(const std::string& name, const Tensor& value, ParamKind kind);
+
+// The storage of a model's weights for inference. gemm: the GEMM weights' storage as in move_to
+// above. quantize (F8B128 or MXFP4; F32: none): the linear layers' weights quantised to that block
+// format (core/quant.h), or with experts_only only the routed experts' ("....experts.N...."), as
+// block_gemm_weight selects. Weights already packed (a checkpoint's FP8 or MXFP4, loaded with
+// PackedWeights::Keep) stay as they are.
+struct WeightStorage {
+  DType gemm = DType::F32;
+  DType quantize = DType::F32;
+  bool experts_only = false;
+};
+void move_to(const Model& model, Device device, const WeightStorage& storage);
+// A weight a linear layer multiplies that a block format can hold: a bf16_gemm_weight whose rows
+// are whole blocks, not the LM head (kept as the checkpoint has it, as DeepSeek-V3's FP8 release
+// does), in a model whose linear weights are [out, in].
+bool block_gemm_weight(const Model& model, const std::string& name, const Tensor& value, ParamKind kind, DType fmt);
+// `--quantize` spellings: fp8, mxfp4, fp8-experts, mxfp4-experts (false if none of them).
+bool parse_quantize(const std::string& text, WeightStorage* storage);
 
 // Gives every storage-less parameter zeros, e.g. before init_random.
 void materialize_params(const Model& model);

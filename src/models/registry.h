@@ -11,8 +11,10 @@
 
 namespace k3 {
 
-// Loads config.json + weights from a Hugging Face model folder.
-std::unique_ptr<Model> load_model(const std::string& dir);
+// Loads config.json + weights from a Hugging Face model folder. Weights stored in a block format
+// (FP8 with block scales, MXFP4) are inflated to fp32 (training's master weights) or, with
+// PackedWeights::Keep, kept packed where a linear layer multiplies them (inference).
+std::unique_ptr<Model> load_model(const std::string& dir, PackedWeights packed = PackedWeights::Inflate);
 // Builds a model from a config without weights (parameters are storage-less "meta" tensors
 // until init_random or loading).
 std::unique_ptr<Model> build_model(const Json& config, const std::string& where);

@@ -3,8 +3,12 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "core/device.h"
+#include "core/fastmath.h"
+#include "core/parallel.h"
+#include "core/quant.h"
 #include "ops/ops_cuda.h"
 
 namespace k3 {
@@ -37,13 +41,65 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
               blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb), beta, C, blasint(ldc));
 }
 
+namespace {
+
+// y[m, r] = beta·y[m, r] + x[m] · w (one dequantised weight row w [in] against the M rows of x).
+K3_SIMD_BODY void rows_dot_body(const float* x, int64_t M, int64_t in, const float* w, float* y, int64_t ldy,
+                                float beta) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xm = x + m * in;
+    float acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < in; ++i) acc += xm[i] * w[i];
+    y[m * ldy] = beta == 0.0f ? acc : beta * y[m * ldy] + acc;
+  }
+}
+K3_SIMD_DISPATCH(rows_dot, (const float* x, int64_t M, int64_t in, const float* w, float* y, int64_t ldy, float beta),
+                 (x, M, in, w, y, ldy, beta))
+
+// y[M, out] (+)= x[M, in] · Wᵀ for a block-format W [out, in] (core/quant.h), never inflated whole:
+// a few rows go through row by row (each weight row dequantised into a buffer the size of one row,
+// the decode's streaming product); more through tiles of kTile rows dequantised and multiplied by
+// the BLAS.
+void linear_blocks(const float* x, int64_t M, int64_t in, int64_t out, const Tensor& w, float* y, float beta) {
+  const int64_t n = w.numel();
+  if (M <= kBlockRowsFused) {
+    parallel_for(out, 16, [&](int64_t r0, int64_t r1) {
+      std::vector<float> row(static_cast<size_t>(in));
+      for (int64_t r = r0; r < r1; ++r) {
+        dequantize_blocks(w.dtype(), w.raw(), n, r * in, in, row.data());
+        rows_dot(x, M, in, row.data(), y + r, out, beta);
+      }
+    });
+    return;
+  }
+  constexpr int64_t kTile = 256;
+  std::vector<float> tile(size_t(std::min(out, kTile) * in));
+  for (int64_t t0 = 0; t0 < out; t0 += kTile) {
+    const int64_t rows = std::min(kTile, out - t0);
+    parallel_for(rows, 8, [&](int64_t r0, int64_t r1) {
+      dequantize_blocks(w.dtype(), w.raw(), n, (t0 + r0) * in, (r1 - r0) * in, tile.data() + r0 * in);
+    });
+    gemm(Trans::No, Trans::Yes, M, rows, in, 1.0f, x, in, tile.data(), in, beta, y + t0, out);
+  }
+}
+
+}  // namespace
+
 void linear_forward(const float* x, int64_t M, int64_t in, int64_t out, const Tensor& w, WeightLayout layout,
                     const float* bias, float* y, float beta) {
-  const float* W = w.f32();
+  if (is_block_dtype(w.dtype())) {
+    if (layout != WeightLayout::OutIn || w.ndim() != 2 || w.dim(0) != out || w.dim(1) != in)
+      throw error("linear", "a ", dtype_name(w.dtype()), " weight is [out, in]; got ", w.describe(), " for ", in,
+                  " -> ", out);
+    linear_blocks(x, M, in, out, w, y, beta);
+  } else {
+    const float* W = w.f32();
   if (layout == WeightLayout::OutIn)
     gemm(Trans::No, Trans::Yes, M, out, in, 1.0f, x, in, W, in, beta, y, out);
   else
     gemm(Trans::No, Trans::No, M, out, in, 1.0f, x, in, W, out, beta, y, out);
+  }
   if (bias)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t o = 0; o < out; ++o) y[m * out + o] += bias[o];
@@ -51,6 +107,9 @@ void linear_forward(const float* x, int64_t M, int64_t in, int64_t out, const Te
 
 void linear_backward(const float* x, const float* dy, int64_t M, int64_t in, int64_t out, const Tensor& w,
                      WeightLayout layout, float* dx, float* dw, float* db) {
+  if (is_block_dtype(w.dtype()))
+    throw error("linear", "no gradient through a ", dtype_name(w.dtype()),
+                " weight: training keeps fp32 weights (load the checkpoint without --quantize)");
   const float* W = w.f32();
   if (dx) {
     if (layout == WeightLayout::OutIn)  // dx[M,in] += dy[M,out] W[out,in]

@@ -23,7 +23,10 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
 // Conv1D). Both are used zero-copy from the checkpoint.
 enum class WeightLayout : uint8_t { OutIn, InOut };
 
-// y[M, out] = x[M, in] W (+ bias) (+ beta * y). x and y contiguous.
+// y[M, out] = x[M, in] W (+ bias) (+ beta * y). x and y contiguous. W fp32, or a block format
+// (F8B128, MXFP4: core/quant.h) in [out, in], multiplied without inflating it whole: batches of at
+// most kBlockRowsFused rows stream each weight row once; larger ones go through dequantised tiles.
+inline constexpr int64_t kBlockRowsFused = 8;
 void linear_forward(const float* x, int64_t M, int64_t in, int64_t out, const Tensor& w, WeightLayout layout,
                     const float* bias, float* y, float beta = 0.0f);
 // Backward of linear_forward: dx[M,in] (+)= dy W; dw (+)= dyᵀ x (in w's layout); db (+)= Σ dy.
@@ -32,7 +35,7 @@ void linear_backward(const float* x, const float* dy, int64_t M, int64_t in, int
                      WeightLayout layout, float* dx, float* dw, float* db);
 
 // The linear layer on tensors of either device, behind one dispatch on x's device: x [.., in]
-// contiguous fp32, w fp32 (or bf16 on CUDA) in `layout`, b [out] or undefined, y [.., out].
+// contiguous fp32, w fp32, a block format [out, in] (forward only), or bf16 on CUDA in `layout`, b [out] or undefined, y [.., out].
 // bf16: GEMM operands rounded to bf16 with fp32 accumulation (ops/precision.h; the CPU computes in
 // fp32). Gradients accumulate into dx, dw, db where defined.
 namespace linear {

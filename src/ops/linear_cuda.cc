@@ -18,7 +18,29 @@ const float* dev_in(const Tensor& t, const char* what) {
 }
 }  // namespace
 
+namespace {
+// x · Wᵀ for a block-format W [out, in]: streamed packed for a few rows, else through a bf16 copy.
+void forward_blocks(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout, const Tensor& y) {
+  if (layout != WeightLayout::OutIn || w.ndim() != 2 || x.dim(-1) != w.dim(1))
+    throw error("linear", "a ", dtype_name(w.dtype()), " weight is [out, in]; got ", w.describe(), " for input ",
+                x.describe());
+  if (w.device() != Device::CUDA) throw error("linear", "weight ", w.describe(), " is not on the device");
+  const int64_t in_f = w.dim(1), out_f = w.dim(0), M = x.numel() / std::max<int64_t>(1, in_f);
+  const float* bias = b.defined() ? dev_in(b, "bias") : nullptr;
+  if (M <= cuda::kGemvMaxRows) {
+    if (M) cuda::gemv_blocks(w.dtype(), dev_in(x, "input"), M, w.raw(), in_f, out_f, bias, y.cuda_f32(), 0.0f);
+    return;
+  }
+  const Tensor wb = Tensor::empty_on(Device::CUDA, {out_f, in_f}, DType::BF16);
+  cuda::dequantize_to_bf16(w.dtype(), w.raw(), w.numel(), wb.raw());
+  const Operand xb(dev_in(x, "input"), M * in_f, device::Storage::BF16);
+  cuda::gemm(cuda::Op::N, cuda::Op::T, M, out_f, in_f, 1.0f, xb.ptr, in_f, wb.raw(), in_f, 0.0f, y.cuda_f32(), out_f,
+             device::Storage::BF16, bias);
+}
+}  // namespace
+
 void forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout layout, const Tensor& y, bool bf16) {
+  if (is_block_dtype(w.dtype())) return forward_blocks(x, w, b, layout, y);
   const bool out_in = layout == WeightLayout::OutIn;
   const int64_t in_f = out_in ? w.dim(1) : w.dim(0), out_f = out_in ? w.dim(0) : w.dim(1);
   const int64_t M = x.numel() / std::max<int64_t>(1, in_f);
@@ -41,6 +63,9 @@ void forward(const Tensor& x, const Tensor& w, const Tensor& b, WeightLayout lay
 
 void backward(const Tensor& x, const Tensor& w, WeightLayout layout, const Tensor& dy, const Tensor& dx,
               const Tensor& dw, const Tensor& db, bool bf16) {
+  if (is_block_dtype(w.dtype()))
+    throw error("linear", "no gradient through a ", dtype_name(w.dtype()),
+                " weight: training keeps fp32 weights (load the checkpoint without --quantize)");
   if (w.dtype() != DType::F32)
     throw error("linear", "training through bf16 weights on CUDA is not supported (keep fp32 master weights; "
                           "--dtype bf16 rounds the GEMM operands instead)");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/dtype.h"
 #include "ops/gates.h"
 
 namespace k3::cuda {
@@ -272,6 +273,16 @@ class AdamWGroup {
   device::Buffer tensors_, chunks_;
   int64_t chunks_count_ = 0;
 };
+
+// ---- linear_blocks_cuda.cu
+
+// Products with a block-format weight W [out, in] (core/quant.h: its codes, then its scales, at w):
+// y[M, out] = beta·y + x[M, in] · Wᵀ (+ bias) for 1 ≤ M ≤ kGemvMaxRows, reading W once, packed;
+// and W's values as bf16 [out, in] at out (for a tensor-core GEMM of a larger batch).
+inline constexpr int64_t kGemvMaxRows = 8;
+void gemv_blocks(DType fmt, const float* x, int64_t M, const void* w, int64_t in, int64_t out, const float* bias,
+                 float* y, float beta);
+void dequantize_to_bf16(DType fmt, const void* w, int64_t n, void* out);
 
 // ---- gemm_cuda.cu
 

@@ -1,0 +1,45 @@
+// Block-quantised weight formats, held packed in memory and multiplied without inflating them:
+//   DType::F8B128  FP8 E4M3 ("fn": bias 7, no infinities) values with one fp32 scale per 128
+//                  consecutive values of a row. DeepSeek-V3 and Kimi ship one scale per 128 × 128
+//                  tile ("<name>_scale_inv"); here each tile's scale is repeated on its rows.
+//   DType::MXFP4   OCP Microscaling FP4 (E2M1) values, two per byte (the even column in the low
+//                  nibble), with one E8M0 scale per 32 (Kimi K3's routed experts, compressed-tensors
+//                  "mxfp4-pack-quantized": "<name>_packed" + "<name>_scale").
+// value = code's value · block's scale. A tensor of n such values keeps its codes and then its
+// scales in one allocation, each row-major:
+//   F8B128: n bytes of codes, then n/128 floats;   MXFP4: n/2 bytes of codes, then n/32 bytes.
+// The last dimension is a multiple of the block, so no block straddles two rows.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace k3 {
+
+inline constexpr int64_t kF8Block = 128, kMxfp4Block = 32;
+inline constexpr size_t kF8BlockBytes = kF8Block + 4, kMxfp4BlockBytes = kMxfp4Block / 2 + 1;
+inline constexpr float kF8Max = 448.0f, kFp4Max = 6.0f;
+
+float fp4_e2m1_to_f32(uint8_t code);  // low 4 bits
+uint8_t f32_to_fp4_e2m1(float x);     // nearest (ties to the even code), saturating at ±6; NaN → 0
+float e8m0_to_f32(uint8_t s);         // 2^(s-127); 255 is NaN
+
+// The codes and scales of a block tensor of n values at `base`.
+inline const uint8_t* block_codes(const void* base) { return static_cast<const uint8_t*>(base); }
+inline const void* block_scales(DType t, const void* base, int64_t n) {
+  return static_cast<const uint8_t*>(base) + (t == DType::MXFP4 ? n / 2 : n);
+}
+
+// Values [begin, begin + count) of the n at `base` into dst as fp32 (begin and count whole blocks).
+void dequantize_blocks(DType t, const void* base, int64_t n, int64_t begin, int64_t count, float* dst);
+// Quantises src [rows, cols] into `base` (cols a multiple of the block). F8B128 scales by each
+// 128 × 128 tile's largest magnitude over 448 (DeepSeek-V3's recipe, so the tensor can be written in
+// its layout); MXFP4 by 2^(⌊log2 max⌋ − 2) per 32 (the OCP MX conversion: larger values saturate).
+void quantize_blocks(DType t, const float* src, int64_t rows, int64_t cols, void* base);
+
+// out[rows, cols] from packed [rows, cols/2] and scales [rows, cols/32]. cols % 32 == 0.
+void dequantize_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, float* out);
+
+}  // namespace k3
