@@ -33,32 +33,13 @@ float e8m0_to_f32(uint8_t s) { return s == 255 ? std::nanf("") : std::ldexp(1.0f
 
 namespace {
 
-// Branch-free decodes, written so that the loops around them vectorise.
-K3_SIMD_BODY float f8_value(uint8_t v) {
-  const uint32_t em = v & 0x7fu;
-  // Normal: the exponent rebased from 7 to 127 and the 3 mantissa bits on top of fp32's; subnormal
-  // (exponent 0): em · 2^-9. S.1111.111 is NaN.
-  const float normal = std::bit_cast<float>((em << 20) + (120u << 23));
-  const float sub = float(int32_t(em)) * 0.001953125f;
-  float r = em < 8 ? sub : normal;
-  r = em == 0x7f ? std::numeric_limits<float>::quiet_NaN() : r;
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(r) | (uint32_t(v & 0x80u) << 24));
-}
-
-K3_SIMD_BODY float fp4_value(uint32_t c) {
-  const uint32_t e = (c >> 1) & 3u, m = c & 1u;
-  // e > 0: (1 + m/2) · 2^(e-1); e == 0: m/2.
-  const uint32_t bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
-  return std::bit_cast<float>(bits | ((c & 8u) << 28));
-}
-
 K3_SIMD_BODY void dequant_f8_body(const uint8_t* codes, const float* scales, int64_t blocks, float* dst) {
   for (int64_t b = 0; b < blocks; ++b) {
     const float s = scales[b];
     const uint8_t* c = codes + b * kF8Block;
     float* d = dst + b * kF8Block;
 #pragma omp simd
-    for (int i = 0; i < kF8Block; ++i) d[i] = f8_value(c[i]) * s;
+    for (int i = 0; i < kF8Block; ++i) d[i] = quant::f8_value(c[i]) * s;
   }
 }
 K3_SIMD_DISPATCH(dequant_f8, (const uint8_t* codes, const float* scales, int64_t blocks, float* dst),
@@ -66,14 +47,13 @@ K3_SIMD_DISPATCH(dequant_f8, (const uint8_t* codes, const float* scales, int64_t
 
 K3_SIMD_BODY void dequant_fp4_body(const uint8_t* codes, const uint8_t* scales, int64_t blocks, float* dst) {
   for (int64_t b = 0; b < blocks; ++b) {
-    const float s = scales[b] == 255 ? std::numeric_limits<float>::quiet_NaN()
-                                     : std::bit_cast<float>(scales[b] ? uint32_t(scales[b]) << 23 : 0x00400000u);
+    const float s = quant::e8m0_value(scales[b]);
     const uint8_t* c = codes + b * (kMxfp4Block / 2);
     float* d = dst + b * kMxfp4Block;
 #pragma omp simd
     for (int i = 0; i < kMxfp4Block / 2; ++i) {
-      d[2 * i] = fp4_value(c[i] & 15u) * s;
-      d[2 * i + 1] = fp4_value(uint32_t(c[i]) >> 4) * s;
+      d[2 * i] = quant::fp4_value(c[i] & 15u) * s;
+      d[2 * i + 1] = quant::fp4_value(uint32_t(c[i]) >> 4) * s;
     }
   }
 }

@@ -13,6 +13,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 
 #include "core/dtype.h"
 
@@ -25,6 +27,39 @@ inline constexpr float kF8Max = 448.0f, kFp4Max = 6.0f;
 float fp4_e2m1_to_f32(uint8_t code);  // low 4 bits
 uint8_t f32_to_fp4_e2m1(float x);     // nearest (ties to the even code), saturating at ±6; NaN → 0
 float e8m0_to_f32(uint8_t s);         // 2^(s-127); 255 is NaN
+
+// Branch-free decodes, inlined into vectorised loops (core/fastmath.h's K3_SIMD_BODY kernels).
+namespace quant {
+[[gnu::always_inline]] inline float as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+[[gnu::always_inline]] inline uint32_t as_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+[[gnu::always_inline]] inline float f8_value(uint8_t v) {
+  const uint32_t em = v & 0x7fu;
+  // Normal: the exponent rebased from 7 to 127 and the 3 mantissa bits on top of fp32's; subnormal
+  // (exponent 0): em · 2^-9. S.1111.111 is NaN.
+  const float normal = as_float((em << 20) + (120u << 23));
+  const float sub = float(int32_t(em)) * 0.001953125f;
+  float r = em < 8 ? sub : normal;
+  r = em == 0x7f ? std::numeric_limits<float>::quiet_NaN() : r;
+  return as_float(as_bits(r) | (uint32_t(v & 0x80u) << 24));
+}
+[[gnu::always_inline]] inline float fp4_value(uint32_t c) {
+  const uint32_t e = (c >> 1) & 3u, m = c & 1u;
+  // e > 0: (1 + m/2) · 2^(e-1); e == 0: m/2.
+  const uint32_t bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+  return as_float(bits | ((c & 8u) << 28));
+}
+[[gnu::always_inline]] inline float e8m0_value(uint8_t s) {
+  return s == 255 ? std::numeric_limits<float>::quiet_NaN() : as_float(s ? uint32_t(s) << 23 : 0x00400000u);
+}
+}  // namespace quant
 
 // The codes and scales of a block tensor of n values at `base`.
 inline const uint8_t* block_codes(const void* base) { return static_cast<const uint8_t*>(base); }

@@ -113,3 +113,25 @@ TEST(Fp8Weights, KeptPackedMatchesAndWritesBackTheSameTensors) {
 }
 
 }  // namespace k3
+
+namespace k3 {
+
+TEST(Fp8Weights, ANaNCodeIsRefusedByNameWhenKeptPacked) {
+  const std::string w = "model.layers.0.mlp.gate_proj.weight";
+  const std::string dir = edited("nan", [&](auto& ts) {
+    for (auto& [n, t] : ts)
+      if (n == w) {
+        t = t.clone();
+        t.template data<uint8_t>()[5] = 0xff;  // S.1111.111
+      }
+  });
+  try {
+    load_model(dir, PackedWeights::Keep);
+    ADD_FAILURE() << "an FP8 NaN code loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + w + "' holds a NaN"), std::string::npos) << e.what();
+  }
+  fs::remove_all(fs::path(dir));
+}
+
+}  // namespace k3

@@ -217,6 +217,12 @@ Tensor load_fp8_packed(const Checkpoint& ckpt, const std::string& name) {
   K3_CHECK(cols % kFp8Block == 0, "load_fp8_packed: ", cols, " columns are not whole blocks");
   Tensor out = Tensor::empty({rows, cols}, DType::F8B128);
   std::memcpy(out.raw(), codes.raw(), size_t(rows * cols));
+  // The CPU's product kernels read E4M3's NaN code as a number; a checkpoint holding one is corrupt.
+  const uint8_t* c = codes.data<uint8_t>();
+  for (int64_t i = 0; i < rows * cols; ++i)
+    if ((c[i] & 0x7f) == 0x7f)
+      throw error("load", ckpt.path(), ": FP8 tensor '", name, "' holds a NaN at [", i / cols, ", ", i % cols,
+                  "]: the checkpoint is corrupt");
   float* s = reinterpret_cast<float*>(static_cast<uint8_t*>(out.raw()) + rows * cols);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < cb; ++j) s[r * cb + j] = scale.f32()[(r / kFp8Block) * cb + j];

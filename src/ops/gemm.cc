@@ -6,9 +6,7 @@
 #include <vector>
 
 #include "core/device.h"
-#include "core/fastmath.h"
-#include "core/parallel.h"
-#include "core/quant.h"
+#include "ops/linear_blocks.h"
 #include "ops/ops_cuda.h"
 
 namespace k3 {
@@ -40,51 +38,6 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
   cblas_sgemm(CblasRowMajor, ta == Trans::Yes ? CblasTrans : CblasNoTrans, tb == Trans::Yes ? CblasTrans : CblasNoTrans,
               blasint(M), blasint(N), blasint(K), alpha, A, blasint(lda), B, blasint(ldb), beta, C, blasint(ldc));
 }
-
-namespace {
-
-// y[m, r] = beta·y[m, r] + x[m] · w (one dequantised weight row w [in] against the M rows of x).
-K3_SIMD_BODY void rows_dot_body(const float* x, int64_t M, int64_t in, const float* w, float* y, int64_t ldy,
-                                float beta) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xm = x + m * in;
-    float acc = 0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t i = 0; i < in; ++i) acc += xm[i] * w[i];
-    y[m * ldy] = beta == 0.0f ? acc : beta * y[m * ldy] + acc;
-  }
-}
-K3_SIMD_DISPATCH(rows_dot, (const float* x, int64_t M, int64_t in, const float* w, float* y, int64_t ldy, float beta),
-                 (x, M, in, w, y, ldy, beta))
-
-// y[M, out] (+)= x[M, in] · Wᵀ for a block-format W [out, in] (core/quant.h), never inflated whole:
-// a few rows go through row by row (each weight row dequantised into a buffer the size of one row,
-// the decode's streaming product); more through tiles of kTile rows dequantised and multiplied by
-// the BLAS.
-void linear_blocks(const float* x, int64_t M, int64_t in, int64_t out, const Tensor& w, float* y, float beta) {
-  const int64_t n = w.numel();
-  if (M <= kBlockRowsFused) {
-    parallel_for(out, 16, [&](int64_t r0, int64_t r1) {
-      std::vector<float> row(static_cast<size_t>(in));
-      for (int64_t r = r0; r < r1; ++r) {
-        dequantize_blocks(w.dtype(), w.raw(), n, r * in, in, row.data());
-        rows_dot(x, M, in, row.data(), y + r, out, beta);
-      }
-    });
-    return;
-  }
-  constexpr int64_t kTile = 256;
-  std::vector<float> tile(size_t(std::min(out, kTile) * in));
-  for (int64_t t0 = 0; t0 < out; t0 += kTile) {
-    const int64_t rows = std::min(kTile, out - t0);
-    parallel_for(rows, 8, [&](int64_t r0, int64_t r1) {
-      dequantize_blocks(w.dtype(), w.raw(), n, (t0 + r0) * in, (r1 - r0) * in, tile.data() + r0 * in);
-    });
-    gemm(Trans::No, Trans::Yes, M, rows, in, 1.0f, x, in, tile.data(), in, beta, y + t0, out);
-  }
-}
-
-}  // namespace
 
 void linear_forward(const float* x, int64_t M, int64_t in, int64_t out, const Tensor& w, WeightLayout layout,
                     const float* bias, float* y, float beta) {
