@@ -34,11 +34,11 @@ TokenRows* device_rows(Memory* m, const char* who) {
 
 }  // namespace
 
-Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
+Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd, float scale,
                         Memory* const* memories) {
   profile::Scope scope("cached attention");
-  const int64_t D = H * hd;
-  K3_CHECK(qkv.numel() == B * T * 3 * D, "attention: qkv ", qkv.describe(), " for B=", B, " T=", T, " width ", 3 * D);
+  const int64_t D = H * hd, Dkv = Hkv * hd, W = D + 2 * Dkv, group = H / Hkv;
+  K3_CHECK(qkv.numel() == B * T * W, "attention: qkv ", qkv.describe(), " for B=", B, " T=", T, " width ", W);
   // Every cache must take the new tokens before any changes: a failure leaves the batch intact.
   std::vector<TokenRows*> caches(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
@@ -62,12 +62,12 @@ Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int6
     const device::Buffer d_vs = device::upload_new(vs.data(), vs.size() * sizeof(void*), device::Refresh::Constant);
     const device::Buffer d_p0s = device::upload_new(p0s.data(), p0s.size() * 8, device::Refresh::Advance);
     const float* base = qkv.cuda_f32();
-    k3::cuda::append_rows(base + D, 3 * D, B, 1, D, d_ks.as<void* const>(), d_p0s.as<int64_t>(), device::Storage::F32);
-    k3::cuda::append_rows(base + 2 * D, 3 * D, B, 1, D, d_vs.as<void* const>(), d_p0s.as<int64_t>(),
+    k3::cuda::append_rows(base + D, W, B, 1, Dkv, d_ks.as<void* const>(), d_p0s.as<int64_t>(), device::Storage::F32);
+    k3::cuda::append_rows(base + D + Dkv, W, B, 1, Dkv, d_vs.as<void* const>(), d_p0s.as<int64_t>(),
                           device::Storage::F32);
-    k3::cuda::attention_cached(base, 3 * D, d_ks.as<const void* const>(), d_vs.as<const void* const>(),
+    k3::cuda::attention_cached(base, W, d_ks.as<const void* const>(), d_vs.as<const void* const>(),
                                d_p0s.as<int64_t>(), longest, att.cuda_f32(), B, 1, H, hd, hd, scale,
-                               device::Storage::F32);
+                               device::Storage::F32, group);
     for (TokenRows* cache : caches) cache->advance(1);
     return att;
   }
@@ -77,15 +77,24 @@ Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int6
   Tensor q = dev_empty({T, D});
   for (int64_t b = 0; b < B; ++b) {
     TokenRows* cache = caches[size_t(b)];
-    const float* base = qkv.cuda_f32() + b * T * 3 * D;
-    k3::cuda::copy_blocks(base, 3 * D, 0, q.cuda_f32(), D, 0, T, 1, D);
-    cache->append(0, base + D, 3 * D, T);
-    cache->append(1, base + 2 * D, 3 * D, T);
+    const float* base = qkv.cuda_f32() + b * T * W;
+    k3::cuda::copy_blocks(base, W, 0, q.cuda_f32(), D, 0, T, 1, D);
+    cache->append(0, base + D, W, T);
+    cache->append(1, base + D + Dkv, W, T);
     cache->advance(T);
     const int64_t S = cache->length();
+    const float *k = cache->f32(0), *v = cache->f32(1);
+    Tensor kx, vx;  // grouped-query attention: the cache's heads repeated for the flash kernels
+    if (group > 1) {
+      kx = dev_empty({S, D}), vx = dev_empty({S, D});
+      for (int64_t j = 0; j < Hkv; ++j) {
+        k3::cuda::copy_blocks(k + j * hd, Dkv, 0, kx.cuda_f32() + j * group * hd, D, hd, S, group, hd);
+        k3::cuda::copy_blocks(v + j * hd, Dkv, 0, vx.cuda_f32() + j * group * hd, D, hd, S, group, hd);
+      }
+      k = kx.cuda_f32(), v = vx.cuda_f32();
+    }
     const k3::cuda::AttnShape a{1, T, S, H, hd, hd, S - T, scale};
-    k3::cuda::attention_forward(q.cuda_f32(), cache->f32(0), cache->f32(1), att.cuda_f32() + b * T * D, nullptr, a,
-                                device::Storage::F32);
+    k3::cuda::attention_forward(q.cuda_f32(), k, v, att.cuda_f32() + b * T * D, nullptr, a, device::Storage::F32);
   }
   return att;
 }

@@ -56,9 +56,9 @@ void scatter_blocks(const float* src, int64_t B, int64_t n, float* const* dsts);
 
 namespace gpu {
 
-// Softmax attention of B sequences of T new tokens continuing their KV caches: qkv [B*T, 3·H·hd]
-// (q | k | v) on the device; returns [B*T, H·hd].
-Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
+// Softmax attention of B sequences of T new tokens continuing their KV caches of Hkv heads: qkv
+// [B*T, (H + 2·Hkv)·hd] (q | k | v) on the device; returns [B*T, H·hd] (mixers/attention/kv_cache.h).
+Tensor cached_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd, float scale,
                         Memory* const* memories);
 
 // Absorbed MLA (spec §6) continuing latent caches: q [B*T, H·(nope+rope)] (rope applied), the new

@@ -6,13 +6,15 @@
 namespace k3 {
 
 // A [T, H, hd] view with arbitrary token and head strides (in elements): element (t, h, i) is
-// base[t * token_stride + h * head_stride + i]. Lets q/k/v be read straight out of a fused qkv
-// buffer or a token-major KV cache without copies.
+// base[t * token_stride + (h / group) * head_stride + i]. Lets q/k/v be read straight out of a
+// fused qkv buffer or a token-major KV cache without copies; group > 1 shares each stored head
+// among that many consecutive heads (grouped-query attention's keys and values).
 struct HeadView {
   float* base;
   int64_t token_stride;
   int64_t head_stride;
-  float* at(int64_t t, int64_t h) const { return base + t * token_stride + h * head_stride; }
+  int64_t group = 1;
+  float* at(int64_t t, int64_t h) const { return base + t * token_stride + (h / group) * head_stride; }
 };
 
 struct AttentionShape {

@@ -253,6 +253,7 @@ struct DecArgs {
   int64_t Tq, H, hd, hdv, keys;  // keys per split
   float scale;                   // the softmax scale · log₂ e
   int nsplit;
+  int64_t group = 1;  // query heads per stored key/value head (the cached decode's grouped-query attention)
 };
 
 // DPL values of T from p (vector loads of DPL·sizeof(T) bytes, aligned to min(16, that); the
@@ -308,9 +309,10 @@ __device__ __forceinline__ Split<T> split_of(const DecArgs<T>& a) {
   s.h = s.pair % a.H, s.b = row / a.Tq, s.t = row % a.Tq;
   const int64_t visible = (a.p0s ? a.p0s[s.b] : a.pos0) + s.t + 1;
   s.j0 = int64_t(blockIdx.y) * a.keys, s.j1 = min64(s.j0 + a.keys, visible);
-  s.kb = (a.ks ? a.ks[s.b] : a.k + s.b * a.kseq) + s.h * a.hd;
-  s.vb = (a.vs ? a.vs[s.b] : a.v + s.b * a.vseq) + s.h * a.hdv;
-  s.ldk = a.H * a.hd, s.ldv = a.H * a.hdv;
+  const int64_t kvh = s.h / a.group, KVH = a.H / a.group;
+  s.kb = (a.ks ? a.ks[s.b] : a.k + s.b * a.kseq) + kvh * a.hd;
+  s.vb = (a.vs ? a.vs[s.b] : a.v + s.b * a.vseq) + kvh * a.hdv;
+  s.ldk = KVH * a.hd, s.ldv = KVH * a.hdv;
   return s;
 }
 // This lane's dims of the scaled query: lane·DPL + i (packed) or lane + 32·i.
@@ -675,8 +677,9 @@ void attention_forward(const void* q, const void* k, const void* v, void* y, flo
 
 void attention_cached(const void* q, int64_t ldq, const void* const* ks, const void* const* vs, const int64_t* p0s,
                       int64_t longest, void* y, int64_t B, int64_t Tq, int64_t H, int64_t hd, int64_t hdv, float scale,
-                      Storage st) {
+                      Storage st, int64_t group) {
   check_dims(hd, hdv);
+  if (group < 1 || H % group != 0) throw error("attention", H, " heads cannot share keys in groups of ", group);
   if (longest < Tq) throw error("attention", "longest = ", longest, " cannot hold ", Tq, " new queries");
   if (!B || !Tq || !H) return;
   K3_DISPATCH_STORAGE(st, T, {
@@ -685,7 +688,7 @@ void attention_cached(const void* q, int64_t ldq, const void* const* ks, const v
     d.ks = reinterpret_cast<const T* const*>(ks), d.vs = reinterpret_cast<const T* const*>(vs);
     d.p0s = p0s;
     d.y = static_cast<T*>(y);
-    d.Tq = Tq, d.H = H, d.hd = hd, d.hdv = hdv, d.scale = scale * kLog2e;
+    d.Tq = Tq, d.H = H, d.hd = hd, d.hdv = hdv, d.scale = scale * kLog2e, d.group = group;
     launch_decode<T>(d, B, longest);
   });
 }

@@ -204,9 +204,10 @@ void attention_forward(const void* q, const void* k, const void* v, void* y, flo
 // ([rows, H·hdv]); query t sees keys 0 .. p0s[b] + t. ks, vs and p0s are device arrays of B
 // entries. longest ≥ every p0s[b] + Tq sizes the split over the keys:
 // a graph captured for the caches' capacity replays for every shorter length. y [B·Tq, H, hdv].
+// group > 1: grouped-query attention, the caches holding H / group heads, head h reading h / group.
 void attention_cached(const void* q, int64_t ldq, const void* const* ks, const void* const* vs, const int64_t* p0s,
                       int64_t longest, void* y, int64_t B, int64_t Tq, int64_t H, int64_t hd, int64_t hdv, float scale,
-                      Storage st);
+                      Storage st, int64_t group = 1);
 // Gradients (fp32, accumulated: zero them first) from the forward's y and lse: recomputes the
 // probabilities tile by tile (FlashAttention-2's backward). With accumulate_kv false, dk and dv are
 // written (=) rather than added to, so only dq needs zeroing (the tensor-core kernel then neither

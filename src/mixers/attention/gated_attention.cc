@@ -51,21 +51,22 @@ Var GatedAttention::forward(const Var& x, const SeqBatch& batch) const {
     q = ag::rope(q, pos, H, 0, rope_);
     k = ag::rope(k, pos, o_.kv_heads, 0, rope_);
   }
-  const Var kx = repeat_kv(k), vx = repeat_kv(px[2]);
   const float scale = 1.0f / std::sqrt(float(hd));
-  Var att = batch.memories
-                ? constant(attend_cached(ag::concat_last({q, kx, vx})->value, B, T, H, hd, scale, batch.memories))
-                : ag::causal_attention(q, kx, vx, B, T, H, scale);
+  // Cached: the caches keep the key/value heads once (grouped-query attention reads them shared);
+  // otherwise the heads are repeated for causal_attention.
+  Var att = batch.memories ? constant(attend_cached(ag::concat_last({q, k, px[2]})->value, B, T, H, o_.kv_heads, hd,
+                                                    scale, batch.memories))
+                           : ag::causal_attention(q, repeat_kv(k), repeat_kv(px[2]), B, T, H, scale);
   return o_proj_(ag::mul(att, ag::sigmoid(gate)));
 }
 
 std::unique_ptr<Memory> GatedAttention::new_memory(int64_t max_tokens) const {
-  return std::make_unique<KVCache>(o_.heads, o_.head_dim, std::min(max_tokens, o_.max_positions), 0, 0,
+  return std::make_unique<KVCache>(o_.kv_heads, o_.head_dim, std::min(max_tokens, o_.max_positions), 0, 0,
                                    o_proj_.weight->value.device());
 }
 
 std::vector<MemorySpec> GatedAttention::memory_spec() const {
-  return {{MemoryKind::KVCache, double(2 * o_.heads * o_.head_dim * sizeof(float)), 0}};
+  return {{MemoryKind::KVCache, double(2 * o_.kv_heads * o_.head_dim * sizeof(float)), 0}};
 }
 
 void GatedAttention::visit(const std::string& prefix, const ParamVisitor& v) const {

@@ -85,13 +85,14 @@ void KVCache::append(const HeadView& k, const HeadView& v, int64_t n) {
   rows_.advance(n);
 }
 
-Tensor attend_cached(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
+Tensor attend_cached(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd, float scale,
                      Memory* const* memories) {
-  const int64_t D = H * hd;
-  K3_CHECK(qkv.numel() == B * T * 3 * D && qkv.is_contiguous(), "attention: qkv ", qkv.describe(), " for B=", B,
-           " T=", T, " width ", 3 * D);
+  K3_CHECK(Hkv > 0 && H % Hkv == 0, "attention: ", H, " heads cannot share ", Hkv, " key/value heads");
+  const int64_t D = H * hd, Dkv = Hkv * hd, W = D + 2 * Dkv, group = H / Hkv;
+  K3_CHECK(qkv.numel() == B * T * W && qkv.is_contiguous(), "attention: qkv ", qkv.describe(), " for B=", B, " T=", T,
+           " width ", W);
   if (qkv.device() == Device::CUDA) {
-    if constexpr (device::kCudaBuilt) return gpu::cached_attention(qkv, B, T, H, hd, scale, memories);
+    if constexpr (device::kCudaBuilt) return gpu::cached_attention(qkv, B, T, H, Hkv, hd, scale, memories);
   }
   std::vector<KVCache*> caches(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {  // all or none
@@ -103,12 +104,12 @@ Tensor attend_cached(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t
   Tensor att = Tensor::empty({B * T, D});  // [B*T, H, hd]
   for (int64_t b = 0; b < B; ++b) {
     KVCache* cache = caches[size_t(b)];
-    float* base = qkv.f32() + b * T * 3 * D;
-    HeadView q{base, 3 * D, hd}, k{base + D, 3 * D, hd}, v{base + 2 * D, 3 * D, hd};
+    float* base = qkv.f32() + b * T * W;
+    HeadView q{base, W, hd}, k{base + D, W, hd}, v{base + D + Dkv, W, hd};
     AttentionShape s{T, 0, H, hd, cache->length(), scale};
     cache->append(k, v, T);
     s.S = cache->length();
-    attention_forward(q, cache->keys(), cache->values(), HeadView{att.f32() + b * T * D, D, hd}, s);
+    attention_forward(q, cache->keys(group), cache->values(group), HeadView{att.f32() + b * T * D, D, hd}, s);
   }
   return att;
 }

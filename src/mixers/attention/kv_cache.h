@@ -29,8 +29,9 @@ class KVCache final : public Memory {
 
   // Appends n tokens read from [n, H, hd] host views.
   void append(const HeadView& k, const HeadView& v, int64_t n);
-  HeadView keys() { return {rows_.f32(0), heads_ * head_dim_, head_dim_}; }
-  HeadView values() { return {rows_.f32(1), heads_ * head_dim_, head_dim_}; }
+  // The rows as [length, H, hd] for H = heads · group query heads (group > 1: grouped-query attention).
+  HeadView keys(int64_t group = 1) { return {rows_.f32(0), heads_ * head_dim_, head_dim_, group}; }
+  HeadView values(int64_t group = 1) { return {rows_.f32(1), heads_ * head_dim_, head_dim_, group}; }
   TokenRows& rows() { return rows_; }  // array 0 keys, 1 values
   Device device() const override { return rows_.device(); }
   int64_t max_tokens() const { return rows_.max_tokens(); }
@@ -43,10 +44,11 @@ class KVCache final : public Memory {
 };
 
 // Softmax attention of B sequences of T new tokens continuing their KV caches, on the device where
-// the caches live: qkv [B·T, 3·H·hd] (q | k | v) appends its keys and values to each cache, then
-// every query attends causally over its cache. Returns [B·T, H·hd]. Every cache takes its tokens,
-// or (a cache full) none does. Inference only.
-Tensor attend_cached(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t hd, float scale,
+// the caches live: qkv [B·T, (H + 2·Hkv)·hd] (q | k | v) appends its keys and values to each cache
+// (of Hkv heads), then every query attends causally over its cache, query head h reading key/value
+// head h / (H / Hkv) (grouped-query attention; Hkv = H for multi-head). Returns [B·T, H·hd]. Every
+// cache takes its tokens, or (a cache full) none does. Inference only.
+Tensor attend_cached(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd, float scale,
                      Memory* const* memories);
 
 }  // namespace k3

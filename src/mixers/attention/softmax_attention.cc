@@ -45,7 +45,7 @@ Var SoftmaxAttention::forward(const Var& x, const SeqBatch& batch) const {
     return c_proj(att);
   }
   // Continue each sequence from its KV cache (inference: no graph through the cache).
-  return c_proj(constant(attend_cached(qkv->value, B, T, H, hd_, scale, batch.memories)));
+  return c_proj(constant(attend_cached(qkv->value, B, T, H, H, hd_, scale, batch.memories)));
 }
 
 std::unique_ptr<Memory> SoftmaxAttention::new_memory(int64_t max_tokens) const {
