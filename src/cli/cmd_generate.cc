@@ -1,9 +1,12 @@
 // k3 generate: prefill + KV/state-cached decode with the samplers.
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
 
 #include "cli/commands.h"
+#include "core/format.h"
+#include "core/host_memory.h"
 #include "infer/generate.h"
 #include "models/registry.h"
 #include "tokenizer/bpe.h"
@@ -96,16 +99,20 @@ void register_generate(CLI::App& app) {
     g.speculate.mtp = speculate == "mtp";
     if (speculate != "off" && !draft_model_dir.empty())
       throw error("generate", "give --speculate ", speculate, " or --draft-model, not both");
-    auto model = load_model(model_dir, PackedWeights::Keep);
-    if (check_weights) check_weights_finite(*model);
-    // On CUDA the weights move to the device and the context's memories are made there.
+    // On CUDA each weight goes to the device as it is read, and the context's memories are made there.
     const Device device = rt.device == "cuda" ? Device::CUDA : Device::CPU;
-    move_to(*model, device, storage);
+    const auto load_start = std::chrono::steady_clock::now();
+    auto model = load_model(model_dir, LoadPlan::inference(device, storage));
+    if (stats)
+      std::fprintf(stderr, "loaded in %.2f s: weights %s on the %s; peak host memory %s\n",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(),
+                   human_bytes(double(model->weight_bytes())).c_str(), device == Device::CUDA ? "device" : "host",
+                   peak_resident_bytes() ? human_bytes(double(*peak_resident_bytes())).c_str() : "unknown");
+    if (check_weights) check_weights_finite(*model);
     std::unique_ptr<Model> draft;
     if (!draft_model_dir.empty()) {
-      draft = load_model(draft_model_dir, PackedWeights::Keep);
+      draft = load_model(draft_model_dir, LoadPlan::inference(device, storage));
       if (check_weights) check_weights_finite(*draft);
-      move_to(*draft, device, storage);
       g.speculate.draft_model = draft.get();
     }
     std::vector<int64_t> ids;

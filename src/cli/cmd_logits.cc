@@ -40,12 +40,11 @@ void register_logits(CLI::App& app) {
       for (int64_t i = 0; i < ids.numel(); ++i) c.data<int64_t>()[i] = ids.data<int32_t>()[i];
       ids = c;
     }
-    auto model = load_model(model_dir, PackedWeights::Keep);
+    auto model = load_model(model_dir, LoadPlan::inference(rt.device == "cuda" ? Device::CUDA : Device::CPU, storage));
     if (check_weights) check_weights_finite(*model);
     const int64_t B = ids.dim(0), T = ids.dim(1), V = model->vocab_size();
     Tensor logits = Tensor::empty({B, T, V});  // [B, T, V]
     // Every architecture runs on CUDA through the ops' device forms (models/model.h).
-    move_to(*model, rt.device == "cuda" ? Device::CUDA : Device::CPU, storage);
     for (int64_t b = 0; b < B; ++b)
       model->forward(ids.data<int64_t>() + b * T, T, nullptr, logits.f32() + b * T * V, Logits::All);
     save_safetensors(output, {{"logits", logits}});

@@ -35,7 +35,7 @@ void register_quantize(CLI::App& app) {
       throw error("quantize", "--out is the --model folder; give another");
     WeightStorage storage;
     parse_quantize(format, &storage);
-    auto model = load_model(model_dir, PackedWeights::Keep);
+    auto model = load_model(model_dir, LoadPlan::packed_on_host());
     if (check_weights) check_weights_finite(*model);
     const double before = double(model->weight_bytes());
     move_to(*model, Device::CPU, storage);

@@ -93,17 +93,15 @@ void register_serve(CLI::App& app) {
     apply_cache_dtype(cache_dtype, rt, "serve");
     const WeightStorage storage = weight_storage(dtype, quantize, rt, "serve");
     const Device device = rt.device == "cuda" ? Device::CUDA : Device::CPU;
-    auto model = load_model(o.model_dir, PackedWeights::Keep);
+    auto model = load_model(o.model_dir, LoadPlan::inference(device, storage));
     if (check_weights) check_weights_finite(*model);
     // On CUDA the weights and every sequence's memories live on the device (mixers_cuda.h); the
     // KV and latent caches are allocated whole for the context there, so the page budget counts
     // less than the device holds.
-    move_to(*model, device, storage);
     std::unique_ptr<Model> draft;
     if (!draft_model_dir.empty()) {
-      draft = load_model(draft_model_dir, PackedWeights::Keep);
+      draft = load_model(draft_model_dir, LoadPlan::inference(device, storage));
       if (check_weights) check_weights_finite(*draft);
-      move_to(*draft, device, storage);
       o.draft_model = draft.get();
     }
     std::optional<Tokenizer> tok;

@@ -1,5 +1,7 @@
 #include "core/host_memory.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -29,6 +31,12 @@ std::optional<size_t> mem_available_from(const std::string& meminfo) {
     if (key == "MemAvailable:") return value * 1024;  // reported in kB
   }
   return std::nullopt;
+}
+
+std::optional<size_t> peak_resident_bytes() {
+  struct rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return std::nullopt;
+  return size_t(u.ru_maxrss) * 1024;  // kilobytes on Linux
 }
 
 std::optional<size_t> host_available_bytes() {

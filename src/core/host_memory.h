@@ -12,6 +12,9 @@ namespace k3 {
 
 // Bytes available, or nullopt where the system does not say (no /proc/meminfo).
 std::optional<size_t> host_available_bytes();
+// The most memory this process has held at once so far (its resident high-water mark), or
+// nullopt where the system does not say.
+std::optional<size_t> peak_resident_bytes();
 // Parses /proc/meminfo text: MemAvailable in bytes.
 std::optional<size_t> mem_available_from(const std::string& meminfo);
 

@@ -119,7 +119,7 @@ std::unique_ptr<Model> DeepseekV3Model::build(const Json& j, const std::string& 
   return std::make_unique<DeepseekV3Model>(c, j, with_mtp);
 }
 
-std::unique_ptr<Model> DeepseekV3Model::load(const std::string& dir, const Json& j, PackedWeights packed) {
+std::unique_ptr<Model> DeepseekV3Model::load(const std::string& dir, const Json& j, const LoadPlan& plan) {
   const Checkpoint ckpt = Checkpoint::open(dir);
   // The multi-token-prediction layers sit after the model's; the first is loaded where the
   // checkpoint has it, the others (and its copy of the embedding) are left unread.
@@ -128,7 +128,7 @@ std::unique_ptr<Model> DeepseekV3Model::load(const std::string& dir, const Json&
   const std::string mtp = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
   auto m = build(j, where, c.num_nextn_predict_layers > 0 && ckpt.has(mtp + "eh_proj.weight"));
   LoadOptions opts;
-  opts.packed = packed;
+  opts.plan = plan;
   const int64_t first_extra = c.num_hidden_layers + 1;
   opts.ignorable = [mtp, first_extra](const std::string& n) {
     if (n.find("rotary_emb") != std::string::npos || n == mtp + "embed_tokens.weight") return true;

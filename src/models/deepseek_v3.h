@@ -68,7 +68,7 @@ class DeepseekV3Model final : public Model {
   DeepseekV3Model(const DeepseekV3Config& c, const Json& raw, bool with_mtp = false);
   static std::unique_ptr<Model> from_config(const Json& j, const std::string& where) { return build(j, where, false); }
   static std::unique_ptr<Model> build(const Json& j, const std::string& where, bool with_mtp);
-  static std::unique_ptr<Model> load(const std::string& dir, const Json& j, PackedWeights packed);
+  static std::unique_ptr<Model> load(const std::string& dir, const Json& j, const LoadPlan& plan);
 
   std::string architecture() const override { return "deepseek_v3"; }
   int64_t vocab_size() const override { return c_.vocab_size; }

@@ -66,9 +66,9 @@ std::unique_ptr<Model> FlaModel::from_config(const Json& j, const std::string& w
   return std::make_unique<FlaModel>(c, j);
 }
 
-std::unique_ptr<Model> FlaModel::load(const std::string& dir, const Json& j, PackedWeights packed) {
+std::unique_ptr<Model> FlaModel::load(const std::string& dir, const Json& j, const LoadPlan& plan) {
   auto m = from_config(j, dir + "/config.json");
-  load_params(*m, Checkpoint::open(dir), LoadOptions{.alias = {}, .ignorable = {}, .packed = packed});
+  load_params(*m, Checkpoint::open(dir), LoadOptions{.alias = {}, .ignorable = {}, .plan = plan});
   return m;
 }
 

@@ -54,7 +54,7 @@ class FlaModel final : public Model {
  public:
   FlaModel(const FlaConfig& c, const Json& raw);
   static std::unique_ptr<Model> from_config(const Json& j, const std::string& where);
-  static std::unique_ptr<Model> load(const std::string& dir, const Json& j, PackedWeights packed);
+  static std::unique_ptr<Model> load(const std::string& dir, const Json& j, const LoadPlan& plan);
 
   std::string architecture() const override { return c_.model_type; }
   int64_t vocab_size() const override { return c_.vocab_size; }

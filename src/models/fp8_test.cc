@@ -82,7 +82,7 @@ namespace k3 {
 // of 128 are inflated), the same checkpoint gives the same logits through the linear layer's FP8
 // product, and writing it back reproduces torch's codes and scales bit for bit.
 TEST(Fp8Weights, KeptPackedMatchesAndWritesBackTheSameTensors) {
-  auto model = load_model(fp8_checkpoint(), PackedWeights::Keep);
+  auto model = load_model(fp8_checkpoint(), LoadPlan::packed_on_host());
   std::set<std::string> packed_names;  // those whose rows are whole blocks of 128 (others are inflated)
   model->visit([&](const std::string& name, Node& p, ParamKind) {
     if (p.value.dtype() == DType::F8B128) packed_names.insert(model->checkpoint_name(name));
@@ -126,7 +126,7 @@ TEST(Fp8Weights, ANaNCodeIsRefusedByNameWhenKeptPacked) {
       }
   });
   try {
-    load_model(dir, PackedWeights::Keep);
+    load_model(dir, LoadPlan::packed_on_host());
     ADD_FAILURE() << "an FP8 NaN code loaded";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'" + w + "' holds a NaN"), std::string::npos) << e.what();

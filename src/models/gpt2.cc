@@ -41,11 +41,11 @@ std::unique_ptr<Model> Gpt2Model::from_config(const Json& j, const std::string& 
   return std::make_unique<Gpt2Model>(c);
 }
 
-std::unique_ptr<Model> Gpt2Model::load(const std::string& dir, const Json& j, PackedWeights packed) {
+std::unique_ptr<Model> Gpt2Model::load(const std::string& dir, const Json& j, const LoadPlan& plan) {
   auto m = from_config(j, dir + "/config.json");
   Checkpoint ckpt = Checkpoint::open(dir);
   LoadOptions opts;
-  opts.packed = packed;
+  opts.plan = plan;
   opts.alias = [](const std::string& n) { return std::vector<std::string>{n, "transformer." + n}; };
   opts.ignorable = [](const std::string& n) {
     auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.compare(n.size() - std::strlen(s), std::string::npos, s) == 0; };

@@ -55,7 +55,7 @@ class Gpt2Model final : public Model {
  public:
   explicit Gpt2Model(const Gpt2Config& c);
   static std::unique_ptr<Model> from_config(const Json& j, const std::string& where);
-  static std::unique_ptr<Model> load(const std::string& dir, const Json& j, PackedWeights packed);
+  static std::unique_ptr<Model> load(const std::string& dir, const Json& j, const LoadPlan& plan);
 
   std::string architecture() const override { return "gpt2"; }
   int64_t vocab_size() const override { return c_.vocab_size; }

@@ -140,7 +140,7 @@ std::unique_ptr<Model> KimiModel::k3_from_config(const Json& j, const std::strin
   return std::make_unique<KimiModel>(c, KimiFlavor::K3, j, 0);
 }
 
-std::unique_ptr<Model> KimiModel::load(const std::string& dir, const Json& j, PackedWeights packed) {
+std::unique_ptr<Model> KimiModel::load(const std::string& dir, const Json& j, const LoadPlan& plan) {
   const std::string where = dir + "/config.json";
   const bool k3 = j.value("model_type", "") == "kimi_k3";
   KimiConfig c = read_kimi_config(j, where);
@@ -157,7 +157,7 @@ std::unique_ptr<Model> KimiModel::load(const std::string& dir, const Json& j, Pa
     }
   if (!k3 && c.attn_res_block_size) throw error("config", where, ": attn_res_block_size is a kimi_k3 feature");
   auto m = std::make_unique<KimiModel>(c, k3 ? KimiFlavor::K3 : KimiFlavor::Linear, j, a_log_size);
-  load_params(*m, ckpt, LoadOptions{.alias = {}, .ignorable = {}, .packed = packed});
+  load_params(*m, ckpt, LoadOptions{.alias = {}, .ignorable = {}, .plan = plan});
   return m;
 }
 

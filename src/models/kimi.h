@@ -20,7 +20,7 @@ class KimiModel final : public Model {
   KimiModel(const KimiConfig& c, KimiFlavor f, const Json& raw, int64_t a_log_size);
   static std::unique_ptr<Model> linear_from_config(const Json& j, const std::string& where);
   static std::unique_ptr<Model> k3_from_config(const Json& j, const std::string& where);
-  static std::unique_ptr<Model> load(const std::string& dir, const Json& j, PackedWeights packed);
+  static std::unique_ptr<Model> load(const std::string& dir, const Json& j, const LoadPlan& plan);
 
   std::string architecture() const override { return flavor_ == KimiFlavor::K3 ? "kimi_k3" : "kimi_linear"; }
   int64_t vocab_size() const override { return c_.vocab_size; }

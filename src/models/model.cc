@@ -52,43 +52,56 @@ bool routed_expert(const std::string& name) { return name.find(".experts.") != s
 
 void move_to(const Model& model, Device device, DType gemm_weights) { move_to(model, device, WeightStorage{gemm_weights}); }
 
-void move_to(const Model& model, Device device, const WeightStorage& storage) {
-  const DType gemm_weights = storage.gemm;
-  const bool quantize = is_block_dtype(storage.quantize);
-  if (quantize && model.architecture() == "gpt2")
+namespace {
+// move_to's and a placing load's checks of the storage asked for.
+void check_storage(const Model& model, Device device, const WeightStorage& storage) {
+  if (is_block_dtype(storage.quantize) && model.architecture() == "gpt2")
     throw error("model", "GPT-2's linear weights are stored [in, out] (Conv1D); k3's block formats hold [out, in] "
                          "weights, so GPT-2 cannot be quantised");
-  // The storage each parameter gets.
-  auto storage_of = [&](const std::string& name, const Tensor& value, ParamKind kind) {
-    if (is_block_dtype(value.dtype())) return value.dtype();
-    if (quantize && (!storage.experts_only || routed_expert(name)) &&
-        block_gemm_weight(model, name, value, kind, storage.quantize))
-      return storage.quantize;
-    return gemm_weights == DType::BF16 && bf16_gemm_weight(name, value, kind) ? DType::BF16 : DType::F32;
-  };
   if (device == Device::CUDA) device::require_cuda("model");
-  if (gemm_weights != DType::F32 && (gemm_weights != DType::BF16 || device != Device::CUDA))
-    throw error("model", "GEMM weights can be bf16 on CUDA only (or fp32 anywhere), not ", dtype_name(gemm_weights));
+  if (storage.gemm != DType::F32 && (storage.gemm != DType::BF16 || device != Device::CUDA))
+    throw error("model", "GEMM weights can be bf16 on CUDA only (or fp32 anywhere), not ", dtype_name(storage.gemm));
+}
+
+// The storage a parameter of this value (a block format kept as it is) gets.
+DType storage_of(const Model& model, const std::string& name, const Tensor& value, ParamKind kind,
+                 const WeightStorage& storage) {
+  if (is_block_dtype(value.dtype())) return value.dtype();
+  if (is_block_dtype(storage.quantize) && (!storage.experts_only || routed_expert(name)) &&
+      block_gemm_weight(model, name, value, kind, storage.quantize))
+    return storage.quantize;
+  return storage.gemm == DType::BF16 && bf16_gemm_weight(name, value, kind) ? DType::BF16 : DType::F32;
+}
+
+// The parameter's value in its storage on the device.
+Tensor placed(const Model& model, const std::string& name, const Tensor& value, ParamKind kind, Device device,
+              const WeightStorage& storage) {
+  const DType want = storage_of(model, name, value, kind, storage);
+  if (value.dtype() == want) return value.to_device(device);
+  return value.to_device(Device::CPU).to(want).to_device(device);
+}
+
+void check_device_room(double need) {
+  const size_t avail = device::available_bytes();
+  if (need > double(avail))
+    throw error("model", "the weights need ", human_bytes(need), " on the device but ", human_bytes(double(avail)),
+                " is free there");
+}
+}  // namespace
+
+void move_to(const Model& model, Device device, const WeightStorage& storage) {
+  check_storage(model, device, storage);
   if (device == Device::CUDA) {  // refused before the first copy, with the bytes needed
     double need = 0;
     model.visit([&](const std::string& name, Node& p, ParamKind kind) {
       if (p.value.device() == Device::CUDA || !p.value.has_storage()) return;
-      need += double(dtype_bytes(storage_of(name, p.value, kind), p.value.numel()));
+      need += double(dtype_bytes(storage_of(model, name, p.value, kind, storage), p.value.numel()));
     });
-    const size_t avail = device::available_bytes();
-    if (need > double(avail))
-      throw error("model", "the weights need ", human_bytes(need), " on the device but ", human_bytes(double(avail)),
-                  " is free there");
+    check_device_room(need);
   }
   model.visit([&](const std::string& name, Node& p, ParamKind kind) {
     if (!p.value.has_storage()) throw error("model", "parameter '", name, "' has no values to move to the device");
-    const DType want = storage_of(name, p.value, kind);
-    if (p.value.dtype() == want) {
-      p.value = p.value.to_device(device);
-      return;
-    }
-    const Tensor host = p.value.to_device(Device::CPU);
-    p.value = host.to(want).to_device(device);
+    p.value = placed(model, name, p.value, kind, device, storage);
   });
 }
 
@@ -244,32 +257,42 @@ Tensor load_fp8_blocks(const Checkpoint& ckpt, const std::string& name) {
 }
 
 void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& opts) {
-  // Weights are held as fp32 on the host, or packed where they are kept so: a model that cannot
-  // fit is refused before any is read.
+  // Weights are held as fp32 on the host, or packed where they are kept so, or (a placing load) in
+  // their storage on the device: a model that cannot fit is refused before any is read.
+  const LoadPlan& plan = opts.plan;
+  if (plan.place) check_storage(model, plan.device, plan.storage);
   double need = 0;
   int64_t params = 0;
   model.visit([&](const std::string& name, Node& p, ParamKind kind) {
     if (p.value.has_storage()) return;
     params += p.value.numel();
-    DType held = DType::F32;
-    if (opts.packed == PackedWeights::Keep)
+    Tensor held = p.value;  // its shape; its dtype what the load keeps
+    if (plan.packed == PackedWeights::Keep)
       for (const auto& c : opts.alias ? opts.alias(name) : std::vector<std::string>{name}) {
         const DType fmt = ckpt.has(c) && ckpt.entry(c).dtype == DType::F8E4M3 ? DType::F8B128
                           : ckpt.has(c + "_packed")                           ? DType::MXFP4
                                                                               : DType::F32;
-        if (fmt != DType::F32 && block_gemm_weight(model, name, p.value, kind, fmt)) held = fmt;
+        if (fmt != DType::F32 && block_gemm_weight(model, name, p.value, kind, fmt)) held = Tensor::meta(p.value.shape(), fmt);
       }
-    need += double(dtype_bytes(held, p.value.numel()));
+    const DType dt = plan.place ? storage_of(model, name, held, kind, plan.storage) : held.dtype();
+    need += double(dtype_bytes(dt, p.value.numel()));
   });
-  if (const auto avail = host_available_bytes(); avail && need > double(*avail))
+  if (plan.place && plan.device == Device::CUDA) {
+    check_device_room(need);
+  } else if (const auto avail = host_available_bytes(); avail && need > double(*avail)) {
     throw error("load", ckpt.path(), ": the weights need ", human_bytes(need), " on the host (", params,
                 " parameters) but this machine has ", human_bytes(double(*avail)), " of memory available");
+  }
   std::set<std::string> used;
   std::vector<std::string> missing;
   model.visit([&](const std::string& name, Node& p, ParamKind kind) {
     std::vector<std::string> candidates = opts.alias ? opts.alias(name) : std::vector<std::string>{name};
     auto keep = [&](DType fmt) {
-      return opts.packed == PackedWeights::Keep && block_gemm_weight(model, name, p.value, kind, fmt);
+      return plan.packed == PackedWeights::Keep && block_gemm_weight(model, name, p.value, kind, fmt);
+    };
+    // The weight just read, placed where the plan wants it (the host copy freed at once).
+    auto done = [&] {
+      if (plan.place) p.value = placed(model, name, p.value, kind, plan.device, plan.storage);
     };
     for (const auto& c : candidates) {
       if (!ckpt.has(c)) continue;
@@ -281,15 +304,19 @@ void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& 
         p.value = keep(DType::F8B128) ? load_fp8_packed(ckpt, c) : load_fp8_blocks(ckpt, c);
         used.insert(c);
         used.insert(c + "_scale_inv");
-        return;
+        return done();
       }
       if (e.dtype != DType::F32 && e.dtype != DType::BF16 && e.dtype != DType::F16 && e.dtype != DType::F64)
         throw error("load", ckpt.path(), ": tensor '", c, "' is stored as ", dtype_name(e.dtype),
                     "; a weight is F32, BF16, F16 or F64 (integer dtypes belong only to packed formats such as "
                     "MXFP4's '_packed' and '_scale' tensors)");
-      p.value = ckpt.get_f32(c);
+      // Stored as the device will hold it (a bf16 GEMM weight): read as it is, never inflated.
+      const Tensor raw = ckpt.get(c);
+      const bool as_stored = plan.place && raw.dtype() != DType::F32 &&
+                             storage_of(model, name, Tensor::meta(e.shape), kind, plan.storage) == raw.dtype();
+      p.value = as_stored ? raw : ckpt.get_f32(c);
       used.insert(c);
-      return;
+      return done();
     }
     // MXFP4-packed weights (K3's routed experts): "<name>_packed" + "<name>_scale".
     for (const auto& c : candidates) {
@@ -297,7 +324,7 @@ void load_params(const Model& model, const Checkpoint& ckpt, const LoadOptions& 
       p.value = keep(DType::MXFP4) ? load_mxfp4_packed(ckpt, c, p.value.shape()) : load_mxfp4(ckpt, c, p.value.shape());
       used.insert(c + "_packed");
       used.insert(c + "_scale");
-      return;
+      return done();
     }
     missing.push_back(candidates.front());
   });

@@ -23,7 +23,7 @@ class MtpHead;
 
 enum class Logits : uint8_t { All, Last };
 
-// Whether loading keeps a checkpoint's block-format weights packed (LoadOptions::packed).
+// Whether loading keeps a checkpoint's block-format weights packed (LoadPlan::packed).
 enum class PackedWeights : uint8_t { Inflate, Keep };
 
 // B sequences of T tokens (ids row-major [B, T]). With contexts (B of them) the tokens continue
@@ -132,6 +132,29 @@ class Decoder {
   std::vector<int64_t> after_;  // counts() after the last replay: what the graph's uploads assume
 };
 
+// The storage of a model's weights for inference. gemm: the GEMM weights' storage as in move_to
+// above. quantize (F8B128 or MXFP4; F32: none): the linear layers' weights quantised to that block
+// format (core/quant.h), or with experts_only only the routed experts' ("....experts.N...."), as
+// block_gemm_weight selects. Weights already packed (a checkpoint's FP8 or MXFP4, loaded with
+// PackedWeights::Keep) stay as they are.
+struct WeightStorage {
+  DType gemm = DType::F32;
+  DType quantize = DType::F32;
+  bool experts_only = false;
+};
+// How loading holds the weights it reads. packed: a checkpoint's FP8 and MXFP4 weights inflated to
+// fp32 or kept packed (where block_gemm_weight allows). place: each weight goes, as soon as it is
+// read, to `device` in `storage` (move_to's rules), so the host holds one tensor at a time rather
+// than the whole model in fp32; the device's free memory is checked before the first is read.
+struct LoadPlan {
+  PackedWeights packed = PackedWeights::Inflate;
+  bool place = false;
+  Device device{};
+  WeightStorage storage;
+  static LoadPlan inference(Device d, const WeightStorage& s) { return {PackedWeights::Keep, true, d, s}; }
+  static LoadPlan packed_on_host() { return {PackedWeights::Keep, false, Device::CPU, {}}; }
+};
+
 // Fills every parameter from a checkpoint by its HF name. `alias` maps our name to the
 // candidates to try in the file (e.g. with a "transformer." prefix). Shapes must match; dtypes
 // are converted to fp32 (fp32 stays zero-copy). Tensors in the file that nothing asked for are
@@ -139,7 +162,7 @@ class Decoder {
 struct LoadOptions {
   std::function<std::vector<std::string>(const std::string&)> alias;
   std::function<bool(const std::string&)> ignorable;
-  PackedWeights packed = PackedWeights::Inflate;
+  LoadPlan plan;
 };
 // MXFP4-packed parameters ("<name>_packed" + "<name>_scale", core/quant.h) and block-scaled FP8
 // ones (F8_E4M3 "<name>" + float "<name>_scale_inv" per kFp8Block² block, as DeepSeek-V3 and Kimi
@@ -171,16 +194,6 @@ void check_weights_finite(const Model& model);
 void move_to(const Model& model, Device device, DType gemm_weights = DType::F32);
 bool bf16_gemm_weight(const std::string& name, const Tensor& value, ParamKind kind);
 
-// The storage of a model's weights for inference. gemm: the GEMM weights' storage as in move_to
-// above. quantize (F8B128 or MXFP4; F32: none): the linear layers' weights quantised to that block
-// format (core/quant.h), or with experts_only only the routed experts' ("....experts.N...."), as
-// block_gemm_weight selects. Weights already packed (a checkpoint's FP8 or MXFP4, loaded with
-// PackedWeights::Keep) stay as they are.
-struct WeightStorage {
-  DType gemm = DType::F32;
-  DType quantize = DType::F32;
-  bool experts_only = false;
-};
 void move_to(const Model& model, Device device, const WeightStorage& storage);
 // A weight a linear layer multiplies that a block format can hold: a bf16_gemm_weight whose rows
 // are whole blocks, not the LM head (kept as the checkpoint has it, as DeepSeek-V3's FP8 release

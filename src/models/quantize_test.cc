@@ -83,7 +83,7 @@ TEST(Quantize, WrittenModelsLoadBackPackedAndInflated) {
     fs::remove_all(dir);
     fs::create_directories(dir);
     save_model(*m, dir.string());
-    auto kept = load_model(dir.string(), PackedWeights::Keep), inflated = load_model(dir.string());
+    auto kept = load_model(dir.string(), LoadPlan::packed_on_host()), inflated = load_model(dir.string());
     std::map<std::string, Tensor> want;
     m->visit([&](const std::string& name, Node& p, ParamKind) { want[name] = p.value; });
     kept->visit([&](const std::string& name, Node& p, ParamKind) {
@@ -98,6 +98,26 @@ TEST(Quantize, WrittenModelsLoadBackPackedAndInflated) {
     });
     fs::remove_all(dir);
   }
+}
+
+// A placing load (each weight quantised and placed as it is read) gives the weights a load and then
+// move_to give, bit for bit.
+TEST(Quantize, APlacingLoadHoldsWhatMoveToMakes) {
+  const WeightStorage s{.gemm = DType::F32, .quantize = DType::MXFP4, .experts_only = true};
+  const std::string dir = testing::fixture_model("kimi-k3-tiny");
+  auto placed = load_model(dir, LoadPlan::inference(Device::CPU, s)), moved = load_model(dir);
+  move_to(*moved, Device::CPU, s);
+  std::map<std::string, Tensor> want;
+  moved->visit([&](const std::string& name, Node& p, ParamKind) { want[name] = p.value; });
+  int64_t packed = 0;
+  placed->visit([&](const std::string& name, Node& p, ParamKind) {
+    const Tensor& w = want.at(name);
+    ASSERT_EQ(p.value.dtype(), w.dtype()) << name;
+    ASSERT_EQ(p.value.shape(), w.shape()) << name;
+    packed += is_block_dtype(w.dtype());
+    EXPECT_EQ(std::memcmp(p.value.raw(), w.raw(), w.nbytes()), 0) << name;
+  });
+  EXPECT_GT(packed, 0);
 }
 
 TEST(Quantize, Gpt2IsRefusedByName) {

@@ -130,10 +130,10 @@ std::unique_ptr<Model> Qwen3NextModel::from_config(const Json& j, const std::str
   return std::make_unique<Qwen3NextModel>(read_config<Qwen3NextConfig>(j, where), j, where);
 }
 
-std::unique_ptr<Model> Qwen3NextModel::load(const std::string& dir, const Json& j, PackedWeights packed) {
+std::unique_ptr<Model> Qwen3NextModel::load(const std::string& dir, const Json& j, const LoadPlan& plan) {
   auto m = from_config(j, dir + "/config.json");
   LoadOptions opts;
-  opts.packed = packed;
+  opts.plan = plan;
   // Multi-token-prediction weights (mtp.*) are not used.
   opts.ignorable = [](const std::string& n) { return n.starts_with("mtp.") || n.find("rotary_emb") != std::string::npos; };
   load_params(*m, Checkpoint::open(dir), opts);

@@ -68,7 +68,7 @@ class Qwen3NextModel final : public Model {
  public:
   Qwen3NextModel(const Qwen3NextConfig& c, const Json& raw, const std::string& where);
   static std::unique_ptr<Model> from_config(const Json& j, const std::string& where);
-  static std::unique_ptr<Model> load(const std::string& dir, const Json& j, PackedWeights packed);
+  static std::unique_ptr<Model> load(const std::string& dir, const Json& j, const LoadPlan& plan);
 
   std::string architecture() const override { return "qwen3_next"; }
   int64_t vocab_size() const override { return c_.vocab_size; }

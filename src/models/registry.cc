@@ -15,7 +15,7 @@ namespace {
 
 struct Architecture {
   const char* model_type;
-  std::unique_ptr<Model> (*load)(const std::string& dir, const Json& config, PackedWeights packed);  // null: cannot run yet
+  std::unique_ptr<Model> (*load)(const std::string& dir, const Json& config, const LoadPlan& plan);  // null: cannot run yet
   std::unique_ptr<Model> (*build)(const Json& config, const std::string& where);  // null: cannot run yet
   ArchReport (*report)(const Json& config, const std::string& name);               // null: count a built model
 };
@@ -48,7 +48,7 @@ const Architecture& find(const Json& config, const std::string& where) {
 
 }  // namespace
 
-std::unique_ptr<Model> load_model(const std::string& dir, PackedWeights packed) {
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadPlan& plan) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) throw error("load", dir, ": not a folder (expected a Hugging Face model folder)");
   std::string cfg_path = (fs::path(dir) / "config.json").string();
@@ -57,7 +57,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, PackedWeights packed) 
   if (!a.load)
     throw error("load", cfg_path, ": model_type '", a.model_type,
                 "' can be described (k3 info) but k3 cannot run it yet");
-  return a.load(dir, config, packed);
+  return a.load(dir, config, plan);
 }
 
 std::unique_ptr<Model> build_model(const Json& config, const std::string& where) {

@@ -11,10 +11,11 @@
 
 namespace k3 {
 
-// Loads config.json + weights from a Hugging Face model folder. Weights stored in a block format
-// (FP8 with block scales, MXFP4) are inflated to fp32 (training's master weights) or, with
-// PackedWeights::Keep, kept packed where a linear layer multiplies them (inference).
-std::unique_ptr<Model> load_model(const std::string& dir, PackedWeights packed = PackedWeights::Inflate);
+// Loads config.json + weights from a Hugging Face model folder. By default every weight is fp32 on
+// the host (training's master weights; block formats inflated). LoadPlan::inference(device,
+// storage) keeps a checkpoint's FP8 and MXFP4 weights packed and places each weight on the device
+// in its storage as soon as it is read (models/model.h).
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadPlan& plan = {});
 // Builds a model from a config without weights (parameters are storage-less "meta" tensors
 // until init_random or loading).
 std::unique_ptr<Model> build_model(const Json& config, const std::string& where);
