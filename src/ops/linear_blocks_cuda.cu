@@ -17,7 +17,8 @@ __device__ __forceinline__ float2 f8x2(uint16_t two) {
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 // An E2M1 code placed in an fp16's exponent and top mantissa bit is its value · 2^-14 (codes with
-// exponent 0 land on fp16 subnormals, exactly); the 2^14 is folded into the block's scale.
+// exponent 0 land on fp16 subnormals, exactly); the 2^14 is folded into the block's scale (so a
+// scale above 2^113, far beyond any weight's, would overflow where the host's decode does not).
 __device__ __forceinline__ float2 fp4x2(uint32_t byte) {
   const uint32_t lo = byte & 15u, hi = byte >> 4;
   const uint32_t bits = ((lo & 7u) << 9) | ((lo & 8u) << 12) | ((((hi & 7u) << 9) | ((hi & 8u) << 12)) << 16);
