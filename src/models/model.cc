@@ -244,14 +244,13 @@ Tensor load_fp8_packed(const Checkpoint& ckpt, const std::string& name) {
 
 Tensor load_fp8_blocks(const Checkpoint& ckpt, const std::string& name) {
   const Tensor scale = fp8_scales(ckpt, name);
-  const int64_t rows = scale.dim(0) ? ckpt.entry(name).shape[0] : 0, cols = ckpt.entry(name).shape[1];
-  const Shape want = scale.shape();
+  const int64_t rows = ckpt.entry(name).shape[0], cols = ckpt.entry(name).shape[1], tiles = scale.dim(1);
   Tensor w = ckpt.get_f32(name);  // the FP8 values, exactly
   float* pw = w.f32();
   const float* ps = scale.f32();
   parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < cols; ++c) pw[r * cols + c] *= ps[(r / kFp8Block) * want[1] + c / kFp8Block];
+      for (int64_t c = 0; c < cols; ++c) pw[r * cols + c] *= ps[(r / kFp8Block) * tiles + c / kFp8Block];
   });
   return w;
 }
