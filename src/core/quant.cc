@@ -1,7 +1,6 @@
 #include "core/quant.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -126,16 +125,6 @@ void quantize_blocks(DType t, const float* src, int64_t rows, int64_t cols, void
     quantize_f8b128(src, rows, cols, codes, static_cast<float*>(scales));
   else
     quantize_mxfp4(src, rows, cols, codes, static_cast<uint8_t*>(scales));
-}
-
-void dequantize_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, float* out) {
-  const int64_t half = cols / 2, groups = cols / 32;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const uint8_t byte = packed[r * half + c / 2];
-      const uint8_t code = (c % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
-      out[r * cols + c] = fp4_e2m1_to_f32(code) * e8m0_to_f32(scales[r * groups + c / 32]);
-    }
 }
 
 }  // namespace k3

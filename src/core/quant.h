@@ -74,7 +74,4 @@ void dequantize_blocks(DType t, const void* base, int64_t n, int64_t begin, int6
 // its layout); MXFP4 by 2^(⌊log2 max⌋ − 2) per 32 (the OCP MX conversion: larger values saturate).
 void quantize_blocks(DType t, const float* src, int64_t rows, int64_t cols, void* base);
 
-// out[rows, cols] from packed [rows, cols/2] and scales [rows, cols/32]. cols % 32 == 0.
-void dequantize_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, float* out);
-
 }  // namespace k3

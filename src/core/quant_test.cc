@@ -22,10 +22,12 @@ TEST(Mxfp4, E2M1CodesAndE8M0Scales) {
 
 TEST(Mxfp4, EvenColumnsInTheLowNibble) {
   // One row of 64 values: two groups of 32 with scales 2^1 and 2^-2.
-  uint8_t packed[32], scales[2] = {128, 125};
+  uint8_t block[32 + 2];  // the codes, then the scales, as an MXFP4 tensor holds them
+  uint8_t *packed = block, *scales = block + 32;
+  scales[0] = 128, scales[1] = 125;
   for (int i = 0; i < 32; ++i) packed[i] = uint8_t((i % 16) | ((15 - i % 16) << 4));
   float out[64];
-  dequantize_mxfp4(packed, scales, 1, 64, out);
+  dequantize_blocks(DType::MXFP4, block, 64, 0, 64, out);
   for (int c = 0; c < 64; ++c) {
     const uint8_t byte = packed[c / 2];
     const uint8_t code = c % 2 ? byte >> 4 : byte & 15;

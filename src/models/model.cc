@@ -173,33 +173,26 @@ Var Model::loss(const TokenBatch& batch, const std::vector<int64_t>& targets, fl
   return ag::cross_entropy_head(hidden(batch), head_weight(), targets, 4096, z_loss);
 }
 
-Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& want) {
+Tensor load_mxfp4_packed(const Checkpoint& ckpt, const std::string& name, const Shape& want) {
   const Tensor packed = ckpt.get(name + "_packed"), scale = ckpt.get(name + "_scale");
-  if (want.size() != 2 || want[1] % 32 != 0)
+  if (want.size() != 2 || want[1] % kMxfp4Block != 0)
     throw error("load", ckpt.path(), ": '", name, "' is MXFP4-packed but its shape ", shape_str(want),
                 " has no multiple-of-32 columns");
   const int64_t rows = want[0], cols = want[1];
   if (packed.dtype() != DType::U8 || packed.shape() != Shape{rows, cols / 2})
     throw error("load", ckpt.path(), ": '", name, "_packed' is ", packed.describe(), ", expected U8", shape_str({rows, cols / 2}));
-  if (scale.dtype() != DType::U8 || scale.shape() != Shape{rows, cols / 32})
-    throw error("load", ckpt.path(), ": '", name, "_scale' is ", scale.describe(), ", expected U8", shape_str({rows, cols / 32}),
-                " (E8M0 per 32 values)");
-  Tensor out = Tensor::empty(want);
-  dequantize_mxfp4(packed.data<uint8_t>(), scale.data<uint8_t>(), rows, cols, out.f32());
-  return out;
-}
-
-Tensor load_mxfp4_packed(const Checkpoint& ckpt, const std::string& name, const Shape& want) {
-  const Tensor packed = ckpt.get(name + "_packed"), scale = ckpt.get(name + "_scale");
-  if (want.size() != 2 || want[1] % kMxfp4Block != 0 || packed.dtype() != DType::U8 ||
-      packed.shape() != Shape{want[0], want[1] / 2} || scale.dtype() != DType::U8 ||
-      scale.shape() != Shape{want[0], want[1] / kMxfp4Block})
-    return load_mxfp4(ckpt, name, want);  // its checks name what is wrong
-  Tensor out = Tensor::empty(want, DType::MXFP4);
+  if (scale.dtype() != DType::U8 || scale.shape() != Shape{rows, cols / kMxfp4Block})
+    throw error("load", ckpt.path(), ": '", name, "_scale' is ", scale.describe(), ", expected U8",
+                shape_str({rows, cols / kMxfp4Block}), " (E8M0 per 32 values)");
+  Tensor out = Tensor::empty(want, DType::MXFP4);  // the codes, then the scales (core/quant.h)
   const int64_t n = out.numel();
   std::memcpy(out.raw(), packed.raw(), size_t(n / 2));
   std::memcpy(static_cast<uint8_t*>(out.raw()) + n / 2, scale.raw(), size_t(n / kMxfp4Block));
   return out;
+}
+
+Tensor load_mxfp4(const Checkpoint& ckpt, const std::string& name, const Shape& want) {
+  return load_mxfp4_packed(ckpt, name, want).to(DType::F32);
 }
 
 namespace {
