@@ -29,14 +29,6 @@ size_t dtype_bytes(DType t, int64_t n) {
   return size_t(n / b) * dtype_size(t);
 }
 
-bool weight_dtype_from_option(std::string_view name, DType* out) {
-  if (name == "f32") *out = DType::F32;
-  else if (name == "bf16") *out = DType::BF16;
-  else if (name == "fp8") *out = DType::F8B128;
-  else if (name == "mxfp4") *out = DType::MXFP4;
-  else return false;
-  return true;
-}
 std::string_view dtype_name(DType t) { return kInfo[size_t(t)].name; }
 
 bool dtype_from_name(std::string_view name, DType* out) {

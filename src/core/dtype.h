@@ -23,8 +23,6 @@ size_t dtype_bytes(DType t, int64_t n);
 std::string_view dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ... (block formats: "F8B128", "MXFP4")
 // Safetensors dtypes only: the block formats are stored as several tensors, never by that name.
 bool dtype_from_name(std::string_view name, DType* out);
-// A user's spelling of a weight storage: f32, bf16, fp8 (F8B128) or mxfp4.
-bool weight_dtype_from_option(std::string_view name, DType* out);
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;
